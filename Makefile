@@ -1,0 +1,35 @@
+# Two commands for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-slow bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch is pinned in pyproject to exactly 2.13.0 (the CPU wheel); any other spec pulls CUDA.
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[dev,plot]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/cadence data fetch umls
+	$(VENV)/bin/cadence train --config configs/umls-complex.yaml --out runs/demo-umls
+
+test: install
+	$(PY) -m pytest -q
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
+
+bench: install
+	$(PY) benchmarks/kge_throughput.py
+
+clean:
+	rm -rf $(VENV) runs build dist src/*.egg-info

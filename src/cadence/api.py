@@ -1,0 +1,184 @@
+"""The Python API; the CLI is a thin layer over these functions.
+
+    result = cadence.train(cadence.load_config("configs/umls-complex.yaml"))
+    result.summary["mrr"]
+
+``train`` validates everything it can (config, registry names, data) before it creates the run
+directory, so a user's mistake leaves no partial output behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from cadence.config import Config, load_config
+from cadence.data.datasets import load_graph
+from cadence.data.triples import KnowledgeGraph, with_reciprocals, write_id_maps
+from cadence.errors import CadenceError, ConfigError
+from cadence.models.kge import KgeModel
+from cadence.models.scorers import SCORERS
+from cadence.optim import ENTITY_OPTIMIZERS, dense_optimizer
+from cadence.pipeline.stages import ComputeStage, LoadStage, Stages, TransferStage, WriteStage
+from cadence.store.embedding_store import create_store, derive_seed
+from cadence.strategies import STRATEGIES
+from cadence.training import checkpoint as ckpt
+from cadence.training.run_directory import RunDirectory, write_atomic
+from cadence.training.trainer import Trainer, TrainerHook
+
+log = logging.getLogger("cadence")
+
+RESUMABLE_KEYS = {"train.epochs", "progress", "threads", "device"}
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+
+
+def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] = ()) -> TrainResult:
+    """Train from scratch into ``config.out`` (default: ``runs/<dataset>-<model>-<strategy>-<time>``)."""
+    _check_names(config)
+    graph = load_graph(config.data, config.seed)
+    if config.out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        config.out = str(Path("runs") / f"{graph.name}-{config.model.name}-{config.strategy}-{stamp}")
+    run = RunDirectory(config.out)
+    run.create(config, overwrite=overwrite)
+    write_id_maps(graph, run.path)
+    trainer = build_trainer(config, graph, run, hooks)
+    return _fit(trainer, run)
+
+
+def resume(run_dir: str | Path, overrides: dict[str, Any] | None = None,
+           hooks: Iterable[TrainerHook] = ()) -> TrainResult:
+    """Continue the run in ``run_dir`` from its newest valid checkpoint."""
+    run = RunDirectory(run_dir)
+    config = run.load_config()
+    if overrides:
+        unsupported = sorted(set(overrides) - RESUMABLE_KEYS)
+        if unsupported:
+            raise ConfigError(f"--resume uses the run's config.yaml; {', '.join(unsupported)} cannot be "
+                              f"changed (only {', '.join(sorted(RESUMABLE_KEYS))})")
+        items = [f"{k}={v}" for k, v in overrides.items()]
+        config = load_config(run.config_path, items)
+    _check_names(config)
+    graph = load_graph(config.data, config.seed)
+    trainer = build_trainer(config, graph, run, hooks)
+    if not trainer.resume():
+        log.warning("%s has no checkpoint yet: training from the start", run.path)
+    if overrides:
+        write_atomic(run.config_path, config.to_yaml())
+    return _fit(trainer, run)
+
+
+def _fit(trainer: Trainer, run: RunDirectory) -> TrainResult:
+    try:
+        summary = trainer.fit()
+    finally:
+        trainer.strategy.close()
+    run.write_summary(summary)
+    return TrainResult(run.path, summary, run.read_metrics())
+
+
+def _check_names(config: Config) -> None:
+    STRATEGIES.get(config.strategy)
+    SCORERS.get(config.model.name)(config.model)  # also validates dim parity and model options
+    ENTITY_OPTIMIZERS.get(config.optimizer.entity)
+    resolve_device(config.device)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device: {name!r} is not a device (auto, cpu, cuda, cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device: {name!r} was asked for, but no CUDA device is available")
+    return device
+
+
+def build_trainer(config: Config, graph: KnowledgeGraph, run: RunDirectory,
+                  hooks: Iterable[TrainerHook] = ()) -> Trainer:
+    """Compose store, model, optimizers, stages and strategy for one run."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
+    num_relations = graph.num_relations
+    train_triples = graph.train
+    if config.train.reciprocal:
+        train_triples = with_reciprocals(graph.train, graph.num_relations)
+        num_relations *= 2
+    optimizer_class = ENTITY_OPTIMIZERS.get(config.optimizer.entity)
+    store_path = config.store.path or str(run.path / "store")
+    store = create_store(graph.num_entities, config.model.dim, optimizer_class.state_width(config.model.dim),
+                         config.store.backend, store_path if config.store.backend == "mmap" else None)
+    store.initialize(config.model.init_std, derive_seed(config.seed, "entities"))
+    model = KgeModel(config, num_relations).to(device)
+    dense = dense_optimizer(config.optimizer, [model.relations])
+    negatives = None if config.train.scoring == "all" else config.train.negatives
+    stages = Stages(
+        load=LoadStage(store, train_triples, config.seed, negatives),
+        to_device=TransferStage(device),
+        compute=ComputeStage(model, optimizer_class(config.optimizer), dense),
+        to_host=TransferStage(torch.device("cpu")),
+        write=WriteStage(store),
+    )
+    strategy = STRATEGIES.get(config.strategy)(config)
+    return Trainer(config, graph, train_triples, store, model, dense, stages, strategy, run, device, hooks)
+
+
+def final_checkpoint(run: RunDirectory) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The model a finished run reports on: the best one under early stopping, else the newest."""
+    best = ckpt.checkpoint_root(run.path) / "best"
+    if best.is_dir():
+        return ckpt.load_checkpoint(best)
+    found = ckpt.load_latest(run.path)
+    if found is None:
+        raise CadenceError(f"{run.path}: the run has no checkpoint to load")
+    return found[0], found[1]
+
+
+def evaluate(run_dir: str | Path, split: str = "test") -> dict[str, float]:
+    """Filtered ranking metrics of a run's final model on ``split``."""
+    if split not in ("train", "valid", "test"):
+        raise ConfigError(f"split must be train, valid or test, got {split!r}")
+    run = RunDirectory(run_dir)
+    config = run.load_config()
+    config.store.backend = "memory"  # never touch the run's own table files
+    graph = load_graph(config.data, config.seed)
+    trainer = build_trainer(config, graph, run)
+    tensors, state = final_checkpoint(run)
+    trainer.load_state(tensors, state)
+    return trainer._evaluate_split(split)
+
+
+def export(run_dir: str | Path, out: str | Path, format: str = "npy") -> list[Path]:
+    """Write entity and relation embeddings (and id maps) of a run's final model."""
+    if format != "npy":
+        raise ConfigError(f"export format {format!r} is not supported (npy)")
+    run = RunDirectory(run_dir)
+    run.load_config()
+    tensors, _ = final_checkpoint(run)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, key in (("entity_embeddings.npy", "store.values"), ("relation_embeddings.npy", "model.relations")):
+        np.save(out / name, tensors[key].numpy())
+        written.append(out / name)
+    for name in ("entity_ids.tsv", "relation_ids.tsv"):
+        if (run.path / name).exists():
+            shutil.copyfile(run.path / name, out / name)
+            written.append(out / name)
+    return written

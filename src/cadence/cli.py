@@ -1,0 +1,186 @@
+"""The ``cadence`` command: a thin layer over ``cadence.api``.
+
+    cadence data list | data fetch NAME...
+    cadence train [--config FILE] [--set key=value]... [--dataset ...] [--resume RUN_DIR]
+    cadence eval RUN_DIR [--split test]
+    cadence export RUN_DIR --format npy --out DIR
+
+A user's mistake (``CadenceError``) prints one line, ``cadence: error: ...``, and exits with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any, Sequence
+
+from cadence.errors import CadenceError
+
+# flags for the common keys: flag -> (dotted config key, type)
+TRAIN_FLAGS: dict[str, tuple[str, type]] = {
+    "--dataset": ("data.dataset", str),
+    "--model": ("model.name", str),
+    "--dim": ("model.dim", int),
+    "--epochs": ("train.epochs", int),
+    "--batch-size": ("train.batch_size", int),
+    "--lr": ("optimizer.lr", float),
+    "--strategy": ("strategy", str),
+    "--seed": ("seed", int),
+    "--out": ("out", str),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cadence", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("-q", "--quiet", action="store_true", help="print warnings and errors only")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    data = commands.add_parser("data", help="list and fetch datasets")
+    data_commands = data.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    data_commands.add_parser("list", help="list registered datasets")
+    fetch = data_commands.add_parser("fetch", help="download datasets into $CADENCE_HOME")
+    fetch.add_argument("names", nargs="+", metavar="NAME")
+
+    train = commands.add_parser("train", help="train a model")
+    train.add_argument("--config", metavar="FILE", help="YAML config file")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config key (dotted), repeatable")
+    for flag, (key, kind) in TRAIN_FLAGS.items():
+        train.add_argument(flag, type=kind, metavar=kind.__name__.upper(), help=f"sets {key}")
+    train.add_argument("--strict", action="store_true", help="error on unseen ids and duplicates")
+    train.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    train.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+
+    evaluate = commands.add_parser("eval", help="evaluate a run's final model")
+    evaluate.add_argument("run_dir", metavar="RUN_DIR")
+    evaluate.add_argument("--split", default="test", choices=["train", "valid", "test"])
+
+    export = commands.add_parser("export", help="export embeddings and id maps")
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("--format", default="npy", choices=["npy"])
+    export.add_argument("--out", required=True, metavar="DIR")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.quiet)
+    try:
+        return COMMANDS[args.command](args)
+    except CadenceError as err:
+        print(f"cadence: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("cadence: interrupted", file=sys.stderr)
+        return 130
+
+
+def _data(args: argparse.Namespace) -> int:
+    from cadence.data.datasets import DATASETS
+
+    if args.data_command == "list":
+        rows = [(name, "yes" if DATASETS.get(name).is_fetched() else "no", DATASETS.get(name).description)
+                for name in DATASETS]
+        _print_table(["dataset", "fetched", "description"], rows)
+        return 0
+    for name in args.names:
+        directory = DATASETS.get(name).fetch()
+        print(f"{name}: {directory}" if directory else f"{name}: generated on demand, nothing to fetch")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from cadence import api
+    from cadence.config import load_config, parse_override
+
+    overrides = list(args.set)
+    for flag, (key, _) in TRAIN_FLAGS.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    if args.strict:
+        overrides.append("data.strict=true")
+    if args.no_progress:
+        overrides.append("progress=false")
+    if args.resume:
+        if args.config:
+            raise CadenceError("--resume continues a run with its own config.yaml; drop --config")
+        result = api.resume(args.resume, dict(parse_override(item) for item in overrides))
+    else:
+        result = api.train(load_config(args.config, overrides), overwrite=args.overwrite)
+    _print_summary(result.summary)
+    print(f"run directory: {result.run_dir}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from cadence import api
+
+    metrics = api.evaluate(args.run_dir, args.split)
+    _print_table(["split", *metrics], [[args.split, *(f"{v:.4f}" for v in metrics.values())]])
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from cadence import api
+
+    for path in api.export(args.run_dir, args.out, args.format):
+        print(path)
+    return 0
+
+
+COMMANDS = {"data": _data, "train": _train, "eval": _eval, "export": _export}
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    keys = ["strategy", "dataset", "model", "epochs", "train_seconds", "examples_per_second",
+            "mrr", "hits@1", "hits@3", "hits@10"]
+    shown = [k for k in keys if k in summary]
+    _print_table(shown, [[_format(summary[k]) for k in shown]])
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if value >= 1000 else f"{value:.4f}"
+    return str(value)
+
+
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    table = [list(map(str, header))] + [list(map(str, row)) for row in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for index, row in enumerate(table):
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+
+
+class _TqdmHandler(logging.Handler):
+    """Log lines that do not tear through progress bars."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm.auto import tqdm
+
+        tqdm.write(self.format(record), file=sys.stderr)
+
+
+def _configure_logging(quiet: bool) -> None:
+    logger = logging.getLogger("cadence")
+    if not logger.handlers:
+        handler = _TqdmHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.propagate = False
+
+
+def _version() -> str:
+    from cadence import __version__
+
+    return f"cadence {__version__}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""Typed, strict configuration: "the config is the experiment".
+
+A run is described by one ``Config``: nested dataclasses whose defaults sit beside their meaning.
+Configs come from a YAML file plus dotted overrides (``--set train.epochs=5``). Loading is strict:
+an unknown key or a value of the wrong type is a ``ConfigError`` naming the dotted key, and, where
+the value came from a file, its path and line. Every run writes its resolved config as
+``config.yaml``, which loads back to an equal ``Config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from cadence.errors import ConfigError
+
+
+@dataclass
+class SyntheticGraphConfig:
+    """A seeded power-law graph (dataset ``synthetic``), for scale rather than quality."""
+
+    num_entities: int = 100_000
+    num_relations: int = 16
+    num_edges: int = 1_000_000
+    exponent: float = 1.1  # Zipf exponent of the endpoint distribution (degree ~ rank^-exponent)
+    holdout: int = 1_000  # triples in each of valid and test
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "umls"  # a registered name (see `cadence data list`) or a directory path
+    strict: bool = False  # error (instead of filter with a printed count) on unseen ids and duplicates
+    synthetic: SyntheticGraphConfig = field(default_factory=SyntheticGraphConfig)
+
+
+@dataclass
+class ModelConfig:
+    name: str = "complex"  # distmult | complex | transe | rotate
+    dim: int = 128  # floats per entity row (complex models use dim/2 complex components)
+    init_std: float = 1e-3  # entity and relation rows start as N(0, init_std^2)
+    gamma: float = 12.0  # margin of the distance models (TransE, RotatE): score = gamma - distance
+    p_norm: int = 1  # TransE distance norm
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 20
+    batch_size: int = 1000
+    scoring: Literal["sampled", "all"] = "sampled"  # shared sampled negatives, or every entity
+    negatives: int = 256  # shared negatives per batch and side (scoring: sampled)
+    loss: Literal["softmax", "logistic"] = "softmax"
+    reciprocal: bool = False  # add inverse relations; heads are then predicted as tails of (t, r^-1)
+    regularizer: Literal["none", "n3", "l2"] = "none"
+    reg_weight: float = 0.0
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 0.1
+    entity: Literal["rowwise_adagrad", "adagrad"] = "rowwise_adagrad"  # state kept in the store
+    dense: Literal["adagrad", "adam"] = "adagrad"  # relation parameters
+    dense_lr: float | None = None  # defaults to lr
+    eps: float = 1e-10
+
+
+@dataclass
+class StoreConfig:
+    backend: Literal["memory", "mmap"] = "memory"
+    path: str | None = None  # mmap backend: directory of the table files (default: <out>/store)
+
+
+@dataclass
+class EvalConfig:
+    every: int = 1  # validate every N epochs; 0 = never
+    batch_size: int = 256
+    test: bool = True  # evaluate on test at the end
+    patience: int = 0  # early stopping after N validations without a better valid MRR; 0 = off
+    max_triples: int = 0  # evaluate a fixed random subset of this many triples; 0 = all
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 1  # epochs between checkpoints; 0 = never
+    keep: int = 2  # newest checkpoints kept on disk
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    strategy: str = "sync"
+    out: str | None = None  # run directory
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    device: str = "auto"  # compute device for dense parameters and batches: auto | cpu | cuda[:N]
+    progress: bool = True  # progress bars (shown only on a terminal)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+_POSITIVE = {
+    "model.dim", "train.epochs", "train.batch_size", "train.negatives", "eval.batch_size",
+    "data.synthetic.num_entities", "data.synthetic.num_relations", "data.synthetic.num_edges",
+    "checkpoint.keep",
+}
+_NON_NEGATIVE = {"threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
+                 "train.reg_weight", "data.synthetic.holdout"}
+
+
+def from_dict(data: dict[str, Any], where: dict[str, str] | None = None) -> Config:
+    """Build a ``Config`` from nested dicts, rejecting unknown keys and wrong types.
+
+    ``where`` maps dotted keys to ``file:line`` for error messages.
+    """
+    config = _build(Config, data, "", where or {})
+    _check_ranges(config, where or {})
+    return config
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML file (optional) and apply ``key=value`` dotted overrides on top."""
+    data: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    if path is not None:
+        data, where = _read_yaml(Path(path))
+    for item in overrides or []:
+        key, value = parse_override(item)
+        set_dotted(data, key, value)
+        where[key] = f"--set {item}"
+    return from_dict(data, where)
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as err:
+        line = err.problem_mark.line + 1 if err.problem_mark else "?"
+        raise ConfigError(f"{path}:{line}: invalid YAML: {err.problem}") from None
+    if data is None:
+        return {}, {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}:1: a config file must be a mapping of keys to values")
+    where: dict[str, str] = {}
+    _record_lines(node, "", path, where)
+    return data, where
+
+
+def _record_lines(node: yaml.Node, prefix: str, path: Path, where: dict[str, str]) -> None:
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for key_node, value_node in node.value:
+        key = f"{prefix}{key_node.value}"
+        where[key] = f"{path}:{key_node.start_mark.line + 1}"
+        _record_lines(value_node, key + ".", path, where)
+
+
+def _locate(key: str, where: dict[str, str]) -> str:
+    return f"{where[key]}: " if key in where else ""
+
+
+def _build(cls: type, data: Any, prefix: str, where: dict[str, str]) -> Any:
+    section = prefix.rstrip(".") or "config"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{_locate(section, where)}{section} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if name not in fields:
+            close = difflib.get_close_matches(str(name), fields, n=1)
+            hint = f" (did you mean {prefix}{close[0]!r}?)" if close else ""
+            raise ConfigError(f"{_locate(key, where)}unknown key {key!r}{hint}")
+        kwargs[name] = _convert(hints[name], value, key, where)
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any, key: str, where: dict[str, str]) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key + ".", where)
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(option, value, key, where)
+            except ConfigError as err:
+                errors.append(err)
+        raise errors[0]
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(
+                f"{_locate(key, where)}{key} must be one of {', '.join(map(str, choices))}; got {value!r}"
+            )
+        return value
+    ok = (
+        (tp is bool and isinstance(value, bool))
+        or (tp is int and isinstance(value, int) and not isinstance(value, bool))
+        or (tp is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+        or (tp is str and isinstance(value, str))
+    )
+    if not ok:
+        raise ConfigError(
+            f"{_locate(key, where)}{key} must be of type {tp.__name__}, got {type(value).__name__} {value!r}"
+        )
+    return float(value) if tp is float else value
+
+
+def _check_ranges(config: Config, where: dict[str, str]) -> None:
+    flat = _flatten(config.to_dict())
+    for key in _POSITIVE:
+        if flat[key] <= 0:
+            raise ConfigError(f"{_locate(key, where)}{key} must be positive, got {flat[key]}")
+    for key in _NON_NEGATIVE:
+        if flat[key] < 0:
+            raise ConfigError(f"{_locate(key, where)}{key} must not be negative, got {flat[key]}")
+    for key in ("optimizer.lr", "optimizer.eps"):
+        if flat[key] <= 0:
+            raise ConfigError(f"{_locate(key, where)}{key} must be positive, got {flat[key]}")
+    if config.optimizer.dense_lr is not None and config.optimizer.dense_lr <= 0:
+        raise ConfigError(f"{_locate('optimizer.dense_lr', where)}optimizer.dense_lr must be positive")
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

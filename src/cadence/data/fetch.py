@@ -1,0 +1,115 @@
+"""Fetch datasets that ship inside packages on the Python package index.
+
+The benchmark graphs UMLS, Kinships and Nations ship inside the ``pykeen==1.11.1`` wheel; we fetch
+that wheel with ``pip download --no-deps`` (pykeen itself is never installed), check its sha256, and
+extract only the dataset files into the cache ``$CADENCE_HOME/datasets/<name>/`` (default
+``~/.cache/cadence``). Extraction goes to a temporary directory renamed into place, so an
+interrupted fetch leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from cadence.errors import FetchError
+
+
+@dataclass(frozen=True)
+class WheelSource:
+    """Files ``members`` (wheel path -> file name) of one pinned wheel."""
+
+    package: str
+    version: str
+    sha256: str
+    members: dict[str, str]
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+PYKEEN_WHEEL = ("pykeen", "1.11.1", "b6cc0ab012fc6ba4f37b58fb7081a409a5c1f04cbbb0e0e9c2256e911757d4ba")
+
+
+def pykeen_graph(name: str) -> WheelSource:
+    package, version, sha256 = PYKEEN_WHEEL
+    members = {f"pykeen/datasets/{name}/{split}.txt": f"{split}.txt" for split in ("train", "valid", "test")}
+    return WheelSource(package, version, sha256, members)
+
+
+def cadence_home() -> Path:
+    return Path(os.environ.get("CADENCE_HOME", Path.home() / ".cache" / "cadence"))
+
+
+def dataset_dir(name: str) -> Path:
+    return cadence_home() / "datasets" / name
+
+
+def is_fetched(name: str, source: WheelSource) -> bool:
+    directory = dataset_dir(name)
+    return all((directory / target).is_file() for target in source.members.values())
+
+
+def fetch(name: str, source: WheelSource) -> Path:
+    """Make ``dataset_dir(name)`` hold the source's files; return that directory."""
+    target = dataset_dir(name)
+    if is_fetched(name, source):
+        return target
+    wheel = _download_wheel(source)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            for member, filename in source.members.items():
+                try:
+                    data = archive.read(member)
+                except KeyError:
+                    raise FetchError(f"{wheel.name} has no file {member}") from None
+                (staging / filename).write_bytes(data)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _download_wheel(source: WheelSource) -> Path:
+    downloads = cadence_home() / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    pattern = f"{source.package}-{source.version}-*.whl"
+    for existing in downloads.glob(pattern):
+        if _sha256(existing) == source.sha256:
+            return existing
+        existing.unlink()
+    with tempfile.TemporaryDirectory(dir=downloads) as scratch:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   "--disable-pip-version-check", "-q", "-d", scratch, source.requirement]
+        done = subprocess.run(command, capture_output=True, text=True)
+        wheels = list(Path(scratch).glob(pattern))
+        if done.returncode != 0 or not wheels:
+            detail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise FetchError(f"could not download {source.requirement} from the package index: "
+                             + " | ".join(detail))
+        digest = _sha256(wheels[0])
+        if digest != source.sha256:
+            raise FetchError(f"{wheels[0].name}: sha256 {digest} does not match the pinned {source.sha256}")
+        final = downloads / wheels[0].name
+        wheels[0].replace(final)
+    return final
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,74 @@
+"""The knowledge-graph embedding model: a scorer, dense relation parameters, a loss, a regulariser.
+
+Entity rows are not parameters of this module: they live in an ``EmbeddingStore`` and arrive per
+batch as a leaf tensor (``rows``), so the same model serves every strategy and every store backend.
+Relation parameters are dense and stay on the compute device.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from cadence.config import Config
+from cadence.models.scorers import SCORERS
+from cadence.store.embedding_store import derive_seed
+
+
+class KgeModel(nn.Module):
+    def __init__(self, config: Config, num_relations: int):
+        super().__init__()
+        self.scorer = SCORERS.get(config.model.name)(config.model)
+        self.train_config = config.train
+        self.relations = nn.Parameter(torch.empty(num_relations, self.scorer.relation_dim()))
+        generator = torch.Generator().manual_seed(derive_seed(config.seed, "relations"))
+        with torch.no_grad():
+            self.scorer.init_relations(self.relations, config.model.init_std, generator)
+
+    def loss(self, rows: Tensor, heads: Tensor, relations: Tensor, tails: Tensor,
+             candidates: Tensor | None) -> Tensor:
+        """Mean loss of a batch.
+
+        rows: [U, D] the batch's entity rows; heads, tails: [B] indices into rows; relations: [B]
+        relation ids; candidates: [C] indices into rows of the shared negatives, or None to score
+        against every row (rows then hold all entities, in id order).
+        """
+        h, t, r = rows[heads], rows[tails], self.relations[relations]
+        pool = rows if candidates is None else rows[candidates]
+        loss = self._side_loss(self.scorer.score_tails(h, r, pool), h, r, t, tails, candidates, "tail")
+        if not self.train_config.reciprocal:
+            head_scores = self.scorer.score_heads(pool, r, t)
+            loss = (loss + self._side_loss(head_scores, h, r, t, heads, candidates, "head")) / 2
+        return loss + self._regularization(h, r, t)
+
+    def _side_loss(self, scores: Tensor, h: Tensor, r: Tensor, t: Tensor, targets: Tensor,
+                   candidates: Tensor | None, side: str) -> Tensor:
+        if candidates is None:  # every entity is a candidate; the target is one of them
+            if self.train_config.loss == "softmax":
+                return F.cross_entropy(scores, targets)
+            labels = torch.zeros_like(scores).scatter_(1, targets.unsqueeze(1), 1.0)
+            return F.binary_cross_entropy_with_logits(scores, labels)
+        positive = self.scorer.score(h, r, t)  # [B]
+        if self.train_config.loss == "softmax":
+            logits = torch.cat([positive.unsqueeze(1), scores], dim=1)  # positive is class 0
+            return F.cross_entropy(logits, torch.zeros_like(targets))
+        return F.softplus(-positive).mean() + F.softplus(scores).mean()
+
+    def _regularization(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
+        kind, weight = self.train_config.regularizer, self.train_config.reg_weight
+        if kind == "none" or weight == 0.0:
+            return h.new_zeros(())
+        power = 3 if kind == "n3" else 2
+        total = (self.scorer.magnitudes(h).pow(power).sum() + self.scorer.magnitudes(t).pow(power).sum()
+                 + self.scorer.relation_magnitudes(r).pow(power).sum())
+        return weight * total / h.shape[0]
+
+    @torch.no_grad()
+    def score_all_tails(self, entities: Tensor, heads: Tensor, relations: Tensor) -> Tensor:
+        """[B] head ids, [B] relation ids -> [B, E] scores against the entity table."""
+        return self.scorer.score_tails(entities[heads], self.relations[relations], entities)
+
+    @torch.no_grad()
+    def score_all_heads(self, entities: Tensor, relations: Tensor, tails: Tensor) -> Tensor:
+        return self.scorer.score_heads(entities, self.relations[relations], entities[tails])

@@ -1,0 +1,198 @@
+"""Knowledge-graph scorers: an interaction function between head, relation and tail rows.
+
+A scorer knows nothing of storage or training: it maps embedding rows to scores. Entity rows are
+``dim`` floats; the complex models read them as ``dim/2`` real parts followed by ``dim/2``
+imaginary parts. Three shapes of scoring are needed:
+
+- ``score(h, r, t)``: one score per triple, ``[B]``;
+- ``score_tails(h, r, candidates)``: each (h, r) against every candidate tail, ``[B, C]``;
+- ``score_heads(candidates, r, t)``: each (r, t) against every candidate head, ``[B, C]``.
+
+Shared-negative training (PyTorch-BigGraph, Marius) and all-entity ranking both use the ``[B, C]``
+forms, which are matrix products for the bilinear models.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+
+import torch
+from torch import Tensor
+
+from cadence.config import ModelConfig
+from cadence.errors import ConfigError
+from cadence.registry import Registry
+
+SCORERS: Registry[type["Scorer"]] = Registry("model")
+
+
+class Scorer(ABC):
+    complex_valued = False  # rows are (real, imaginary) halves
+
+    def __init__(self, config: ModelConfig):
+        if self.complex_valued and config.dim % 2:
+            raise ConfigError(f"model.dim must be even for {config.name} (real and imaginary halves)")
+        self.dim = config.dim
+
+    def relation_dim(self) -> int:
+        return self.dim
+
+    def init_relations(self, relations: Tensor, std: float, generator: torch.Generator) -> None:
+        relations.normal_(0.0, std, generator=generator)
+
+    @abstractmethod
+    def score(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def score_tails(self, h: Tensor, r: Tensor, candidates: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def score_heads(self, candidates: Tensor, r: Tensor, t: Tensor) -> Tensor: ...
+
+    def magnitudes(self, x: Tensor) -> Tensor:
+        """Per-component magnitudes of entity rows for the N3 / L2 regularisers (complex modulus)."""
+        if not self.complex_valued:
+            return x.abs()
+        real, imag = x.chunk(2, dim=-1)
+        return torch.sqrt(real * real + imag * imag + 1e-20)
+
+    def relation_magnitudes(self, r: Tensor) -> Tensor:
+        return self.magnitudes(r)
+
+
+@SCORERS.register("distmult")
+class DistMultScorer(Scorer):
+    """score = sum_k h_k r_k t_k (Yang et al. 2015)."""
+
+    def score(self, h, r, t):
+        return (h * r * t).sum(-1)
+
+    def score_tails(self, h, r, candidates):
+        return (h * r) @ candidates.t()  # [B, D] @ [D, C]
+
+    def score_heads(self, candidates, r, t):
+        return (r * t) @ candidates.t()
+
+
+def _complex_product(a: Tensor, b: Tensor) -> Tensor:
+    ar, ai = a.chunk(2, dim=-1)
+    br, bi = b.chunk(2, dim=-1)
+    return torch.cat([ar * br - ai * bi, ar * bi + ai * br], dim=-1)
+
+
+def _conjugate(a: Tensor) -> Tensor:
+    real, imag = a.chunk(2, dim=-1)
+    return torch.cat([real, -imag], dim=-1)
+
+
+@SCORERS.register("complex")
+class ComplExScorer(Scorer):
+    """score = Re(sum_k h_k r_k conj(t_k)) (Trouillon et al. 2016)."""
+
+    complex_valued = True
+
+    def score(self, h, r, t):
+        return (_complex_product(h, r) * t).sum(-1)
+
+    def score_tails(self, h, r, candidates):
+        # Re(<h r, conj(c)>) = [Re(hr), Im(hr)] . [Re(c), Im(c)]
+        return _complex_product(h, r) @ candidates.t()
+
+    def score_heads(self, candidates, r, t):
+        # Re(<c, r conj(t)>) = [Re(c), Im(c)] . [Re(r conj t), -Im(r conj t)] = c . conj(r conj(t))
+        return _conjugate(_complex_product(r, _conjugate(t))) @ candidates.t()
+
+
+class _DistanceScorer(Scorer):
+    """score = gamma - distance(query, candidate), for translation-like models."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.gamma = config.gamma
+
+    @abstractmethod
+    def distance(self, queries: Tensor, candidates: Tensor) -> Tensor:
+        """[B, D] x [C, D] -> [B, C] distances."""
+
+    @abstractmethod
+    def tail_query(self, h: Tensor, r: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def head_query(self, r: Tensor, t: Tensor) -> Tensor: ...
+
+    def paired_distance(self, queries: Tensor, targets: Tensor) -> Tensor:
+        return self.distance(queries.unsqueeze(1), targets.unsqueeze(1)).squeeze(-1).squeeze(-1)
+
+    def score(self, h, r, t):
+        return self.gamma - self.paired_distance(self.tail_query(h, r), t)
+
+    def score_tails(self, h, r, candidates):
+        return self.gamma - self.distance(self.tail_query(h, r), candidates)
+
+    def score_heads(self, candidates, r, t):
+        return self.gamma - self.distance(self.head_query(r, t), candidates)
+
+
+@SCORERS.register("transe")
+class TransEScorer(_DistanceScorer):
+    """score = gamma - ||h + r - t||_p (Bordes et al. 2013)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        if config.p_norm not in (1, 2):
+            raise ConfigError("model.p_norm must be 1 or 2 for transe")
+        self.p = config.p_norm
+
+    def distance(self, queries, candidates):
+        if queries.dim() == 3:  # paired: [B, 1, D] and [B, 1, D]
+            return (queries - candidates).norm(p=self.p, dim=-1, keepdim=True)
+        return torch.cdist(queries, candidates, p=self.p)
+
+    def tail_query(self, h, r):
+        return h + r
+
+    def head_query(self, r, t):
+        return t - r
+
+
+@SCORERS.register("rotate")
+class RotatEScorer(_DistanceScorer):
+    """score = gamma - sum_k |h_k e^{i theta_k} - t_k| (Sun et al. 2019); relations are phases."""
+
+    complex_valued = True
+    CANDIDATE_CHUNK = 4096  # bounds the [B, C, D] difference tensor
+
+    def relation_dim(self) -> int:
+        return self.dim // 2
+
+    def init_relations(self, relations, std, generator):
+        relations.uniform_(-math.pi, math.pi, generator=generator)
+
+    @staticmethod
+    def _rotation(theta: Tensor) -> Tensor:
+        return torch.cat([torch.cos(theta), torch.sin(theta)], dim=-1)
+
+    def distance(self, queries, candidates):
+        if queries.dim() == 3:
+            return self._modulus_sum(queries - candidates).unsqueeze(-1)
+        parts = []
+        for start in range(0, candidates.shape[0], self.CANDIDATE_CHUNK):
+            block = candidates[start:start + self.CANDIDATE_CHUNK]
+            parts.append(self._modulus_sum(queries.unsqueeze(1) - block.unsqueeze(0)))
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def _modulus_sum(difference: Tensor) -> Tensor:
+        real, imag = difference.chunk(2, dim=-1)
+        return torch.sqrt(real * real + imag * imag + 1e-20).sum(-1)
+
+    def tail_query(self, h, r):
+        return _complex_product(h, self._rotation(r))
+
+    def head_query(self, r, t):
+        # |h r - t| = |h - t conj(r)| because |r| = 1
+        return _complex_product(t, _conjugate(self._rotation(r)))
+
+    def relation_magnitudes(self, r):
+        return torch.zeros_like(r)  # phases have unit modulus: nothing to regularise

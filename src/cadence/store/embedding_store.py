@@ -1,0 +1,165 @@
+"""``EmbeddingStore``: a table of embedding rows with per-row optimizer state and versions.
+
+Every strategy reads and writes entity rows only through these verbs:
+
+- ``pull(ids)``: a ``RowBlock`` copy of the rows (values, optimizer state, versions);
+- ``set(ids, block)``: overwrite those rows (value and state, and versions when the block has them);
+- ``push(ids, delta)``: add a delta to the values (additive, Hogwild/parameter-server style).
+
+Rows are gathered and scattered with vectorised ``index_select`` / ``index_copy_`` (no per-row
+Python). ``versions`` start at -1; OAC (SPEC section 1) uses them as row timestamps. Where the rows
+live is the backend's business: ``memory`` allocates tensors in RAM, ``mmap`` maps files on disk so
+tables may exceed RAM (the page cache holds the hot rows). Backends register by name in
+``STORE_BACKENDS`` and only allocate; all verbs are shared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from cadence.errors import ConfigError
+from cadence.registry import Registry
+
+INIT_CHUNK_ROWS = 1 << 16  # rows initialised per generator: keeps init identical across backends
+
+
+@dataclass
+class RowBlock:
+    """A copy of some rows of a store, in the order of the ids that were pulled."""
+
+    values: Tensor  # [n, dim] float32
+    state: Tensor  # [n, state_width] float32
+    versions: Tensor | None = None  # [n] int64
+
+    def to(self, device: torch.device | str) -> "RowBlock":
+        versions = None if self.versions is None else self.versions.to(device, non_blocking=True)
+        return RowBlock(
+            self.values.to(device, non_blocking=True), self.state.to(device, non_blocking=True), versions
+        )
+
+
+# An allocator returns (values, state, versions, mapped arrays to flush) for a table's shape.
+Allocator = Callable[[int, int, int, "str | None"], tuple[Tensor, Tensor, Tensor, list]]
+STORE_BACKENDS: Registry[Allocator] = Registry("store backend")
+
+
+@STORE_BACKENDS.register("memory")
+def _allocate_memory(num_rows: int, dim: int, state_width: int, path: str | None):
+    return (
+        torch.empty(num_rows, dim, dtype=torch.float32),
+        torch.zeros(num_rows, state_width, dtype=torch.float32),
+        torch.full((num_rows,), -1, dtype=torch.int64),
+        [],
+    )
+
+
+@STORE_BACKENDS.register("mmap")
+def _allocate_mmap(num_rows: int, dim: int, state_width: int, path: str | None):
+    if path is None:
+        raise ConfigError("store.path must name a directory for the mmap store backend")
+    directory = Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    layout = {"num_rows": num_rows, "dim": dim, "state_width": state_width}
+    (directory / "layout.json").write_text(json.dumps(layout))
+
+    arrays: list[np.memmap] = []
+
+    def mapped(name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Tensor:
+        array = np.lib.format.open_memmap(directory / name, mode="w+", dtype=dtype, shape=shape)
+        arrays.append(array)
+        return torch.from_numpy(array)
+
+    values = mapped("values.npy", np.float32, (num_rows, dim))
+    state = mapped("state.npy", np.float32, (num_rows, state_width))
+    versions = mapped("versions.npy", np.int64, (num_rows,))
+    state.zero_()
+    versions.fill_(-1)
+    return values, state, versions, arrays
+
+
+class EmbeddingStore:
+    def __init__(
+        self, values: Tensor, state: Tensor, versions: Tensor, backend: str = "memory", mapped=()
+    ):
+        if values.shape[0] != state.shape[0] or values.shape[0] != versions.shape[0]:
+            raise ValueError("values, state and versions must have one row per entity")
+        self.values = values
+        self.state = state
+        self.versions = versions
+        self.backend = backend
+        self._mapped = list(mapped)  # memory-mapped arrays behind the tensors, flushed to disk
+
+    @property
+    def num_rows(self) -> int:
+        return self.values.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.values.shape[1]
+
+    @property
+    def state_width(self) -> int:
+        return self.state.shape[1]
+
+    def pull(self, ids: Tensor, with_versions: bool = False) -> RowBlock:
+        versions = self.versions.index_select(0, ids) if with_versions else None
+        return RowBlock(self.values.index_select(0, ids), self.state.index_select(0, ids), versions)
+
+    def set(self, ids: Tensor, block: RowBlock) -> None:
+        self.values.index_copy_(0, ids, block.values)
+        self.state.index_copy_(0, ids, block.state)
+        if block.versions is not None:
+            self.versions.index_copy_(0, ids, block.versions)
+
+    def push(self, ids: Tensor, delta: Tensor) -> None:
+        self.values.index_add_(0, ids, delta)
+
+    def initialize(self, std: float, seed: int) -> None:
+        """Fill values with N(0, std^2), chunk by chunk, identically for every backend."""
+        for chunk, start in enumerate(range(0, self.num_rows, INIT_CHUNK_ROWS)):
+            stop = min(start + INIT_CHUNK_ROWS, self.num_rows)
+            generator = torch.Generator().manual_seed(derive_seed(seed, "store-init", chunk))
+            rows = torch.randn(stop - start, self.dim, generator=generator)
+            self.values[start:stop] = rows.mul_(std)
+        self.state.zero_()
+        self.versions.fill_(-1)
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {"values": self.values, "state": self.state, "versions": self.versions}
+
+    def load_tensors(self, tensors: dict[str, Tensor]) -> None:
+        for name, target in self.tensors().items():
+            source = tensors[name]
+            if source.shape != target.shape or source.dtype != target.dtype:
+                raise ValueError(
+                    f"store {name}: checkpoint has {tuple(source.shape)} {source.dtype}, "
+                    f"the run has {tuple(target.shape)} {target.dtype}"
+                )
+            target.copy_(source)
+
+    def flush(self) -> None:
+        """Write mapped pages to disk (a no-op in memory)."""
+        for array in self._mapped:
+            array.flush()
+
+
+def create_store(
+    num_rows: int, dim: int, state_width: int, backend: str = "memory", path: str | None = None
+) -> EmbeddingStore:
+    allocate = STORE_BACKENDS.get(backend)
+    values, state, versions, mapped = allocate(num_rows, dim, state_width, path)
+    return EmbeddingStore(values, state, versions, backend, mapped)
+
+
+def derive_seed(seed: int, *parts: object) -> int:
+    """A 63-bit seed from a root seed and a path of names and numbers (stable across runs)."""
+    text = ":".join(str(p) for p in (seed, *parts)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") & ((1 << 63) - 1)

@@ -1,0 +1,32 @@
+"""The strategy interface.
+
+A strategy decides how the batches of an epoch pass through the stages (``cadence.pipeline``): one
+at a time (sync), many in flight (async pipeline, OAC), or on a parameter-server runtime (GBA and its
+baselines, ShadowSync, AdaPM). It never changes the math of a stage, so every strategy can be
+checked against the synchronous run of the same batches. The trainer calls ``run_epoch`` once per
+epoch and ``on_batch`` once per finished batch (for progress, counters and the computation order).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable
+
+from cadence.config import Config
+from cadence.pipeline.batch import Batch, BatchPlan
+from cadence.pipeline.stages import Stages
+from cadence.registry import Registry
+
+STRATEGIES: Registry[type["Strategy"]] = Registry("strategy")
+
+
+class Strategy(ABC):
+    def __init__(self, config: Config):
+        self.config = config
+
+    @abstractmethod
+    def run_epoch(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None]) -> None:
+        """Train on every plan once, calling ``on_batch`` as each batch finishes writing."""
+
+    def close(self) -> None:
+        """Release threads or remote resources."""

@@ -1,0 +1,1 @@
+"""The trainer, its checkpoints and the run directory."""

@@ -1,0 +1,81 @@
+"""The files a run leaves in its ``--out`` directory (a public contract; see docs/outputs.md).
+
+- ``config.yaml``: the resolved configuration (loads back to the same ``Config``);
+- ``metrics.jsonl``: one JSON object per evaluation: ``epoch``, ``split``, ``wall_seconds``
+  (training time so far, evaluation excluded), ``examples_seen``, and the metrics;
+- ``summary.json``: ``strategy``, ``dataset``, ``model``, ``epochs``, ``train_seconds``,
+  ``examples_per_second`` and the final test metrics (``mrr``, ``hits@1``, ``hits@3``, ``hits@10``);
+- ``entity_ids.tsv`` / ``relation_ids.tsv``: id maps of named datasets;
+- ``checkpoints/``: see ``cadence.training.checkpoint``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from cadence.config import Config, load_config
+from cadence.errors import CadenceError
+
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+
+
+class RunDirectory:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG
+
+    def has_run(self) -> bool:
+        return self.config_path.exists() or (self.path / "checkpoints").exists()
+
+    def create(self, config: Config, overwrite: bool = False) -> None:
+        if self.path.exists() and any(self.path.iterdir()) and not overwrite:
+            raise CadenceError(
+                f"{self.path}: the run directory is not empty; use --resume to continue the run in "
+                "it, --overwrite to replace it, or another --out"
+            )
+        if overwrite and self.path.exists():
+            for name in (CONFIG, METRICS, SUMMARY):
+                (self.path / name).unlink(missing_ok=True)
+            import shutil
+
+            shutil.rmtree(self.path / "checkpoints", ignore_errors=True)
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.config_path, config.to_yaml())
+
+    def load_config(self) -> Config:
+        if not self.config_path.is_file():
+            raise CadenceError(f"{self.path}: not a cadence run directory (no {CONFIG})")
+        return load_config(self.config_path)
+
+    def write_metrics(self, records: list[dict[str, Any]]) -> None:
+        write_atomic(self.path / METRICS, "".join(json.dumps(r) + "\n" for r in records))
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        path = self.path / METRICS
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_atomic(self.path / SUMMARY, json.dumps(summary, indent=2) + "\n")
+
+    def read_summary(self) -> dict[str, Any]:
+        return json.loads((self.path / SUMMARY).read_text())
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a whole file or nothing: temporary file, fsync, rename."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
