@@ -30,7 +30,7 @@ from cadence.pipeline.stages import ComputeStage, LoadStage, Stages, TransferSta
 from cadence.store.embedding_store import create_store, derive_seed
 from cadence.strategies import STRATEGIES
 from cadence.training import checkpoint as ckpt
-from cadence.training.run_directory import RunDirectory, write_atomic
+from cadence.training.run_directory import RunDirectory, write_atomic  # noqa: F401  (re-exported)
 from cadence.training.trainer import Trainer, TrainerHook
 
 log = logging.getLogger("cadence")

@@ -217,7 +217,7 @@ def _build(cls: type, data: Any, prefix: str, where: dict[str, str]) -> Any:
         key = f"{prefix}{name}"
         if name not in fields:
             close = difflib.get_close_matches(str(name), fields, n=1)
-            hint = f" (did you mean {prefix}{close[0]!r}?)" if close else ""
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
             raise ConfigError(f"{_locate(key, where)}unknown key {key!r}{hint}")
         kwargs[name] = _convert(hints[name], value, key, where)
     return cls(**kwargs)

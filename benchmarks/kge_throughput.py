@@ -1,0 +1,657 @@
+#!/usr/bin/env python
+"""Training-throughput benchmark of cadence, all contenders side by side in one invocation.
+
+    .venv/bin/python benchmarks/kge_throughput.py [--quick] [--only pykeen|bare|store] [--reps N]
+
+Three parts (docs/benchmarks.md explains each and lists the measured results):
+
+1. ``pykeen``: cadence vs PyKEEN 1.11.1 on Kinships, DistMult dim 128, 16 negatives, batch 1024,
+   Adagrad lr 0.1, logistic (softplus) loss: positives/second of training and training seconds to a
+   common validation MRR. PyKEEN runs in its own environment (``.venv-bench``) through
+   ``benchmarks/pykeen_contender.py``; without that environment the contender is recorded as skipped.
+2. ``bare``: cadence vs a bare PyTorch loop with the same math (written below), interleaved.
+3. ``store``: ``EmbeddingStore.pull`` + ``set`` on a table over 2 GiB (memory and mmap backends) vs
+   plain ``index_select`` + ``index_copy_`` on an in-memory tensor of the same shape and ids.
+
+Results go to ``benchmarks/results/kge_throughput.json`` (``kge_throughput-quick.json`` with
+``--quick``); ``--only`` replaces that part in the existing file and keeps the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import gc
+import json
+import logging
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import cadence
+from cadence import api
+from cadence.config import SyntheticGraphConfig, load_config
+from cadence.data.datasets import DATASETS
+from cadence.data.synthetic import power_law_graph
+from cadence.evaluation.ranking import FilteredRankingMetric
+from cadence.store import create_store
+from cadence.training.trainer import TrainerHook
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "benchmarks" / "results"
+BENCH_PYTHON = REPO / ".venv-bench" / "bin" / "python"
+PYKEEN_CONTENDER = REPO / "benchmarks" / "pykeen_contender.py"
+PARTS = ("pykeen", "bare", "store")
+
+# Part 1 and the first setting of part 2: the issue's headline settings.
+KINSHIPS_DISTMULT = dict(
+    dataset="kinships", model="distmult", dim=128, negatives=16, batch_size=1024, lr=0.1,
+    loss="logistic", scoring="sampled", reciprocal=False,
+)
+# Second setting of part 2: the UMLS ComplEx demo configuration's training math.
+UMLS_COMPLEX = dict(
+    dataset="umls", model="complex", dim=256, negatives=0, batch_size=1000, lr=0.1,
+    loss="softmax", scoring="all", reciprocal=True,
+)
+
+log = logging.getLogger("bench")
+
+
+# ---- helpers --------------------------------------------------------------------------------------
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "torch_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "numpy_version": np.__version__,
+        "cadence_version": getattr(cadence, "__version__", None),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": _cpu_model(),
+        "memory_gib": _memory_gib(),
+    }
+    try:
+        info["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        info["git_dirty"] = bool(subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        info["git_commit"] = None
+    return info
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def dataset_dir(name: str) -> Path:
+    path = DATASETS.get(name).fetch()
+    assert path is not None
+    return Path(path)
+
+
+def cadence_config(setting: dict[str, Any], epochs: int, out: str, *, eval_every: int,
+                   extra: list[str] = ()) -> Any:
+    items = [
+        f"data.dataset={setting['dataset']}",
+        f"model.name={setting['model']}",
+        f"model.dim={setting['dim']}",
+        f"train.batch_size={setting['batch_size']}",
+        f"train.loss={setting['loss']}",
+        f"train.scoring={setting['scoring']}",
+        f"train.reciprocal={str(setting['reciprocal']).lower()}",
+        f"optimizer.lr={setting['lr']}",
+        f"train.epochs={epochs}",
+        f"eval.every={eval_every}",
+        "eval.test=false",
+        "checkpoint.every=0",
+        "seed=0",
+    ]
+    if setting["scoring"] == "sampled":
+        items.append(f"train.negatives={setting['negatives']}")
+    config = load_config(None, items + list(extra))
+    config.out = out
+    config.progress = False
+    return config
+
+
+def run_cadence(setting: dict[str, Any], epochs: int, *, eval_every: int = 0, extra: list[str] = (),
+                hooks: list[TrainerHook] = ()) -> api.TrainResult:
+    with tempfile.TemporaryDirectory(prefix="cadence-bench-") as tmp:
+        config = cadence_config(setting, epochs, str(Path(tmp) / "run"), eval_every=eval_every, extra=extra)
+        result = api.train(config, overwrite=True, hooks=hooks)
+    return result
+
+
+def first_reaching(curve: list[tuple[float, float, int]], target: float) -> dict[str, Any] | None:
+    """(train seconds, mrr, epoch) records -> the first one at or above ``target``."""
+    for seconds, mrr, epoch in curve:
+        if mrr >= target:
+            return {"train_seconds": seconds, "epoch": epoch, "mrr": mrr}
+    return None
+
+
+# ---- part 1: cadence vs PyKEEN --------------------------------------------------------------------
+class PykeenProtocolMRR(TrainerHook):
+    """Valid MRR filtered on train+valid only (PyKEEN's protocol; cadence also filters on test).
+
+    Runs in ``on_epoch_end``, outside the trainer's timed region (train_seconds)."""
+
+    def __init__(self) -> None:
+        self.metric: FilteredRankingMetric | None = None
+        self.curve: list[tuple[float, float, int]] = []
+
+    def on_epoch_end(self, trainer, epoch: int) -> None:
+        graph = trainer.graph
+        if self.metric is None:
+            self.metric = FilteredRankingMetric(dataclasses.replace(graph, test=graph.test[:0]),
+                                                trainer.config.train.reciprocal)
+        trainer.model.eval()
+        with torch.no_grad():
+            mrr = self.metric(trainer.model, trainer.store.values, graph.valid)["mrr"]
+        trainer.model.train()
+        self.curve.append((trainer.progress.train_seconds, mrr, epoch))
+
+
+def cadence_part1_run(setting: dict[str, Any], epochs: int, extra: list[str] = ()) -> dict[str, Any]:
+    hook = PykeenProtocolMRR()
+    result = run_cadence(setting, epochs, eval_every=1, extra=extra, hooks=[hook])
+    valid = [m for m in result.metrics if m["split"] == "valid"]
+    walls = [m["wall_seconds"] for m in valid]
+    epoch_seconds = [b - a for a, b in zip([0.0] + walls[:-1], walls)]
+    per_edge = result.summary["examples_seen"] / max(1, result.summary["epochs"])
+    return {
+        "examples_per_second": result.summary["examples_per_second"],
+        "train_seconds": result.summary["train_seconds"],
+        "epochs": result.summary["epochs"],
+        "examples_seen": result.summary["examples_seen"],
+        "median_epoch_examples_per_second": median([per_edge / s for s in epoch_seconds if s > 0]),
+        "best_valid_mrr": result.summary["best_valid_mrr"],
+        "curve": [{"epoch": m["epoch"], "train_seconds": m["wall_seconds"], "mrr": m["mrr"]} for m in valid],
+        "curve_pykeen_filter": [{"epoch": e, "train_seconds": s, "mrr": r} for s, r, e in hook.curve],
+    }
+
+
+def pykeen_run(setting: dict[str, Any], epochs: int, data: Path) -> dict[str, Any]:
+    """One PyKEEN run in its own interpreter; returns its JSON, or {'skipped': reason}."""
+    if not BENCH_PYTHON.exists():
+        return {"skipped": f"{BENCH_PYTHON.relative_to(REPO)} not found (create it with: python3 -m venv "
+                           ".venv-bench && .venv-bench/bin/pip install -r benchmarks/requirements-pykeen.txt)"}
+    with tempfile.TemporaryDirectory(prefix="pykeen-bench-") as tmp:
+        out = Path(tmp) / "pykeen.json"
+        command = [
+            str(BENCH_PYTHON), str(PYKEEN_CONTENDER), "--data-dir", str(data),
+            "--model", setting["model"], "--dim", str(setting["dim"]),
+            "--negatives", str(setting["negatives"]), "--batch-size", str(setting["batch_size"]),
+            "--epochs", str(epochs), "--lr", str(setting["lr"]), "--seed", "0",
+            "--variant", "plain", "--loss", "softplus", "--threads", str(torch.get_num_threads()),
+            "--json", str(out),
+        ]
+        proc = subprocess.run(command, capture_output=True, text=True)
+        if proc.returncode != 0 or not out.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            return {"skipped": f"pykeen_contender.py exited {proc.returncode}: " + " | ".join(tail)}
+        record = json.loads(out.read_text())
+    record["command"] = " ".join(shlex.quote(c) for c in command[:1] + [str(PYKEEN_CONTENDER.relative_to(REPO))]
+                                 + command[2:3] + ["<kinships dir>"] + command[4:-1] + ["<tmp>.json"])
+    per_epoch = record["per_epoch"]
+    record["aggregate_positives_per_second"] = (
+        record["num_train_triples"] * len(per_epoch) / per_epoch[-1]["train_seconds_cumulative"])
+    record["best_valid_mrr"] = max(r["valid_mrr"] for r in per_epoch)
+    return record
+
+
+def part_pykeen(args: argparse.Namespace) -> dict[str, Any]:
+    setting = KINSHIPS_DISTMULT
+    epochs = 3 if args.quick else 30
+    reps = 1 if args.quick else args.reps
+    data = dataset_dir(setting["dataset"])
+    say(f"[pykeen] Kinships DistMult, {epochs} epochs, {reps} interleaved repetitions")
+    run_cadence(setting, 1)  # warm-up (imports, allocator, first-call kernels), not recorded
+    cadence_runs, pykeen_runs = [], []
+    for rep in range(reps):
+        cadence_runs.append(cadence_part1_run(setting, epochs))
+        say(f"  cadence rep {rep}: {cadence_runs[-1]['examples_per_second']:,.0f} pos/s, "
+            f"best valid MRR {cadence_runs[-1]['best_valid_mrr']:.4f}")
+        pykeen_runs.append(pykeen_run(setting, epochs, data))
+        if "skipped" in pykeen_runs[-1]:
+            say(f"  pykeen skipped: {pykeen_runs[-1]['skipped']}")
+        else:
+            say(f"  pykeen  rep {rep}: {pykeen_runs[-1]['aggregate_positives_per_second']:,.0f} pos/s, "
+                f"best valid MRR {pykeen_runs[-1]['best_valid_mrr']:.4f}")
+
+    # Variants, cadence only: element-wise Adagrad on entity rows (PyKEEN's optimizer), larger batches.
+    variants = {}
+    elementwise = cadence_part1_run(setting, epochs, extra=["optimizer.entity=adagrad"])
+    variants["elementwise_adagrad"] = {k: elementwise[k] for k in (
+        "examples_per_second", "median_epoch_examples_per_second", "best_valid_mrr", "curve")}
+    for batch in (4096, 8544):
+        big = dict(setting, batch_size=batch)
+        speeds = [run_cadence(big, epochs * 2).summary["examples_per_second"] for _ in range(reps)]
+        variants[f"batch_{batch}_no_eval"] = {"examples_per_second_reps": speeds,
+                                              "examples_per_second": median(speeds), "epochs": epochs * 2}
+
+    ok_pykeen = [r for r in pykeen_runs if "skipped" not in r]
+    out: dict[str, Any] = {
+        "settings": dict(setting, epochs=epochs, reps=reps, seed=0,
+                         cadence_overrides=cadence_config(setting, epochs, "-", eval_every=1).to_dict()["train"],
+                         cadence_entity_optimizer="rowwise_adagrad (cadence default)",
+                         pykeen_variant="plain (entity_constrainer=None, regularizer=None), SoftplusLoss"),
+        "cadence": {
+            "examples_per_second_reps": [r["examples_per_second"] for r in cadence_runs],
+            "examples_per_second": median([r["examples_per_second"] for r in cadence_runs]),
+            "median_epoch_examples_per_second": median(
+                [r["median_epoch_examples_per_second"] for r in cadence_runs]),
+            "best_valid_mrr": cadence_runs[0]["best_valid_mrr"],
+            "runs": cadence_runs,
+        },
+        "cadence_variants": variants,
+    }
+    if not ok_pykeen:
+        out["pykeen"] = {"skipped": pykeen_runs[0]["skipped"]}
+        return out
+    pk_speed = median([r["aggregate_positives_per_second"] for r in ok_pykeen])
+    out["pykeen"] = {
+        "positives_per_second_reps": [r["aggregate_positives_per_second"] for r in ok_pykeen],
+        "positives_per_second": pk_speed,
+        "median_epoch_positives_per_second": median([r["positives_per_second"] for r in ok_pykeen]),
+        "best_valid_mrr": max(r["best_valid_mrr"] for r in ok_pykeen),
+        "runs": ok_pykeen,
+    }
+    out["throughput_ratio_cadence_over_pykeen"] = out["cadence"]["examples_per_second"] / pk_speed
+    out["median_epoch_ratio_cadence_over_pykeen"] = (
+        out["cadence"]["median_epoch_examples_per_second"] / out["pykeen"]["median_epoch_positives_per_second"])
+
+    # Time to a common validation MRR: 90% of the best PyKEEN reaches.
+    target = 0.9 * out["pykeen"]["best_valid_mrr"]
+    pk_hits = [first_reaching([(e["train_seconds_cumulative"], e["valid_mrr"], e["epoch"])
+                               for e in r["per_epoch"]], target) for r in ok_pykeen]
+    cd_hits = [first_reaching([(c["train_seconds"], c["mrr"], c["epoch"]) for c in r["curve"]], target)
+               for r in cadence_runs]
+    cd_hits_pf = [first_reaching([(c["train_seconds"], c["mrr"], c["epoch"]) for c in r["curve_pykeen_filter"]],
+                                 target) for r in cadence_runs]
+
+    def summarize(hits: list[dict | None]) -> dict[str, Any]:
+        reached = [h for h in hits if h is not None]
+        return {"reached": f"{len(reached)}/{len(hits)}",
+                "train_seconds": median([h["train_seconds"] for h in reached]),
+                "epoch": median([h["epoch"] for h in reached]), "per_rep": hits}
+
+    out["time_to_target"] = {
+        "target_mrr": target,
+        "target_rule": "0.9 x best valid MRR PyKEEN reaches (filtered, both sides, realistic rank)",
+        "pykeen": summarize(pk_hits),
+        "cadence": summarize(cd_hits),
+        "cadence_with_pykeen_filter": summarize(cd_hits_pf),
+    }
+    tt = out["time_to_target"]
+    if tt["pykeen"]["train_seconds"] and tt["cadence"]["train_seconds"]:
+        tt["speedup_pykeen_over_cadence"] = tt["pykeen"]["train_seconds"] / tt["cadence"]["train_seconds"]
+    return out
+
+
+# ---- part 2: cadence vs a bare PyTorch loop --------------------------------------------------------
+def bare_sampled_distmult(train: torch.Tensor, num_entities: int, num_relations: int, s: dict[str, Any],
+                          epochs: int, eps: float = 1e-10, init_std: float = 1e-3) -> dict[str, Any]:
+    """DistMult, shared sampled negatives on both sides, logistic loss, row-wise Adagrad: no framework."""
+    gen = torch.Generator().manual_seed(1)
+    entities = torch.randn(num_entities, s["dim"], generator=gen).mul_(init_std)
+    state = torch.zeros(num_entities, 1)
+    relations = torch.nn.Parameter(torch.randn(num_relations, s["dim"], generator=gen).mul_(init_std))
+    dense = torch.optim.Adagrad([relations], lr=s["lr"], eps=eps)
+    lr, batch_size, negatives = s["lr"], s["batch_size"], s["negatives"]
+    n = train.shape[0]
+    seconds, loss_sum = 0.0, 0.0
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=gen)  # outside the timed region, like cadence's plan_epoch
+        started = time.perf_counter()
+        total = torch.zeros(())
+        for start in range(0, n, batch_size):
+            triples = train.index_select(0, order[start:start + batch_size])
+            heads, rels, tails = triples.unbind(1)
+            size = heads.shape[0]
+            sampled = torch.randint(num_entities, (negatives,), generator=gen)
+            ids, local = torch.unique(torch.cat([heads, tails, sampled]), return_inverse=True)
+            rows = entities.index_select(0, ids).requires_grad_(True)
+            row_state = state.index_select(0, ids)
+            h, t, c = rows[local[:size]], rows[local[size:2 * size]], rows[local[2 * size:]]
+            r = relations[rels]
+            positive = F.softplus(-(h * r * t).sum(-1)).mean()
+            tail_side = positive + F.softplus((h * r) @ c.t()).mean()
+            head_side = positive + F.softplus((r * t) @ c.t()).mean()
+            loss = (tail_side + head_side) / 2
+            dense.zero_grad(set_to_none=True)
+            loss.backward()
+            with torch.no_grad():
+                grad = rows.grad
+                row_state.add_(grad.square().mean(dim=1, keepdim=True))
+                rows.addcdiv_(grad, row_state.sqrt().add_(eps), value=-lr)
+                entities.index_copy_(0, ids, rows)
+                state.index_copy_(0, ids, row_state)
+            dense.step()
+            total += loss.detach() * size
+        seconds += time.perf_counter() - started
+        loss_sum = float(total) / n
+    return {"examples_per_second": n * epochs / seconds, "train_seconds": seconds, "last_epoch_loss": loss_sum}
+
+
+def _complex_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    ar, ai = a.chunk(2, dim=-1)
+    br, bi = b.chunk(2, dim=-1)
+    return torch.cat([ar * br - ai * bi, ar * bi + ai * br], dim=-1)
+
+
+def bare_all_complex(train: torch.Tensor, num_entities: int, num_relations: int, s: dict[str, Any],
+                     epochs: int, eps: float = 1e-10, init_std: float = 1e-3) -> dict[str, Any]:
+    """ComplEx, reciprocal relations, softmax over every entity, row-wise Adagrad: no framework.
+
+    Every row is touched by every batch, so the table itself is the leaf (no gather / scatter)."""
+    gen = torch.Generator().manual_seed(1)
+    edges = train.shape[0]
+    inverse = torch.stack([train[:, 2], train[:, 1] + num_relations, train[:, 0]], dim=1)
+    triples_all = torch.cat([train, inverse])
+    entities = torch.randn(num_entities, s["dim"], generator=gen).mul_(init_std).requires_grad_(True)
+    state = torch.zeros(num_entities, 1)
+    relations = torch.nn.Parameter(torch.randn(2 * num_relations, s["dim"], generator=gen).mul_(init_std))
+    dense = torch.optim.Adagrad([relations], lr=s["lr"], eps=eps)
+    lr, batch_size = s["lr"], s["batch_size"]
+    n = triples_all.shape[0]
+    seconds, loss_sum = 0.0, 0.0
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=gen)
+        started = time.perf_counter()
+        total = torch.zeros(())
+        for start in range(0, n, batch_size):
+            triples = triples_all.index_select(0, order[start:start + batch_size])
+            heads, rels, tails = triples.unbind(1)
+            scores = _complex_product(entities[heads], relations[rels]) @ entities.t()
+            loss = F.cross_entropy(scores, tails)
+            dense.zero_grad(set_to_none=True)
+            entities.grad = None
+            loss.backward()
+            with torch.no_grad():
+                grad = entities.grad
+                state.add_(grad.square().mean(dim=1, keepdim=True))
+                entities.addcdiv_(grad, state.sqrt().add_(eps), value=-lr)
+            dense.step()
+            total += loss.detach() * heads.shape[0]
+        seconds += time.perf_counter() - started
+        loss_sum = float(total) / n
+    # examples count edges, not reciprocal copies (as cadence's summary does)
+    return {"examples_per_second": edges * epochs / seconds, "train_seconds": seconds, "last_epoch_loss": loss_sum}
+
+
+def part_bare(args: argparse.Namespace) -> dict[str, Any]:
+    from cadence.data.datasets import load_graph
+
+    reps = 1 if args.quick else args.reps
+    settings = [("kinships_distmult_sampled", KINSHIPS_DISTMULT, bare_sampled_distmult, 8 if args.quick else 150),
+                ("umls_complex_all_reciprocal", UMLS_COMPLEX, bare_all_complex, 4 if args.quick else 60)]
+    out: dict[str, Any] = {}
+    for name, setting, bare, epochs in settings:
+        say(f"[bare] {name}: {epochs} epochs per measurement, {reps} interleaved repetitions")
+        config = cadence_config(setting, epochs, "-", eval_every=0)
+        graph = load_graph(config.data, config.seed)
+        run_cadence(setting, 2)  # warm-ups, not recorded
+        bare(graph.train, graph.num_entities, graph.num_relations, setting, 2)
+        cadence_speeds, bare_speeds, ratios, bare_losses, cadence_seconds = [], [], [], [], []
+        for rep in range(reps):
+            result = run_cadence(setting, epochs)
+            cadence_speeds.append(result.summary["examples_per_second"])
+            cadence_seconds.append(result.summary["train_seconds"])
+            measured = bare(graph.train, graph.num_entities, graph.num_relations, setting, epochs)
+            bare_speeds.append(measured["examples_per_second"])
+            bare_losses.append(measured["last_epoch_loss"])
+            ratios.append(cadence_speeds[-1] / bare_speeds[-1])
+            say(f"  rep {rep}: cadence {cadence_speeds[-1]:,.0f}/s  bare {bare_speeds[-1]:,.0f}/s  "
+                f"ratio {ratios[-1]:.3f}")
+        out[name] = {
+            "settings": dict(setting, epochs_per_measurement=epochs, reps=reps,
+                             train_triples=int(graph.train.shape[0]), entities=graph.num_entities),
+            "cadence_examples_per_second_reps": cadence_speeds,
+            "cadence_train_seconds_reps": cadence_seconds,
+            "bare_examples_per_second_reps": bare_speeds,
+            "bare_last_epoch_loss_reps": bare_losses,
+            "ratio_reps": ratios,
+            "cadence_examples_per_second": median(cadence_speeds),
+            "bare_examples_per_second": median(bare_speeds),
+            "ratio_of_medians": median(cadence_speeds) / median(bare_speeds),
+            "median_of_paired_ratios": median(ratios),
+        }
+    return out
+
+
+# ---- part 3: store gather/scatter at scale --------------------------------------------------------
+def power_law_batches(num_rows: int, batch_triples: int, num_batches: int, negatives: int,
+                      seed: int = 0) -> list[torch.Tensor]:
+    """Unique row ids per batch: power-law heads and tails (cadence's synthetic generator) plus
+    uniformly sampled shared negatives, as a training batch would touch."""
+    graph = power_law_graph(SyntheticGraphConfig(num_entities=num_rows, num_relations=1,
+                                                 num_edges=batch_triples * num_batches + 2, holdout=1), seed)
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for b in range(num_batches):
+        triples = graph.train[b * batch_triples:(b + 1) * batch_triples]
+        sampled = torch.randint(num_rows, (negatives,), generator=gen)
+        batches.append(torch.unique(torch.cat([triples[:, 0], triples[:, 2], sampled])))
+    return batches
+
+
+def time_store(store, batches: list[torch.Tensor]) -> float:
+    rows = 0
+    started = time.perf_counter()
+    for ids in batches:
+        block = store.pull(ids)
+        store.set(ids, block)
+        rows += ids.shape[0]
+    return rows / (time.perf_counter() - started)
+
+
+def time_ceiling(values: torch.Tensor, state: torch.Tensor, batches: list[torch.Tensor]) -> float:
+    rows = 0
+    started = time.perf_counter()
+    for ids in batches:
+        v = torch.index_select(values, 0, ids)
+        s = torch.index_select(state, 0, ids)
+        values.index_copy_(0, ids, v)
+        state.index_copy_(0, ids, s)
+        rows += ids.shape[0]
+    return rows / (time.perf_counter() - started)
+
+
+def part_store(args: argparse.Namespace) -> dict[str, Any]:
+    if args.quick:
+        num_rows, dim, batch_triples, num_batches, negatives, reps = 200_000, 64, 5_000, 20, 1_000, 1
+    else:
+        num_rows, dim, batch_triples, num_batches, negatives, reps = 2_200_000, 256, 25_000, 120, 1_000, args.reps
+    state_width = 1
+    table_bytes = num_rows * (dim + state_width) * 4
+    say(f"[store] {num_rows:,} rows x {dim} float32 (+{state_width} state) = {table_bytes / 2**30:.2f} GiB per table")
+    batches = power_law_batches(num_rows, batch_triples, num_batches, negatives)
+    sizes = [int(b.shape[0]) for b in batches]
+    out: dict[str, Any] = {
+        "settings": {
+            "num_rows": num_rows, "dim": dim, "state_width": state_width,
+            "values_plus_state_gib": table_bytes / 2**30,
+            "id_pattern": f"per batch: heads and tails of {batch_triples:,} power-law triples "
+                          f"(cadence.data.synthetic.power_law_graph, exponent "
+                          f"{SyntheticGraphConfig().exponent}) + {negatives:,} uniform negatives, unique'd",
+            "batches": num_batches, "ids_per_batch_median": median(sizes),
+            "ids_per_batch_min": min(sizes), "ids_per_batch_max": max(sizes),
+            "ids_per_pass": sum(sizes), "reps": reps,
+            "timed_operation": "store.pull(ids) then store.set(ids, block): values and state, no versions",
+            "ceiling_operation": "torch.index_select + Tensor.index_copy_ on in-memory values and state "
+                                 "tensors of the same shape, same ids",
+        }
+    }
+    gen = torch.Generator().manual_seed(0)
+    ceiling_values = torch.empty(num_rows, dim).normal_(0.0, 1e-3, generator=gen)  # touches every page
+    ceiling_state = torch.zeros(num_rows, state_width).fill_(0.5)
+    time_ceiling(ceiling_values, ceiling_state, batches[:2])  # warm-up
+    ceiling_all: list[float] = []
+    for backend in ("memory", "mmap"):
+        tmp = tempfile.mkdtemp(prefix="cadence-store-bench-", dir=args.mmap_dir) if backend == "mmap" else None
+        try:
+            started = time.perf_counter()
+            store = create_store(num_rows, dim, state_width, backend, str(Path(tmp) / "store") if tmp else None)
+            store.initialize(1e-3, 0)
+            create_seconds = time.perf_counter() - started
+            time_store(store, batches[:2])  # warm-up
+            store_speeds, ceiling_speeds = [], []
+            for rep in range(reps):  # interleaved: ceiling, store, ceiling, store, ...
+                ceiling_speeds.append(time_ceiling(ceiling_values, ceiling_state, batches))
+                store_speeds.append(time_store(store, batches))
+                say(f"  {backend} rep {rep}: store {store_speeds[-1]:,.0f} rows/s  "
+                    f"ceiling {ceiling_speeds[-1]:,.0f} rows/s  ({store_speeds[-1] / ceiling_speeds[-1]:.2%})")
+            flush_seconds = None
+            if backend == "mmap":
+                started = time.perf_counter()
+                store.flush()
+                flush_seconds = time.perf_counter() - started
+            ceiling_all += ceiling_speeds
+            out[backend] = {
+                "rows_per_second_reps": store_speeds,
+                "ceiling_rows_per_second_reps": ceiling_speeds,
+                "rows_per_second": median(store_speeds),
+                "ceiling_rows_per_second": median(ceiling_speeds),
+                "fraction_of_ceiling": median(store_speeds) / median(ceiling_speeds),
+                "paired_fractions": [a / b for a, b in zip(store_speeds, ceiling_speeds)],
+                "create_and_initialize_seconds": create_seconds,
+                **({"flush_seconds_after_benchmark": flush_seconds} if flush_seconds is not None else {}),
+            }
+            del store
+            gc.collect()
+        finally:
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+    out["ceiling_rows_per_second"] = median(ceiling_all)
+    del ceiling_values, ceiling_state
+    gc.collect()
+    return out
+
+
+# ---- driver --------------------------------------------------------------------------------------
+PART_FUNCTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "pykeen": part_pykeen, "bare": part_bare, "store": part_store,
+}
+
+
+def headline(parts: dict[str, Any]) -> dict[str, Any]:
+    h: dict[str, Any] = {}
+    p = parts.get("pykeen", {}).get("result", {})
+    if "throughput_ratio_cadence_over_pykeen" in p:
+        h["cadence_over_pykeen_throughput"] = p["throughput_ratio_cadence_over_pykeen"]
+        h["cadence_over_pykeen_goal"] = ">= 10"
+        h["pykeen_over_cadence_time_to_target"] = p["time_to_target"].get("speedup_pykeen_over_cadence")
+    elif p:
+        h["pykeen"] = p.get("pykeen")
+    b = parts.get("bare", {}).get("result", {})
+    for name, entry in b.items():
+        h[f"cadence_over_bare_{name}"] = entry["ratio_of_medians"]
+    if b:
+        h["cadence_over_bare_goal"] = ">= 0.9"
+    s = parts.get("store", {}).get("result", {})
+    for backend in ("memory", "mmap"):
+        if backend in s:
+            h[f"store_{backend}_fraction_of_ceiling"] = s[backend]["fraction_of_ceiling"]
+    if s:
+        h["store_goal"] = ">= 0.5"
+    return h
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test in well under a minute")
+    parser.add_argument("--only", choices=PARTS, action="append", help="run only this part (repeatable)")
+    parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions per measurement")
+    parser.add_argument("--mmap-dir", default=None, help="where the mmap table goes (default: the temp dir)")
+    parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/...)")
+    args = parser.parse_args(argv)
+    logging.getLogger("cadence").setLevel(logging.WARNING)
+
+    out_path = Path(args.out) if args.out else RESULTS_DIR / (
+        "kge_throughput-quick.json" if args.quick else "kge_throughput.json")
+    command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/kge_throughput.py", *sys.argv[1:]])
+    previous: dict[str, Any] = {}
+    if args.only and out_path.exists():
+        previous = json.loads(out_path.read_text())
+    parts: dict[str, Any] = dict(previous.get("parts", {}))
+    started_all = time.perf_counter()
+    for name in args.only or PARTS:
+        record: dict[str, Any] = {"started_at": now(), "command": command, "quick": args.quick,
+                                  "loadavg_before": loadavg()}
+        started = time.perf_counter()
+        record["result"] = PART_FUNCTIONS[name](args)
+        record["wall_seconds"] = time.perf_counter() - started
+        record["loadavg_after"] = loadavg()
+        parts[name] = record
+    report = {
+        "benchmark": "cadence KGE training throughput (benchmarks/kge_throughput.py)",
+        "date": now(),
+        "command": command,
+        "interpreter": sys.executable,
+        "machine": machine_info(),
+        "wall_seconds": time.perf_counter() - started_all,
+        "headline": headline(parts),
+        "parts": {k: parts[k] for k in PARTS if k in parts},
+    }
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(report, indent=2) + "\n")
+    say(f"wrote {out_path.relative_to(REPO) if out_path.is_relative_to(REPO) else out_path}")
+    say(json.dumps(report["headline"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The dataset registry on real package-shipped data, the fetcher, and the synthetic generator."""
+
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from cadence.config import DataConfig, SyntheticGraphConfig
+from cadence.data import fetch as fetching
+from cadence.data.datasets import DATASETS, load_graph
+from cadence.data.synthetic import power_law_graph
+from cadence.errors import ConfigError, FetchError
+
+
+@pytest.mark.parametrize("name, sizes, entities, relations", [
+    ("umls", (5216, 652, 661), 135, 46),
+    ("kinships", (8544, 1068, 1074), 104, 25),
+    ("nations", (1592, 199, 201), 14, 55),
+])
+def test_benchmark_graphs_load_from_the_pykeen_wheel(name, sizes, entities, relations) -> None:
+    graph = load_graph(DataConfig(dataset=name, strict=True), seed=0)
+    assert (graph.train.shape[0], graph.valid.shape[0], graph.test.shape[0]) == sizes
+    assert (graph.num_entities, graph.num_relations) == (entities, relations)
+
+
+def test_fetch_checks_the_pinned_sha256(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("CADENCE_HOME", str(tmp_path))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    fake = elsewhere / "pykeen-1.11.1-py3-none-any.whl"
+    with zipfile.ZipFile(fake, "w") as archive:
+        archive.writestr("pykeen/datasets/umls/train.txt", "a\tb\tc\n")
+    source = fetching.WheelSource("pykeen", "1.11.1", "0" * 64, {"pykeen/datasets/umls/train.txt": "train.txt"})
+    monkeypatch.setattr(fetching, "_download_via_pip", lambda source, scratch: fake.replace(Path(scratch) / fake.name))
+    with pytest.raises(FetchError, match="does not match the pinned"):
+        fetching.fetch("umls", source)
+    assert not (tmp_path / "datasets" / "umls").exists()  # nothing half-written
+
+
+def test_unknown_dataset_suggests_a_name() -> None:
+    with pytest.raises(ConfigError, match=r"unknown dataset 'umsl' \(did you mean 'umls'\?\)"):
+        load_graph(DataConfig(dataset="umsl"), seed=0)
+
+
+def test_user_directory_dataset(tiny_graph: Path) -> None:
+    graph = load_graph(DataConfig(dataset=str(tiny_graph)), seed=0)
+    assert graph.name == "tiny" and graph.train.shape[0] == 220
+
+
+def test_synthetic_graph_is_seeded_and_skewed() -> None:
+    config = SyntheticGraphConfig(num_entities=5000, num_relations=7, num_edges=50_000, exponent=1.1, holdout=100)
+    first, second = power_law_graph(config, seed=3), power_law_graph(config, seed=3)
+    assert torch.equal(first.train, second.train) and torch.equal(first.test, second.test)
+    assert not torch.equal(first.train, power_law_graph(config, seed=4).train)
+    assert first.train.shape == (49_800, 3) and first.valid.shape == (100, 3)
+    assert int(first.train[:, [0, 2]].max()) < 5000 and int(first.train[:, 1].max()) < 7
+    degree = torch.bincount(first.train[:, [0, 2]].flatten(), minlength=5000).sort(descending=True).values
+    top_share = degree[:50].sum() / degree.sum()  # 1% of the entities
+    assert top_share > 0.2, "a power law concentrates edges on few entities"

@@ -1,0 +1,69 @@
+"""Filtered ranking against a brute-force reference with Python sets and loops."""
+
+import torch
+
+from cadence.config import load_config
+from cadence.data.triples import KnowledgeGraph
+from cadence.evaluation.ranking import FilteredRankingMetric, FilterIndex, filtered_ranks
+from cadence.models.kge import KgeModel
+
+
+def brute_force_rank(scores: list[float], target: int, known: set[int]) -> float:
+    true = scores[target]
+    better = sum(1 for e, s in enumerate(scores) if e not in known and s > true)
+    equal = sum(1 for e, s in enumerate(scores) if e not in known and e != target and s == true)
+    return 1 + better + equal / 2
+
+
+def random_graph(seed: int) -> KnowledgeGraph:
+    g = torch.Generator().manual_seed(seed)
+    triples = torch.unique(torch.stack([torch.randint(0, 12, (150,), generator=g),
+                                        torch.randint(0, 3, (150,), generator=g),
+                                        torch.randint(0, 12, (150,), generator=g)], 1), dim=0)
+    triples = triples[torch.randperm(len(triples), generator=g)]
+    return KnowledgeGraph("random", 12, 3, triples[:100], triples[100:115], triples[115:])
+
+
+def test_filter_index_lookup_lists_every_known_answer() -> None:
+    graph = random_graph(0)
+    h, r, t = graph.all_triples().unbind(1)
+    index = FilterIndex(h, r, t, 3)
+    queries = graph.test[:, :2]
+    rows, answers = index.lookup(queries[:, 0], queries[:, 1])
+    for q, (qh, qr) in enumerate(queries.tolist()):
+        expected = sorted(int(c) for a, b, c in graph.all_triples().tolist() if a == qh and b == qr)
+        assert sorted(answers[rows == q].tolist()) == expected
+
+
+def test_metric_matches_brute_force_in_both_directions() -> None:
+    graph = random_graph(1)
+    for reciprocal in (False, True):
+        config = load_config(None, ["model.name=distmult", "model.dim=4", "model.init_std=1.0",
+                                    f"train.reciprocal={str(reciprocal).lower()}"])
+        model = KgeModel(config, graph.num_relations * (2 if reciprocal else 1))
+        entities = torch.randn(12, 4, generator=torch.Generator().manual_seed(2))
+        entities[3] = entities[5]  # force ties
+        ranks = FilteredRankingMetric(graph, reciprocal).ranks(model, entities, graph.test)
+        everything = [tuple(x) for x in graph.all_triples().tolist()]
+        expected = []
+        for side in ("tail", "head"):
+            for h, r, t in graph.test.tolist():
+                if side == "tail":
+                    scores = model.score_all_tails(entities, torch.tensor([h]), torch.tensor([r]))[0].tolist()
+                    known = {c for a, b, c in everything if a == h and b == r}
+                    expected.append(brute_force_rank(scores, t, known))
+                else:
+                    if reciprocal:
+                        scores = model.score_all_tails(entities, torch.tensor([t]), torch.tensor([r + 3]))[0]
+                    else:
+                        scores = model.score_all_heads(entities, torch.tensor([r]), torch.tensor([t]))[0]
+                    known = {a for a, b, c in everything if b == r and c == t}
+                    expected.append(brute_force_rank(scores.tolist(), h, known))
+        assert ranks.tolist() == expected
+
+
+def test_constant_scores_rank_in_the_middle_and_nan_ranks_last() -> None:
+    scores = torch.zeros(2, 9)
+    scores[1, 4] = float("nan")
+    ranks = filtered_ranks(scores, torch.tensor([0, 4]), (torch.tensor([0, 1]), torch.tensor([0, 4])))
+    assert ranks.tolist() == [1 + 8 / 2, 9.0]

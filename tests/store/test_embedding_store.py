@@ -1,0 +1,88 @@
+"""The store's verbs against a naive per-row reference, for every backend."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cadence.store import STORE_BACKENDS, RowBlock, create_store
+
+
+@pytest.fixture(params=STORE_BACKENDS.names())
+def store(request, tmp_path: Path):
+    store = create_store(50, 6, 2, request.param, str(tmp_path / "table"))
+    store.initialize(std=0.5, seed=3)
+    return store
+
+
+def test_initial_state_and_versions(store) -> None:
+    assert store.values.shape == (50, 6) and store.state.shape == (50, 2)
+    assert torch.all(store.versions == -1) and torch.all(store.state == 0)
+    assert 0.3 < store.values.std() < 0.7
+
+
+def test_pull_matches_per_row_reads(store) -> None:
+    ids = torch.tensor([7, 0, 49, 7, 12])
+    block = store.pull(ids, with_versions=True)
+    for i, row in enumerate(ids.tolist()):
+        assert torch.equal(block.values[i], store.values[row])
+        assert torch.equal(block.state[i], store.state[row])
+        assert block.versions[i] == store.versions[row]
+    block.values.add_(1.0)  # a pulled block is a copy
+    assert not torch.equal(block.values[0], store.values[7])
+
+
+def test_set_overwrites_only_given_rows(store) -> None:
+    before = store.values.clone()
+    ids = torch.tensor([3, 40, 11])
+    block = RowBlock(torch.randn(3, 6), torch.rand(3, 2), torch.tensor([5, 6, 7]))
+    store.set(ids, block)
+    expected = before.clone()
+    for i, row in enumerate(ids.tolist()):
+        expected[row] = block.values[i]
+        assert torch.equal(store.state[row], block.state[i])
+        assert store.versions[row] == block.versions[i]
+    assert torch.equal(store.values, expected)
+
+
+def test_set_without_versions_keeps_versions(store) -> None:
+    store.set(torch.tensor([1]), RowBlock(torch.zeros(1, 6), torch.zeros(1, 2)))
+    assert store.versions[1] == -1
+
+
+def test_push_adds_including_repeated_ids(store) -> None:
+    before = store.values.clone()
+    ids = torch.tensor([2, 2, 9])
+    delta = torch.ones(3, 6)
+    store.push(ids, delta)
+    expected = before.clone()
+    for i, row in enumerate(ids.tolist()):
+        expected[row] += delta[i]
+    assert torch.allclose(store.values, expected)
+
+
+def test_initialization_is_identical_across_backends(tmp_path: Path) -> None:
+    tables = []
+    for backend in STORE_BACKENDS.names():
+        store = create_store(70_000, 3, 1, backend, str(tmp_path / backend))  # spans two init chunks
+        store.initialize(std=1.0, seed=11)
+        tables.append(store.values.clone())
+    assert all(torch.equal(tables[0], t) for t in tables[1:])
+
+
+def test_mmap_backend_persists_to_files(tmp_path: Path) -> None:
+    import numpy as np
+
+    store = create_store(10, 4, 1, "mmap", str(tmp_path / "t"))
+    store.initialize(std=1.0, seed=0)
+    store.set(torch.tensor([4]), RowBlock(torch.full((1, 4), 2.5), torch.ones(1, 1)))
+    store.flush()
+    on_disk = np.load(tmp_path / "t" / "values.npy", mmap_mode="r")
+    assert np.all(on_disk[4] == 2.5)
+
+
+def test_mmap_needs_a_path() -> None:
+    from cadence.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="store.path"):
+        create_store(10, 4, 1, "mmap", None)

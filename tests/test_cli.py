@@ -1,0 +1,112 @@
+"""The ``cadence`` command end to end: outputs are a public contract; mistakes exit 2 cleanly."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cadence.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cadence.cli", *args], capture_output=True, text=True)
+
+
+def test_train_eval_export_on_a_user_directory(tiny_graph: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    code = main(["-q", "train", "--dataset", str(tiny_graph), "--model", "distmult", "--dim", "8",
+                 "--epochs", "3", "--batch-size", "64", "--lr", "0.2", "--seed", "1", "--out", str(out),
+                 "--no-progress", "--set", "train.negatives=8"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "mrr" in printed and "hits@10" in printed and str(out) in printed
+
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("strategy", "dataset", "model", "epochs", "train_seconds", "examples_per_second",
+                "mrr", "hits@1", "hits@3", "hits@10"):
+        assert key in summary, key
+    assert summary["strategy"] == "sync" and summary["epochs"] == 3 and summary["examples_per_second"] > 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["split"] == "valid"] == [1, 2, 3]
+    for record in records:
+        assert {"epoch", "wall_seconds", "examples_seen", "mrr", "hits@10"} <= set(record)
+    assert records[-1]["split"] == "test" and records[-1]["mrr"] == summary["mrr"]
+    assert records[0]["examples_seen"] == 220
+    config_text = (out / "config.yaml").read_text()
+    assert "dim: 8" in config_text and "distmult" in config_text
+    assert (out / "entity_ids.tsv").read_text().count("\n") == 30
+
+    assert main(["eval", str(out)]) == 0
+    assert f"{summary['mrr']:.4f}" in capsys.readouterr().out
+
+    assert main(["export", str(out), "--format", "npy", "--out", str(tmp_path / "export")]) == 0
+    entities = np.load(tmp_path / "export" / "entity_embeddings.npy")
+    relations = np.load(tmp_path / "export" / "relation_embeddings.npy")
+    assert entities.shape == (30, 8) and relations.shape == (4, 8)
+    assert (tmp_path / "export" / "relation_ids.tsv").exists()
+
+
+def test_data_list_names_the_registered_datasets(capsys) -> None:
+    assert main(["data", "list"]) == 0
+    listed = capsys.readouterr().out
+    for name in ("umls", "kinships", "nations", "synthetic"):
+        assert name in listed
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "train.epoch=3"], "unknown key 'train.epoch'"),
+    (["--model", "complx"], "unknown model 'complx' (did you mean 'complex'?)"),
+    (["--strategy", "nope"], "unknown strategy 'nope'"),
+    (["--dim", "7", "--model", "complex"], "model.dim must be even"),
+    (["--epochs", "0"], "train.epochs must be positive"),
+])
+def test_config_mistakes_exit_2_without_traceback_or_output(tiny_graph: Path, tmp_path: Path, args, message) -> None:
+    out = tmp_path / "run"
+    done = run_cli("train", "--dataset", str(tiny_graph), "--out", str(out), *args)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+def test_bad_data_line_exits_2_naming_file_and_line(tiny_graph: Path, tmp_path: Path) -> None:
+    with open(tiny_graph / "valid.txt", "a") as handle:
+        handle.write("e1\tr1\n")
+    lines = (tiny_graph / "valid.txt").read_text().count("\n")
+    out = tmp_path / "run"
+    done = run_cli("train", "--dataset", str(tiny_graph), "--out", str(out))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"valid.txt:{lines}: expected 3 tab-separated fields" in done.stderr
+    assert not out.exists()
+
+
+def test_strict_rejects_what_the_default_filters(tiny_graph: Path, tmp_path: Path) -> None:
+    with open(tiny_graph / "test.txt", "a") as handle:
+        handle.write("e1\tr1\tnever_seen\n")
+    done = run_cli("train", "--dataset", str(tiny_graph), "--out", str(tmp_path / "strict"), "--strict")
+    assert done.returncode == 2 and "'never_seen' does not occur in train.txt" in done.stderr
+    done = run_cli("-q", "train", "--dataset", str(tiny_graph), "--out", str(tmp_path / "lenient"),
+                   "--epochs", "1", "--dim", "8", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "dropped 1 triples with an entity or relation unseen in train" in done.stderr
+
+
+def test_an_existing_run_is_not_overwritten_by_accident(tiny_graph: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["-q", "train", "--dataset", str(tiny_graph), "--out", str(out), "--epochs", "1", "--dim", "8"]
+    assert run_cli(*args).returncode == 0
+    again = run_cli(*args)
+    assert again.returncode == 2 and "--resume" in again.stderr and "--overwrite" in again.stderr
+    assert run_cli(*args, "--overwrite").returncode == 0
+
+
+def test_eval_of_a_directory_that_is_no_run(tmp_path: Path) -> None:
+    done = run_cli("eval", str(tmp_path))
+    assert done.returncode == 2 and "not a cadence run directory" in done.stderr
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    done = run_cli("train", "--config", str(tmp_path / "nope.yaml"))
+    assert done.returncode == 2 and "config file not found" in done.stderr

@@ -1,0 +1,112 @@
+"""Same seed, same bits; a run killed with SIGKILL and resumed ends where an uninterrupted run ends."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cadence import api
+from cadence.training import checkpoint as ckpt
+from cadence.training.run_directory import RunDirectory
+from tests.conftest import make_config
+
+
+def final_entities(run_dir: Path) -> torch.Tensor:
+    return api.final_checkpoint(RunDirectory(run_dir))[0]["store.values"]
+
+
+def test_same_seed_gives_bit_identical_embeddings(tiny_graph: Path, tmp_path: Path) -> None:
+    runs = [api.train(make_config(tmp_path / name, f"data.dataset={tiny_graph}", f"seed={seed}"))
+            for name, seed in (("a", 5), ("b", 5), ("c", 6))]
+    first, second, other = (final_entities(r.run_dir) for r in runs)
+    assert torch.equal(first, second)
+    assert not torch.equal(first, other)
+
+
+def test_memory_and_mmap_backends_train_identically(tiny_graph: Path, tmp_path: Path) -> None:
+    memory = api.train(make_config(tmp_path / "memory", f"data.dataset={tiny_graph}"))
+    mapped = api.train(make_config(tmp_path / "mmap", f"data.dataset={tiny_graph}", "store.backend=mmap"))
+    assert (tmp_path / "mmap" / "store" / "values.npy").is_file()
+    assert torch.equal(final_entities(memory.run_dir), final_entities(mapped.run_dir))
+    assert memory.summary["mrr"] == mapped.summary["mrr"]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cadence.cli", "-q", *args]
+
+
+TRAIN_ARGS = ["--dataset", "synthetic", "--model", "distmult", "--dim", "32", "--epochs", "8",
+              "--batch-size", "500", "--no-progress",
+              "--set", "data.synthetic.num_entities=20000", "--set", "data.synthetic.num_edges=150000",
+              "--set", "data.synthetic.holdout=50", "--set", "threads=1", "--set", "eval.every=0",
+              "--set", "checkpoint.keep=3", "--set", "train.negatives=64"]
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
+    process = subprocess.Popen(cli("train", *TRAIN_ARGS, "--out", str(killed_dir)))
+    deadline = time.time() + 300
+    while not (killed_dir / "checkpoints" / ckpt.epoch_name(3)).exists():
+        assert process.poll() is None, "the run ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.005)
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL
+    assert not (killed_dir / "summary.json").exists()
+    subprocess.run(cli("train", "--resume", str(killed_dir)), check=True)
+    subprocess.run(cli("train", *TRAIN_ARGS, "--out", str(whole_dir)), check=True)
+    assert torch.equal(final_entities(killed_dir), final_entities(whole_dir))
+    killed_summary = RunDirectory(killed_dir).read_summary()
+    assert killed_summary["epochs"] == 8
+    assert killed_summary["mrr"] == RunDirectory(whole_dir).read_summary()["mrr"]
+
+
+def test_a_corrupt_checkpoint_is_reported_and_the_previous_one_used(tiny_graph: Path, tmp_path: Path, caplog) -> None:
+    config = make_config(tmp_path / "run", f"data.dataset={tiny_graph}", "train.epochs=3", "checkpoint.keep=3")
+    reference = api.train(make_config(tmp_path / "reference", f"data.dataset={tiny_graph}", "train.epochs=3"))
+    api.train(config)
+    newest = ckpt.epoch_checkpoints(tmp_path / "run")[-1]
+    tensor_file = newest / ckpt.TENSORS
+    data = bytearray(tensor_file.read_bytes())
+    data[-5] ^= 0xFF
+    tensor_file.write_bytes(bytes(data))
+    with pytest.raises(ckpt.CheckpointError, match="checksum mismatch"):
+        ckpt.load_checkpoint(newest)
+    result = api.resume(tmp_path / "run")
+    assert "skipping corrupt checkpoint" in caplog.text
+    assert torch.equal(final_entities(result.run_dir), final_entities(reference.run_dir))
+
+
+def test_checkpoints_are_pruned_and_partial_ones_ignored(tiny_graph: Path, tmp_path: Path) -> None:
+    api.train(make_config(tmp_path / "run", f"data.dataset={tiny_graph}", "train.epochs=4", "checkpoint.keep=2"))
+    names = [p.name for p in ckpt.epoch_checkpoints(tmp_path / "run")]
+    assert names == [ckpt.epoch_name(3), ckpt.epoch_name(4)]
+    (tmp_path / "run" / "checkpoints" / ".partial-epoch-000005-1").mkdir()
+    _, state, path = ckpt.load_latest(tmp_path / "run")
+    assert path.name == ckpt.epoch_name(4) and state["progress"]["epoch"] == 4
+
+
+def test_resume_can_extend_epochs_but_not_change_the_model(tiny_graph: Path, tmp_path: Path) -> None:
+    api.train(make_config(tmp_path / "run", f"data.dataset={tiny_graph}", "train.epochs=2"))
+    result = api.resume(tmp_path / "run", {"train.epochs": 3})
+    assert result.summary["epochs"] == 3
+    from cadence.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.dim cannot be changed"):
+        api.resume(tmp_path / "run", {"model.dim": 16})
+
+
+def test_early_stopping_restores_the_best_model(tiny_graph: Path, tmp_path: Path) -> None:
+    config = make_config(tmp_path / "run", f"data.dataset={tiny_graph}", "train.epochs=40", "eval.patience=2",
+                         "optimizer.lr=2.0")
+    result = api.train(config)
+    valid = [r for r in result.metrics if r["split"] == "valid"]
+    best = max(valid, key=lambda r: r["mrr"])
+    assert result.summary["best_epoch"] == best["epoch"]
+    assert result.summary["epochs"] == len(valid) < 40
+    assert api.evaluate(result.run_dir, "valid")["mrr"] == pytest.approx(best["mrr"])
