@@ -82,8 +82,11 @@ def _data(args: argparse.Namespace) -> int:
     from cadence.data.datasets import DATASETS
 
     if args.data_command == "list":
-        rows = [(name, "yes" if DATASETS.get(name).is_fetched() else "no", DATASETS.get(name).description)
-                for name in DATASETS]
+        rows = []
+        for name in DATASETS:
+            dataset = DATASETS.get(name)
+            status = "generated" if dataset.source is None else ("yes" if dataset.is_fetched() else "no")
+            rows.append((name, status, dataset.description))
         _print_table(["dataset", "fetched", "description"], rows)
         return 0
     for name in args.names:
