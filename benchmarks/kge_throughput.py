@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import platform
+import resource
 import shlex
 import shutil
 import statistics
@@ -488,38 +489,59 @@ def power_law_batches(num_rows: int, batch_triples: int, num_batches: int, negat
     return batches
 
 
-def time_store(store, batches: list[torch.Tensor]) -> float:
-    rows = 0
-    started = time.perf_counter()
-    for ids in batches:
-        block = store.pull(ids)
-        store.set(ids, block)
-        rows += ids.shape[0]
-    return rows / (time.perf_counter() - started)
+class Meter:
+    """Wall time and this process's CPU time and page faults over one timed pass."""
+
+    def __enter__(self) -> "Meter":
+        self.usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self.started
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        self.user = after.ru_utime - self.usage.ru_utime
+        self.system = after.ru_stime - self.usage.ru_stime
+        self.minor_faults = after.ru_minflt - self.usage.ru_minflt
+        self.major_faults = after.ru_majflt - self.usage.ru_majflt
 
 
-def time_ceiling(values: torch.Tensor, state: torch.Tensor, batches: list[torch.Tensor]) -> float:
-    rows = 0
-    started = time.perf_counter()
-    for ids in batches:
-        v = torch.index_select(values, 0, ids)
-        s = torch.index_select(state, 0, ids)
-        values.index_copy_(0, ids, v)
-        state.index_copy_(0, ids, s)
-        rows += ids.shape[0]
-    return rows / (time.perf_counter() - started)
+def time_store(store, batches: list[torch.Tensor]) -> Meter:
+    with Meter() as meter:
+        for ids in batches:
+            block = store.pull(ids)
+            store.set(ids, block)
+    return meter
+
+
+def time_ceiling(values: torch.Tensor, state: torch.Tensor, batches: list[torch.Tensor]) -> Meter:
+    with Meter() as meter:
+        for ids in batches:
+            v = torch.index_select(values, 0, ids)
+            s = torch.index_select(state, 0, ids)
+            values.index_copy_(0, ids, v)
+            state.index_copy_(0, ids, s)
+    return meter
+
+
+def _pass_record(meter: Meter, rows: int) -> dict[str, float]:
+    return {"rows_per_second": rows / meter.seconds, "seconds": meter.seconds, "user_cpu_s": meter.user,
+            "system_cpu_s": meter.system, "minor_faults": meter.minor_faults, "major_faults": meter.major_faults}
 
 
 def part_store(args: argparse.Namespace) -> dict[str, Any]:
     if args.quick:
-        num_rows, dim, batch_triples, num_batches, negatives, reps = 200_000, 64, 5_000, 20, 1_000, 1
+        num_rows, dim, batch_triples, num_batches, negatives, passes = 200_000, 64, 5_000, 10, 1_000, 2
     else:
-        num_rows, dim, batch_triples, num_batches, negatives, reps = 2_200_000, 256, 25_000, 120, 1_000, args.reps
+        num_rows, dim, batch_triples, num_batches, negatives, passes = (
+            2_200_000, 256, 25_000, 40, 1_000, 3 * args.reps)
     state_width = 1
     table_bytes = num_rows * (dim + state_width) * 4
-    say(f"[store] {num_rows:,} rows x {dim} float32 (+{state_width} state) = {table_bytes / 2**30:.2f} GiB per table")
+    say(f"[store] {num_rows:,} rows x {dim} float32 (+{state_width} state) = {table_bytes / 2**30:.2f} GiB per "
+        f"table; {passes} interleaved passes of {num_batches} batches")
     batches = power_law_batches(num_rows, batch_triples, num_batches, negatives)
     sizes = [int(b.shape[0]) for b in batches]
+    rows_per_pass = sum(sizes)
     out: dict[str, Any] = {
         "settings": {
             "num_rows": num_rows, "dim": dim, "state_width": state_width,
@@ -527,12 +549,13 @@ def part_store(args: argparse.Namespace) -> dict[str, Any]:
             "id_pattern": f"per batch: heads and tails of {batch_triples:,} power-law triples "
                           f"(cadence.data.synthetic.power_law_graph, exponent "
                           f"{SyntheticGraphConfig().exponent}) + {negatives:,} uniform negatives, unique'd",
-            "batches": num_batches, "ids_per_batch_median": median(sizes),
+            "batches_per_pass": num_batches, "ids_per_batch_median": median(sizes),
             "ids_per_batch_min": min(sizes), "ids_per_batch_max": max(sizes),
-            "ids_per_pass": sum(sizes), "reps": reps,
+            "ids_per_pass": rows_per_pass, "passes": passes,
             "timed_operation": "store.pull(ids) then store.set(ids, block): values and state, no versions",
             "ceiling_operation": "torch.index_select + Tensor.index_copy_ on in-memory values and state "
                                  "tensors of the same shape, same ids",
+            "mmap_dir": args.mmap_dir or tempfile.gettempdir(),
         }
     }
     gen = torch.Generator().manual_seed(0)
@@ -548,25 +571,31 @@ def part_store(args: argparse.Namespace) -> dict[str, Any]:
             store.initialize(1e-3, 0)
             create_seconds = time.perf_counter() - started
             time_store(store, batches[:2])  # warm-up
-            store_speeds, ceiling_speeds = [], []
-            for rep in range(reps):  # interleaved: ceiling, store, ceiling, store, ...
-                ceiling_speeds.append(time_ceiling(ceiling_values, ceiling_state, batches))
-                store_speeds.append(time_store(store, batches))
-                say(f"  {backend} rep {rep}: store {store_speeds[-1]:,.0f} rows/s  "
-                    f"ceiling {ceiling_speeds[-1]:,.0f} rows/s  ({store_speeds[-1] / ceiling_speeds[-1]:.2%})")
+            store_passes, ceiling_passes = [], []
+            for rep in range(passes):  # interleaved: ceiling, store, ceiling, store, ...
+                ceiling_passes.append(_pass_record(time_ceiling(ceiling_values, ceiling_state, batches),
+                                                   rows_per_pass))
+                store_passes.append(_pass_record(time_store(store, batches), rows_per_pass))
+                say(f"  {backend} pass {rep}: store {store_passes[-1]['rows_per_second']:,.0f} rows/s  "
+                    f"ceiling {ceiling_passes[-1]['rows_per_second']:,.0f} rows/s  "
+                    f"({store_passes[-1]['rows_per_second'] / ceiling_passes[-1]['rows_per_second']:.0%}; "
+                    f"store faults {store_passes[-1]['minor_faults']:,}, "
+                    f"sys {store_passes[-1]['system_cpu_s']:.2f}s)")
             flush_seconds = None
             if backend == "mmap":
                 started = time.perf_counter()
                 store.flush()
                 flush_seconds = time.perf_counter() - started
+            store_speeds = [p["rows_per_second"] for p in store_passes]
+            ceiling_speeds = [p["rows_per_second"] for p in ceiling_passes]
             ceiling_all += ceiling_speeds
             out[backend] = {
-                "rows_per_second_reps": store_speeds,
-                "ceiling_rows_per_second_reps": ceiling_speeds,
                 "rows_per_second": median(store_speeds),
                 "ceiling_rows_per_second": median(ceiling_speeds),
                 "fraction_of_ceiling": median(store_speeds) / median(ceiling_speeds),
-                "paired_fractions": [a / b for a, b in zip(store_speeds, ceiling_speeds)],
+                "median_paired_fraction": median([a / b for a, b in zip(store_speeds, ceiling_speeds)]),
+                "store_passes": store_passes,
+                "ceiling_passes": ceiling_passes,
                 "create_and_initialize_seconds": create_seconds,
                 **({"flush_seconds_after_benchmark": flush_seconds} if flush_seconds is not None else {}),
             }

@@ -19,7 +19,10 @@ def naive_training(config, graph, initial_entities: torch.Tensor):
     train = with_reciprocals(graph.train, graph.num_relations) if config.train.reciprocal else graph.train
     num_relations = graph.num_relations * (2 if config.train.reciprocal else 1)
     model = KgeModel(config, num_relations)  # same seeded relation init as the run
-    relation_optimizer = torch.optim.Adagrad([model.relations], lr=config.optimizer.lr, eps=config.optimizer.eps)
+    if config.optimizer.dense == "adam":
+        relation_optimizer = torch.optim.Adam([model.relations], lr=config.optimizer.lr)
+    else:
+        relation_optimizer = torch.optim.Adagrad([model.relations], lr=config.optimizer.lr, eps=config.optimizer.eps)
     entities = initial_entities.clone()
     width = 1 if config.optimizer.entity == "rowwise_adagrad" else entities.shape[1]
     state = torch.zeros(entities.shape[0], width)
@@ -49,7 +52,8 @@ def naive_training(config, graph, initial_entities: torch.Tensor):
     ["model.name=distmult", "train.loss=logistic"],
     ["model.name=complex", "train.reciprocal=true", "train.regularizer=n3", "train.reg_weight=0.01"],
     ["model.name=transe", "train.scoring=all", "optimizer.entity=adagrad"],
-    ["model.name=rotate", "train.loss=softmax", "train.regularizer=l2", "train.reg_weight=0.01"],
+    ["model.name=rotate", "train.loss=softmax", "train.regularizer=l2", "train.reg_weight=0.01",
+     "optimizer.dense=adam"],
 ])
 def test_sync_pipeline_equals_naive_full_table_training(tiny_graph: Path, tmp_path: Path, overrides) -> None:
     config = make_config(tmp_path / "run", f"data.dataset={tiny_graph}", "eval.every=0", "eval.test=false",
