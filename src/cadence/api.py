@@ -30,6 +30,7 @@ from cadence.pipeline.stages import ComputeStage, LoadStage, Stages, TransferSta
 from cadence.store.embedding_store import create_store, derive_seed
 from cadence.strategies import STRATEGIES
 from cadence.training import checkpoint as ckpt
+from cadence.training.batch_order import BatchOrder
 from cadence.training.run_directory import RunDirectory, write_atomic  # noqa: F401  (re-exported)
 from cadence.training.trainer import Trainer, TrainerHook
 
@@ -49,6 +50,9 @@ def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] 
     """Train from scratch into ``config.out`` (default: ``runs/<dataset>-<model>-<strategy>-<time>``)."""
     _check_names(config)
     graph = load_graph(config.data, config.seed)
+    if config.batch_order:
+        edges = graph.train.shape[0] * (2 if config.train.reciprocal else 1)
+        BatchOrder.load(config.batch_order).check(-(-edges // config.train.batch_size), config.train.epochs)
     if config.out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         config.out = str(Path("runs") / f"{graph.name}-{config.model.name}-{config.strategy}-{stamp}")

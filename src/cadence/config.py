@@ -77,6 +77,17 @@ class StoreConfig:
 
 
 @dataclass
+class PipelineConfig:
+    """Threads and queues of the pipelined strategies (async, oac); Marius's defaults."""
+
+    staleness_bound: int = 16  # batches in flight at most (loaded but not yet written)
+    loader_threads: int = 4
+    writer_threads: int = 4
+    queue_size: int = 4  # capacity of each queue between stages
+    stall_timeout: float = 120.0  # seconds without a finished batch before the watchdog stops the run
+
+
+@dataclass
 class EvalConfig:
     every: int = 1  # validate every N epochs; 0 = never
     batch_size: int = 256
@@ -98,12 +109,15 @@ class Config:
     out: str | None = None  # run directory
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     device: str = "auto"  # compute device for dense parameters and batches: auto | cpu | cuda[:N]
+    record_order: str | None = None  # write the computation order of the batches to this file
+    batch_order: str | None = None  # replay the computation order recorded in this file
     progress: bool = True  # progress bars (shown only on a terminal)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
@@ -117,7 +131,8 @@ class Config:
 _POSITIVE = {
     "model.dim", "train.epochs", "train.batch_size", "train.negatives", "eval.batch_size",
     "data.synthetic.num_entities", "data.synthetic.num_relations", "data.synthetic.num_edges",
-    "checkpoint.keep",
+    "checkpoint.keep", "pipeline.staleness_bound", "pipeline.loader_threads", "pipeline.writer_threads",
+    "pipeline.queue_size", "pipeline.stall_timeout",
 }
 _NON_NEGATIVE = {"threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout"}

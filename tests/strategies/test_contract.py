@@ -18,6 +18,8 @@ from tests.conftest import make_config
 # strategy -> config overrides that make it behave synchronously (one batch in flight, one worker)
 DEGENERATE_SETTINGS: dict[str, list[str]] = {
     "sync": [],
+    "async": ["pipeline.staleness_bound=1"],
+    "oac": ["pipeline.staleness_bound=1"],
 }
 
 

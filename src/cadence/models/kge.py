@@ -34,8 +34,11 @@ class KgeModel(nn.Module):
         relation ids; candidates: [C] indices into rows of the shared negatives, or None to score
         against every row (rows then hold all entities, in id order).
         """
-        h, t, r = rows[heads], rows[tails], self.relations[relations]
-        pool = rows if candidates is None else rows[candidates]
+        # index_select, not rows[ids]: its backward (index_add_) is deterministic whichever thread
+        # runs it, which the bit-identity of asynchronous and synchronous runs relies on; and faster
+        h, t = rows.index_select(0, heads), rows.index_select(0, tails)
+        r = self.relations.index_select(0, relations)
+        pool = rows if candidates is None else rows.index_select(0, candidates)
         loss = self._side_loss(self.scorer.score_tails(h, r, pool), h, r, t, tails, candidates, "tail")
         if not self.train_config.reciprocal:
             head_scores = self.scorer.score_heads(pool, r, t)

@@ -8,7 +8,7 @@ A ``Batch`` is what flows through the stages; each stage fills its fields.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -36,7 +36,9 @@ class Batch:
     candidates: Tensor | None  # [C] indices into ids of the shared negatives; None = all entities
     rows: RowBlock | None = None  # the rows of ids: filled by the load stage, updated by compute
     loss: Tensor | None = None
-    stats: dict[str, int] = field(default_factory=dict)  # per-batch counters a strategy reports
+    timestamp: int = -1  # position in the computation order (OAC's global counter), set at compute
+    finished_before: int = -1  # OAC's MFT: every batch with timestamp <= this had been written at read
+    safe_to_evict: int = -1  # OAC's STE: cache entries with timestamp <= this may be evicted
 
     @property
     def size(self) -> int:

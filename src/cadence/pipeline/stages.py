@@ -61,8 +61,9 @@ class TransferStage:
     def __call__(self, batch: Batch) -> Batch:
         if batch.rows is not None and batch.rows.values.device != self.device:
             batch.rows = batch.rows.to(self.device)
-            batch.heads, batch.relations, batch.tails = (
-                x.to(self.device, non_blocking=True) for x in (batch.heads, batch.relations, batch.tails)
+            batch.ids, batch.heads, batch.relations, batch.tails = (
+                x.to(self.device, non_blocking=True)
+                for x in (batch.ids, batch.heads, batch.relations, batch.tails)
             )
             if batch.candidates is not None:
                 batch.candidates = batch.candidates.to(self.device, non_blocking=True)

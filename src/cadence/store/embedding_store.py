@@ -4,7 +4,13 @@ Every strategy reads and writes entity rows only through these verbs:
 
 - ``pull(ids)``: a ``RowBlock`` copy of the rows (values, optimizer state, versions);
 - ``set(ids, block)``: overwrite those rows (value and state, and versions when the block has them);
-- ``push(ids, delta)``: add a delta to the values (additive, Hogwild/parameter-server style).
+- ``push(ids, delta)``: add a delta to the values (additive, Hogwild/parameter-server style);
+- ``set_if_newer(ids, block)``: overwrite only rows whose stored version is older than the block's
+  (OAC's rule: a row is overwritten only by a larger timestamp).
+
+The verbs take no lock themselves; strategies that need a read or write of (value, state, version)
+to be atomic hold ``store.lock`` around one vectorised call (one short lock per operation, acquired
+alone, so no deadlock is possible).
 
 Rows are gathered and scattered with vectorised ``index_select`` / ``index_copy_`` (no per-row
 Python). ``versions`` start at -1; OAC (SPEC section 1) uses them as row timestamps. Where the rows
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -96,6 +103,7 @@ class EmbeddingStore:
         self.versions = versions
         self.backend = backend
         self._mapped = list(mapped)  # memory-mapped arrays behind the tensors, flushed to disk
+        self.lock = threading.Lock()
 
     @property
     def num_rows(self) -> int:
@@ -121,6 +129,17 @@ class EmbeddingStore:
 
     def push(self, ids: Tensor, delta: Tensor) -> None:
         self.values.index_add_(0, ids, delta)
+
+    def set_if_newer(self, ids: Tensor, block: RowBlock) -> int:
+        """Overwrite the rows whose stored version is smaller than the block's; return rows skipped."""
+        assert block.versions is not None, "a conditional write needs the block's versions"
+        newer = block.versions > self.versions.index_select(0, ids)
+        if bool(newer.all()):
+            self.set(ids, block)
+            return 0
+        keep = newer.nonzero().squeeze(1)
+        self.set(ids[keep], RowBlock(block.values[keep], block.state[keep], block.versions[keep]))
+        return ids.shape[0] - keep.shape[0]
 
     def initialize(self, std: float, seed: int) -> None:
         """Fill values with N(0, std^2), chunk by chunk, identically for every backend."""

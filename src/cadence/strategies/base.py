@@ -28,5 +28,9 @@ class Strategy(ABC):
     def run_epoch(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None]) -> None:
         """Train on every plan once, calling ``on_batch`` as each batch finishes writing."""
 
+    def stats(self) -> dict[str, int]:
+        """Counters this strategy reports in summary.json (stale reads, repaired rows, ...)."""
+        return {}
+
     def close(self) -> None:
         """Release threads or remote resources."""

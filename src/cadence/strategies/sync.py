@@ -10,6 +10,13 @@ from cadence.strategies.base import STRATEGIES, Strategy
 
 @STRATEGIES.register("sync")
 class SyncStrategy(Strategy):
+    def __init__(self, config):
+        super().__init__(config)
+        self.next_timestamp = 0
+
     def run_epoch(self, plans, stages, on_batch):
         for plan in plans:
-            on_batch(stages.run(plan))
+            batch = stages.run(plan)
+            batch.timestamp = self.next_timestamp  # the computation order is the plan order
+            self.next_timestamp += 1
+            on_batch(batch)

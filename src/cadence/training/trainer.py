@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -30,6 +31,7 @@ from cadence.pipeline.stages import Stages
 from cadence.store.embedding_store import EmbeddingStore, derive_seed
 from cadence.strategies.base import Strategy
 from cadence.training import checkpoint as ckpt
+from cadence.training.batch_order import BatchOrder, ComputationOrderRecorder
 from cadence.training.run_directory import RunDirectory
 
 log = logging.getLogger("cadence")
@@ -74,6 +76,9 @@ class Trainer:
         self.run = run
         self.device = device
         self.hooks = list(hooks)
+        self.batch_order = BatchOrder.load(config.batch_order) if config.batch_order else None
+        if config.record_order:
+            self.hooks.append(ComputationOrderRecorder(Path(config.record_order)))
         self.progress = Progress()
         self.metric = FilteredRankingMetric(graph, config.train.reciprocal)
         # a reciprocal run trains each edge twice per epoch; examples count edges, not copies
@@ -84,6 +89,8 @@ class Trainer:
         cfg = self.config
         for epoch in range(self.progress.epoch, cfg.train.epochs):
             plans = plan_epoch(self.train_triples.shape[0], cfg.train.batch_size, cfg.seed, epoch)
+            if self.batch_order is not None:
+                plans = self.batch_order.reorder(plans)
             loss = self._run_epoch(epoch, plans)
             self.progress.epoch = epoch + 1
             for hook in self.hooks:
@@ -189,6 +196,7 @@ class Trainer:
             "examples_per_second": self.examples_seen / seconds if seconds > 0 else 0.0,
             "best_valid_mrr": self.progress.best_mrr if self.progress.best_epoch else None,
             "best_epoch": self.progress.best_epoch or None,
+            **self.strategy.stats(),
             **test,
         }
 

@@ -1,0 +1,258 @@
+"""The pipelined runner: Marius-style threads and bounded queues around the same stages.
+
+    loader threads ──compute queue──▶ one compute thread ──write queue──▶ writer threads
+    (plan, read rows, to device)       (validate, compute, stamp,        (write rows, finish)
+                                         to host: the critical section)
+
+At most ``staleness_bound`` batches are in flight (a slot is taken before a batch is read and given
+back after it is written). The order in which batches enter the compute thread is the
+*computation order*; ``batch.timestamp`` is a batch's position in it.
+
+What happens at the edges of the critical section is a ``ConcurrencyControl``: last-writer-wins for
+the ``async`` strategy, Optimistic Asynchrony Control for ``oac``. The runner itself knows neither.
+
+A watchdog on the calling thread stops the run with a ``PipelineStall`` naming the stage that holds
+the oldest unfinished work when no batch finishes for ``stall_timeout`` seconds; an exception in any
+stage thread stops all threads and is re-raised on the calling thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Callable
+
+import torch
+
+from cadence.config import PipelineConfig
+from cadence.errors import CadenceError
+from cadence.pipeline.batch import Batch, BatchPlan
+from cadence.pipeline.stages import Stages
+from cadence.store.embedding_store import EmbeddingStore
+
+_DONE = object()  # end-of-stream marker in a queue
+_POLL = 0.05  # seconds between checks of the stop flag while blocked
+
+
+class PipelineStall(CadenceError):
+    """No batch finished for longer than ``pipeline.stall_timeout``."""
+
+    exit_code = 3
+
+
+class ConcurrencyControl:
+    """Hooks around the stages; the default reads and writes rows with no control at all."""
+
+    def __init__(self, store: EmbeddingStore):
+        self.store = store
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+    def begin(self, batch: Batch) -> None:
+        """Loader thread, before the batch reads storage."""
+
+    def read(self, batch: Batch) -> None:
+        batch.rows = self.store.pull(batch.ids, with_versions=True)
+
+    def validate(self, batch: Batch) -> None:
+        """Compute thread, before compute."""
+
+    def stamp(self, batch: Batch) -> None:
+        """Compute thread, after compute: ``batch.timestamp`` is already set."""
+
+    def write(self, batch: Batch) -> None:
+        self.store.set(batch.ids, batch.rows)
+
+    def finish(self, batch: Batch) -> None:
+        """Writer thread, after the write."""
+
+
+class _Stage:
+    """What one thread of a stage is doing, for the watchdog."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.batch: Batch | None = None
+        self.since = time.monotonic()
+
+    def start(self, batch: Batch) -> None:
+        self.batch, self.since = batch, time.monotonic()
+
+    def idle(self) -> None:
+        self.batch, self.since = None, time.monotonic()
+
+
+class PipelineRunner:
+    def __init__(self, config: PipelineConfig, control: ConcurrencyControl):
+        self.config = config
+        self.control = control
+
+    def run(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None],
+            next_timestamp: int = 0) -> int:
+        """Train on ``plans``; return the next free timestamp."""
+        self._plans = iter(plans)
+        self._plans_lock = threading.Lock()
+        self._slots = threading.Semaphore(self.config.staleness_bound)
+        self._compute_queue: queue.Queue = queue.Queue(self.config.queue_size)
+        self._write_queue: queue.Queue = queue.Queue(self.config.queue_size)
+        self._stop = threading.Event()
+        self._errors: list[BaseException] = []
+        self._finished_lock = threading.Lock()
+        self._on_batch = on_batch
+        self._stages = stages
+        self._timestamp = next_timestamp
+        self._last_progress = time.monotonic()
+        self._remaining = len(plans)
+        self._states: list[_Stage] = []
+        self._intra_op_threads = torch.get_num_threads()
+
+        loaders = self._spawn("load", self.config.loader_threads, self._load)
+        computer = self._spawn("compute", 1, self._compute)
+        writers = self._spawn("write", self.config.writer_threads, self._write)
+        self._watch(loaders, computer, writers)
+        return self._timestamp
+
+    # ---- threads --------------------------------------------------------------------------------
+    def _spawn(self, name: str, count: int, body: Callable[[_Stage], None]) -> list[threading.Thread]:
+        threads = []
+        for index in range(count):
+            state = _Stage(name)
+            self._states.append(state)
+            thread = threading.Thread(target=self._guard, args=(body, state), name=f"cadence-{name}-{index}",
+                                      daemon=True)
+            thread.start()
+            threads.append(thread)
+        return threads
+
+    def _guard(self, body: Callable[[_Stage], None], state: _Stage) -> None:
+        try:
+            body(state)
+        except BaseException as err:  # surfaced on the calling thread by _watch
+            self._errors.append(err)
+            self._stop.set()
+
+    def _load(self, state: _Stage) -> None:
+        while not self._stop.is_set():
+            if not self._acquire_slot():
+                return
+            with self._plans_lock:
+                plan = next(self._plans, None)
+            if plan is None:
+                self._slots.release()
+                return
+            batch = self._stages.load.prepare(plan)
+            state.start(batch)
+            self.control.begin(batch)
+            self.control.read(batch)
+            batch = self._stages.to_device(batch)
+            state.idle()
+            if not self._put(self._compute_queue, batch):
+                return
+
+    def _compute(self, state: _Stage) -> None:
+        # OpenMP's thread count is per thread: without this, the compute thread may split reductions
+        # differently from the caller and lose bit-identity with the synchronous run.
+        torch.set_num_threads(self._intra_op_threads)
+        loaders_left = self.config.loader_threads
+        while loaders_left:  # the watchdog sends one end marker per loader once all have exited
+            batch = self._get(self._compute_queue)
+            if batch is None:
+                return
+            if batch is _DONE:
+                loaders_left -= 1
+                continue
+            state.start(batch)
+            self.control.validate(batch)
+            batch.timestamp = self._timestamp
+            self._timestamp += 1
+            batch = self._stages.compute(batch)
+            self.control.stamp(batch)
+            batch = self._stages.to_host(batch)
+            state.idle()
+            if not self._put(self._write_queue, batch):
+                return
+        for _ in range(self.config.writer_threads):
+            if not self._put(self._write_queue, _DONE):
+                return
+
+    def _write(self, state: _Stage) -> None:
+        while True:
+            batch = self._get(self._write_queue)
+            if batch is None or batch is _DONE:
+                return
+            state.start(batch)
+            self.control.write(batch)
+            self.control.finish(batch)
+            state.idle()
+            with self._finished_lock:
+                self._on_batch(batch)
+                self._remaining -= 1
+                self._last_progress = time.monotonic()
+            self._slots.release()
+
+    # ---- blocking with a way out ----------------------------------------------------------------
+    def _acquire_slot(self) -> bool:
+        while not self._stop.is_set():
+            if self._slots.acquire(timeout=_POLL):
+                return True
+        return False
+
+    def _put(self, target: queue.Queue, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                target.put(item, timeout=_POLL)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _get(self, source: queue.Queue) -> object | None:
+        while not self._stop.is_set():
+            try:
+                return source.get(timeout=_POLL)
+            except queue.Empty:
+                continue
+        return None
+
+    # ---- the calling thread ---------------------------------------------------------------------
+    def _watch(self, loaders, computer, writers) -> None:
+        loaders_done = False
+        while True:
+            if self._errors:
+                self._join_all(loaders + computer + writers)
+                raise self._errors[0]
+            if not loaders_done and not any(t.is_alive() for t in loaders):
+                loaders_done = True
+                for _ in loaders:  # one end marker per loader, after every loaded batch
+                    if not self._put(self._compute_queue, _DONE):
+                        break
+            if not any(t.is_alive() for t in computer + writers) and loaders_done:
+                if self._errors:
+                    raise self._errors[0]
+                return
+            if self._remaining and time.monotonic() - self._last_progress > self.config.stall_timeout:
+                self._stop.set()
+                raise PipelineStall(self._stall_report())
+            time.sleep(_POLL)
+
+    def _join_all(self, threads: list[threading.Thread]) -> None:
+        self._stop.set()
+        for thread in threads:
+            thread.join(timeout=1.0)
+
+    def _stall_report(self) -> str:
+        busy = [s for s in self._states if s.batch is not None]
+        queues = f"compute queue {self._compute_queue.qsize()}/{self.config.queue_size}, " \
+                 f"write queue {self._write_queue.qsize()}/{self.config.queue_size}"
+        if busy:
+            oldest = min(busy, key=lambda s: s.since)
+            plan = oldest.batch.plan
+            where = (f"the {oldest.name} stage has held batch {plan.index} of epoch {plan.epoch} "
+                     f"for {time.monotonic() - oldest.since:.1f} s")
+        else:
+            waiting = max(self._states, key=lambda s: time.monotonic() - s.since)
+            where = f"every stage is waiting (longest: {waiting.name})"
+        return (f"pipeline stalled: no batch finished for {self.config.stall_timeout:g} s; {where}; {queues}. "
+                "Training stopped; the last checkpoint is kept (resume with --resume).")

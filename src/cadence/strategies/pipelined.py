@@ -1,0 +1,130 @@
+"""Pipelined strategies over ``PipelineRunner``: ``async`` and ``oac`` (SPEC section 1, seed 000).
+
+Both run the same stages in loader / compute / writer threads; they differ only in their
+``ConcurrencyControl``:
+
+- ``async`` (``LastWriterWins``): rows are read and written with no control. A batch may read a row
+  that an earlier batch in the computation order has already updated (a *stale read*), and a writer
+  may overwrite a row that a later batch already wrote (a *lost update*): both are counted.
+- ``oac`` (``OptimisticAsynchronyControl``): per-row timestamps, atomic reads and conditional writes
+  (a row is overwritten only by a larger timestamp), the validation cache on the compute device, and
+  MFT / outstanding-batches / STE eviction. The final model equals the synchronous run of the
+  batches in their computation order, bit for bit.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from cadence.pipeline.batch import Batch
+from cadence.pipeline.runner import ConcurrencyControl, PipelineRunner
+from cadence.pipeline.validation_cache import ValidationCache
+from cadence.store.embedding_store import EmbeddingStore
+from cadence.strategies.base import STRATEGIES, Strategy
+
+
+class LastWriterWins(ConcurrencyControl):
+    def __init__(self, store: EmbeddingStore, device: torch.device):
+        super().__init__(store)
+        self.newest = store.versions.to(device, copy=True)  # timestamp of each row's newest compute
+        self.stale_reads = 0
+        self.lost_updates = 0
+
+    def validate(self, batch: Batch) -> None:
+        self.stale_reads += int((batch.rows.versions < self.newest[batch.ids]).sum())
+
+    def stamp(self, batch: Batch) -> None:
+        batch.rows.versions.fill_(batch.timestamp)
+        self.newest[batch.ids] = batch.timestamp
+
+    def write(self, batch: Batch) -> None:
+        self.lost_updates += int((self.store.versions[batch.ids] > batch.timestamp).sum())
+        self.store.set(batch.ids, batch.rows)
+
+    def stats(self) -> dict[str, int]:
+        return {"stale_reads": self.stale_reads, "lost_updates": self.lost_updates}
+
+
+class OptimisticAsynchronyControl(ConcurrencyControl):
+    def __init__(self, store: EmbeddingStore, device: torch.device, first_timestamp: int):
+        super().__init__(store)
+        self.cache = ValidationCache(store.dim, store.state_width, device)
+        self.meta_lock = threading.Lock()  # guards the MFT and the outstanding-batches map
+        self.finished_upto = first_timestamp - 1  # MFT: every batch stamped <= this has been written
+        self.finished_ahead: set[int] = set()  # written batches beyond the MFT
+        self.outstanding: dict[tuple[int, int], int] = {}  # (epoch, index) -> its MFT at creation
+        self.repaired_rows = 0
+        self.skipped_writes = 0
+
+    def begin(self, batch: Batch) -> None:
+        with self.meta_lock:
+            batch.finished_before = self.finished_upto
+            self.outstanding[(batch.plan.epoch, batch.plan.index)] = self.finished_upto
+            batch.safe_to_evict = min(self.outstanding.values())
+
+    def read(self, batch: Batch) -> None:
+        with self.store.lock:  # (value, state, version) of every row read atomically
+            batch.rows = self.store.pull(batch.ids, with_versions=True)
+
+    def validate(self, batch: Batch) -> None:
+        self.cache.evict_upto(batch.safe_to_evict)
+        self.repaired_rows += self.cache.repair(batch.ids, batch.rows)
+
+    def stamp(self, batch: Batch) -> None:
+        batch.rows.versions.fill_(batch.timestamp)
+        self.cache.insert(batch.ids, batch.rows)
+
+    def write(self, batch: Batch) -> None:
+        with self.store.lock:
+            self.skipped_writes += self.store.set_if_newer(batch.ids, batch.rows)
+
+    def finish(self, batch: Batch) -> None:
+        with self.meta_lock:
+            del self.outstanding[(batch.plan.epoch, batch.plan.index)]
+            self.finished_ahead.add(batch.timestamp)
+            while self.finished_upto + 1 in self.finished_ahead:
+                self.finished_upto += 1
+                self.finished_ahead.remove(self.finished_upto)
+
+    def stats(self) -> dict[str, int]:
+        return {"repaired_rows": self.repaired_rows, "skipped_writes": self.skipped_writes,
+                "peak_cache_rows": self.cache.peak_rows, "evicted_rows": self.cache.evicted_rows}
+
+
+class PipelinedStrategy(Strategy):
+    """Runs each epoch through a ``PipelineRunner``; subclasses choose the concurrency control."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.totals: dict[str, int] = {}
+        self.next_timestamp = 0
+
+    def make_control(self, store: EmbeddingStore, device: torch.device, first_timestamp: int) -> ConcurrencyControl:
+        raise NotImplementedError
+
+    def run_epoch(self, plans, stages, on_batch):
+        store = stages.write.store
+        device = stages.to_device.device
+        first = max(self.next_timestamp, int(store.versions.max()) + 1)
+        control = self.make_control(store, device, first)
+        self.next_timestamp = PipelineRunner(self.config.pipeline, control).run(plans, stages, on_batch, first)
+        for key, value in control.stats().items():
+            self.totals[key] = max(self.totals.get(key, 0), value) if key.startswith("peak") \
+                else self.totals.get(key, 0) + value
+
+    def stats(self) -> dict[str, int]:
+        return dict(self.totals)
+
+
+@STRATEGIES.register("async")
+class AsyncStrategy(PipelinedStrategy):
+    def make_control(self, store, device, first_timestamp):
+        return LastWriterWins(store, device)
+
+
+@STRATEGIES.register("oac")
+class OacStrategy(PipelinedStrategy):
+    def make_control(self, store, device, first_timestamp):
+        return OptimisticAsynchronyControl(store, device, first_timestamp)

@@ -1,0 +1,43 @@
+"""The vectorised validation cache against a dictionary reference under random operations."""
+
+import random
+
+import torch
+
+from cadence.pipeline.validation_cache import ValidationCache
+from cadence.store import RowBlock
+
+
+def test_cache_matches_a_dictionary_reference() -> None:
+    rng = random.Random(0)
+    cache = ValidationCache(dim=3, state_width=1, device=torch.device("cpu"))
+    reference: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+    stamp = 0
+    for _ in range(300):
+        ids = torch.tensor(sorted(rng.sample(range(40), rng.randint(1, 10))))
+        action = rng.random()
+        if action < 0.4:
+            block = RowBlock(torch.randn(len(ids), 3), torch.rand(len(ids), 1), torch.full((len(ids),), stamp))
+            cache.insert(ids, block)
+            for i, row in enumerate(ids.tolist()):
+                reference[row] = (block.values[i].clone(), block.state[i].clone(), stamp)
+            stamp += 1
+        elif action < 0.55:
+            bound = rng.randint(-1, stamp)
+            reference = {k: v for k, v in reference.items() if v[2] > bound}
+            cache.evict_upto(bound)
+        else:
+            read = torch.tensor([rng.randint(-1, stamp) for _ in ids])
+            block = RowBlock(torch.zeros(len(ids), 3), torch.zeros(len(ids), 1), read.clone())
+            repaired = cache.repair(ids, block)
+            expected = 0
+            for i, row in enumerate(ids.tolist()):
+                if row in reference and reference[row][2] > int(read[i]):
+                    expected += 1
+                    assert torch.equal(block.values[i], reference[row][0])
+                    assert torch.equal(block.state[i], reference[row][1])
+                    assert int(block.versions[i]) == reference[row][2]
+                else:
+                    assert int(block.versions[i]) == int(read[i]) and not block.values[i].any()
+            assert repaired == expected
+        assert sorted(cache.ids.tolist()) == cache.ids.tolist() == sorted(reference)

@@ -1,0 +1,149 @@
+"""The async and OAC strategies: OAC equals the synchronous replay of its computation order, async
+demonstrably does not, and the pipeline fails loudly (stalls, stage errors) instead of hanging."""
+
+import itertools
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cadence import api
+from cadence.pipeline.runner import PipelineStall
+from cadence.pipeline.stages import ComputeStage
+from cadence.strategies.pipelined import LastWriterWins, OptimisticAsynchronyControl
+from cadence.training import checkpoint as ckpt
+from cadence.training.run_directory import RunDirectory
+from tests.conftest import make_config
+
+# a dense little graph: 30 entities and 16 shared negatives per batch make batches overlap heavily
+OVERLAP = ["train.batch_size=16", "train.negatives=16", "train.epochs=2", "eval.every=0", "eval.test=false",
+           "model.init_std=0.3", "optimizer.lr=0.3"]
+
+
+def final(run_dir: Path) -> dict[str, torch.Tensor]:
+    return api.final_checkpoint(RunDirectory(run_dir))[0]
+
+
+def run_and_replay(graph: Path, tmp: Path, name: str, *settings: str):
+    """Train with ``settings`` recording the order, then replay that order with the sync strategy."""
+    order = tmp / f"{name}.order.jsonl"
+    pipelined = api.train(make_config(tmp / name, f"data.dataset={graph}", *OVERLAP, *settings,
+                                      f"record_order={order}"))
+    replay = api.train(make_config(tmp / f"{name}-replay", f"data.dataset={graph}", *OVERLAP, *settings,
+                                   "strategy=sync", f"batch_order={order}"))
+    return pipelined, replay, order
+
+
+def assert_same_model(a: Path, b: Path) -> None:
+    first, second = final(a), final(b)
+    for key in ("store.values", "store.state", "model.relations"):
+        assert torch.equal(first[key], second[key]), key
+
+
+def settings_grid():
+    for loaders, writers, queue, bound in itertools.product((1, 2, 4), (1, 4), (1, 4), (2, 16)):
+        yield [f"pipeline.loader_threads={loaders}", f"pipeline.writer_threads={writers}",
+               f"pipeline.queue_size={queue}", f"pipeline.staleness_bound={bound}"]
+
+
+@pytest.mark.parametrize("settings", [next(settings_grid()), list(settings_grid())[-1],
+                                      ["model.name=complex", "train.scoring=all", "train.reciprocal=true"]])
+def test_oac_equals_the_sync_replay_of_its_order(tiny_graph: Path, tmp_path: Path, settings) -> None:
+    oac, replay, order = run_and_replay(tiny_graph, tmp_path, "oac", "strategy=oac", *settings)
+    assert_same_model(oac.run_dir, replay.run_dir)
+    recorded = [json.loads(line) for line in order.read_text().splitlines()]
+    assert [r["timestamp"] for r in recorded] == list(range(len(recorded)))
+    for epoch in (0, 1):
+        indices = sorted(r["index"] for r in recorded if r["epoch"] == epoch)
+        assert indices == list(range(len(indices))) and len(indices) >= 14
+    for key in ("repaired_rows", "skipped_writes", "peak_cache_rows", "evicted_rows"):
+        assert key in oac.summary
+
+
+@pytest.mark.slow
+def test_oac_stress_equivalence_over_hundreds_of_runs(tiny_graph: Path, tmp_path: Path) -> None:
+    runs = reordered = 0
+    for repeat in range(5):
+        for number, settings in enumerate(settings_grid()):
+            name = f"r{repeat}-{number}"
+            oac, replay, order = run_and_replay(tiny_graph, tmp_path, name, "strategy=oac", f"seed={repeat}",
+                                                *settings)
+            assert_same_model(oac.run_dir, replay.run_dir)
+            indices = [json.loads(line)["index"] for line in order.read_text().splitlines()]
+            reordered += indices != sorted(indices[: len(indices) // 2]) * 2
+            runs += 1
+    assert runs >= 100
+    assert reordered > 0, "some runs must compute batches out of plan order, or the test proves nothing"
+
+
+def test_async_loses_updates_and_differs_from_its_replay(tiny_graph: Path, tmp_path: Path, monkeypatch) -> None:
+    original = LastWriterWins.write
+
+    def slow_even_writes(self, batch):  # writers finish out of order, as on a busy machine
+        if batch.timestamp % 2 == 0:
+            time.sleep(0.02)
+        original(self, batch)
+
+    monkeypatch.setattr(LastWriterWins, "write", slow_even_writes)
+    async_run, replay, _ = run_and_replay(tiny_graph, tmp_path, "async", "strategy=async",
+                                          "pipeline.writer_threads=4", "pipeline.staleness_bound=8")
+    assert async_run.summary["stale_reads"] > 0
+    assert async_run.summary["lost_updates"] > 0
+    assert not torch.equal(final(async_run.run_dir)["store.values"], final(replay.run_dir)["store.values"])
+
+
+def test_oac_repairs_what_async_reads_stale(tiny_graph: Path, tmp_path: Path) -> None:
+    oac = api.train(make_config(tmp_path / "oac", f"data.dataset={tiny_graph}", *OVERLAP, "strategy=oac"))
+    assert oac.summary["repaired_rows"] > 0
+    assert 0 < oac.summary["peak_cache_rows"] <= 30
+
+
+def test_mft_advances_only_over_contiguous_finished_batches(tmp_path: Path) -> None:
+    from cadence.pipeline.batch import Batch, BatchPlan
+    from cadence.store import create_store
+
+    control = OptimisticAsynchronyControl(create_store(4, 2, 1), torch.device("cpu"), first_timestamp=0)
+    batches = []
+    for index in range(7):
+        batch = Batch(BatchPlan(0, index, torch.tensor([0])), torch.tensor([0]), *(torch.tensor([0]),) * 3, None)
+        control.begin(batch)
+        batch.timestamp = index
+        batches.append(batch)
+    assert batches[-1].finished_before == -1 and batches[-1].safe_to_evict == -1
+    for index in (0, 1, 2, 5, 6):
+        control.finish(batches[index])
+    assert control.finished_upto == 2
+    for index in (3, 4):
+        control.finish(batches[index])
+    assert control.finished_upto == 6 and not control.outstanding
+
+
+def test_a_stalled_stage_is_named_and_the_last_checkpoint_kept(tiny_graph: Path, tmp_path: Path, monkeypatch) -> None:
+    original = ComputeStage.__call__
+    release = threading.Event()
+
+    def stall_in_second_epoch(self, batch):
+        if batch.plan.epoch == 1 and batch.plan.index == 3:
+            release.wait(30)
+        return original(self, batch)
+
+    monkeypatch.setattr(ComputeStage, "__call__", stall_in_second_epoch)
+    config = make_config(tmp_path / "run", f"data.dataset={tiny_graph}", *OVERLAP, "strategy=oac",
+                         "pipeline.stall_timeout=0.5")
+    with pytest.raises(PipelineStall, match=r"the compute stage has held batch 3 of epoch 1"):
+        api.train(config)
+    release.set()
+    _, state, path = ckpt.load_latest(tmp_path / "run")
+    assert path.name == ckpt.epoch_name(1) and state["progress"]["epoch"] == 1
+
+
+def test_an_error_in_a_stage_thread_reaches_the_caller(tiny_graph: Path, tmp_path: Path, monkeypatch) -> None:
+    def broken(self, batch):
+        raise RuntimeError("boom in compute")
+
+    monkeypatch.setattr(ComputeStage, "__call__", broken)
+    with pytest.raises(RuntimeError, match="boom in compute"):
+        api.train(make_config(tmp_path / "run", f"data.dataset={tiny_graph}", *OVERLAP, "strategy=async"))
