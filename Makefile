@@ -18,9 +18,11 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# Trains ComplEx on UMLS under sync, async and OAC side by side; prints the table, writes plots.
 demo: install
 	$(VENV)/bin/cadence data fetch umls
-	$(VENV)/bin/cadence train --config configs/umls-complex.yaml --out runs/demo-umls
+	$(VENV)/bin/cadence compare --strategies sync,async,oac --config configs/umls-complex.yaml \
+		--out runs/demo-umls --overwrite
 
 test: install
 	$(PY) -m pytest -q

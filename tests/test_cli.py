@@ -110,3 +110,29 @@ def test_eval_of_a_directory_that_is_no_run(tmp_path: Path) -> None:
 def test_missing_config_file(tmp_path: Path) -> None:
     done = run_cli("train", "--config", str(tmp_path / "nope.yaml"))
     assert done.returncode == 2 and "config file not found" in done.stderr
+
+
+def test_compare_writes_comparison_and_both_plots(tiny_graph: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "cmp"
+    code = main(["-q", "compare", "--strategies", "sync,async,oac", "--dataset", str(tiny_graph), "--dim", "8",
+                 "--epochs", "2", "--batch-size", "32", "--out", str(out), "--no-progress",
+                 "--set", "train.negatives=8"])
+    assert code == 0
+    table = capsys.readouterr().out
+    for name in ("sync", "async", "oac", "speedup", "repaired_rows", "stale_reads"):
+        assert name in table
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert list(comparison["strategies"]) == ["sync", "async", "oac"]
+    for name, entry in comparison["strategies"].items():
+        assert entry["summary"]["strategy"] == name and entry["summary"]["epochs"] == 2
+        assert [r["epoch"] for r in entry["curve"]] == [1, 2]
+        assert {"wall_seconds", "mrr"} <= set(entry["curve"][0])
+        assert (out / name / "summary.json").exists()
+    for plot in ("time_to_accuracy.png", "accuracy_per_epoch.png"):
+        assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_rejects_unknown_strategies_before_training(tiny_graph: Path, tmp_path: Path) -> None:
+    done = run_cli("compare", "--strategies", "sync,asink", "--dataset", str(tiny_graph), "--out", str(tmp_path / "c"))
+    assert done.returncode == 2 and "unknown strategy 'asink'" in done.stderr
+    assert not (tmp_path / "c").exists()

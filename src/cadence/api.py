@@ -85,6 +85,45 @@ def resume(run_dir: str | Path, overrides: dict[str, Any] | None = None,
     return _fit(trainer, run)
 
 
+def compare(config: Config, strategies: list[str], out: str | Path, overwrite: bool = False) -> dict[str, Any]:
+    """Train the same config (seed, data, hyperparameters) under each strategy, side by side.
+
+    Writes ``out/<strategy>/`` run directories, ``out/comparison.json`` (each strategy's summary and
+    validation curve), ``out/time_to_accuracy.png`` and ``out/accuracy_per_epoch.png``.
+    """
+    import copy
+    import json
+
+    from cadence.report.plots import plot_curves
+
+    if not strategies:
+        raise ConfigError("compare needs at least one strategy")
+    for name in strategies:
+        STRATEGIES.get(name)
+    if len(set(strategies)) != len(strategies):
+        raise ConfigError(f"a strategy is listed twice: {','.join(strategies)}")
+    _check_names(config)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise CadenceError(f"{out}: the comparison directory is not empty; use --overwrite or another --out")
+    results: dict[str, Any] = {}
+    for name in strategies:
+        run_config = copy.deepcopy(config)
+        run_config.strategy = name
+        run_config.out = str(out / name)
+        result = train(run_config, overwrite=overwrite)
+        results[name] = {"summary": result.summary,
+                         "curve": [r for r in result.metrics if r["split"] == "valid"]}
+    comparison = {"config": config.to_dict(), "strategies": results}
+    write_atomic(out / "comparison.json", json.dumps(comparison, indent=2) + "\n")
+    curves = {name: entry["curve"] for name, entry in results.items()}
+    dataset = results[strategies[0]]["summary"]["dataset"]
+    title = f"{dataset}, {config.model.name}"
+    plot_curves(curves, "mrr", "wall_seconds", "training wall seconds", title, out / "time_to_accuracy.png")
+    plot_curves(curves, "mrr", "epoch", "epoch", title, out / "accuracy_per_epoch.png")
+    return comparison
+
+
 def _fit(trainer: Trainer, run: RunDirectory) -> TrainResult:
     try:
         summary = trainer.fit()

@@ -2,6 +2,7 @@
 
     cadence data list | data fetch NAME...
     cadence train [--config FILE] [--set key=value]... [--dataset ...] [--resume RUN_DIR]
+    cadence compare --strategies sync,async,oac [train options] --out DIR
     cadence eval RUN_DIR [--split test]
     cadence export RUN_DIR --format npy --out DIR
 
@@ -44,15 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("names", nargs="+", metavar="NAME")
 
     train = commands.add_parser("train", help="train a model")
-    train.add_argument("--config", metavar="FILE", help="YAML config file")
-    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config key (dotted), repeatable")
-    for flag, (key, kind) in TRAIN_FLAGS.items():
-        train.add_argument(flag, type=kind, metavar=kind.__name__.upper(), help=f"sets {key}")
-    train.add_argument("--strict", action="store_true", help="error on unseen ids and duplicates")
-    train.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    train.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    _add_training_options(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+    train.add_argument("--record-order", metavar="FILE", help="write the computation order of the batches")
+    train.add_argument("--batch-order", metavar="FILE", help="replay a recorded computation order")
+
+    compare = commands.add_parser("compare", help="train one config under several strategies, side by side")
+    compare.add_argument("--strategies", required=True, metavar="A,B,...",
+                         help="comma-separated strategy names, e.g. sync,async,oac")
+    _add_training_options(compare)
 
     evaluate = commands.add_parser("eval", help="evaluate a run's final model")
     evaluate.add_argument("run_dir", metavar="RUN_DIR")
@@ -63,6 +64,33 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", default="npy", choices=["npy"])
     export.add_argument("--out", required=True, metavar="DIR")
     return parser
+
+
+def _add_training_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML config file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key (dotted), repeatable")
+    for flag, (key, kind) in TRAIN_FLAGS.items():
+        parser.add_argument(flag, type=kind, metavar=kind.__name__.upper(), help=f"sets {key}")
+    parser.add_argument("--strict", action="store_true", help="error on unseen ids and duplicates")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run(s) in --out")
+
+
+def _training_overrides(args: argparse.Namespace) -> list[str]:
+    overrides = list(args.set)
+    for flag, (key, _) in TRAIN_FLAGS.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    if args.strict:
+        overrides.append("data.strict=true")
+    if args.no_progress:
+        overrides.append("progress=false")
+    for option, key in (("record_order", "record_order"), ("batch_order", "batch_order")):
+        if getattr(args, option, None):
+            overrides.append(f"{key}={getattr(args, option)}")
+    return overrides
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,15 +127,7 @@ def _train(args: argparse.Namespace) -> int:
     from cadence import api
     from cadence.config import load_config, parse_override
 
-    overrides = list(args.set)
-    for flag, (key, _) in TRAIN_FLAGS.items():
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
-        if value is not None:
-            overrides.append(f"{key}={value}")
-    if args.strict:
-        overrides.append("data.strict=true")
-    if args.no_progress:
-        overrides.append("progress=false")
+    overrides = _training_overrides(args)
     if args.resume:
         if args.config:
             raise CadenceError("--resume continues a run with its own config.yaml; drop --config")
@@ -117,6 +137,38 @@ def _train(args: argparse.Namespace) -> int:
     _print_summary(result.summary)
     print(f"run directory: {result.run_dir}")
     return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from cadence import api
+    from cadence.config import load_config
+
+    config = load_config(args.config, _training_overrides(args))
+    if config.out is None:
+        raise CadenceError("compare needs --out DIR for its runs, comparison.json and plots")
+    strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
+    comparison = api.compare(config, strategies, config.out, overwrite=args.overwrite)
+    print_comparison(comparison)
+    print(f"comparison: {config.out}/comparison.json, time_to_accuracy.png, accuracy_per_epoch.png")
+    return 0
+
+
+def print_comparison(comparison: dict[str, Any]) -> None:
+    entries = comparison["strategies"]
+    baseline = next(iter(entries.values()))["summary"]["examples_per_second"] or 1.0
+    stat_keys = sorted({k for e in entries.values() for k in e["summary"]
+                        if k in ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes",
+                                 "peak_cache_rows", "evicted_rows")})
+    header = ["strategy", "epochs", "train_seconds", "examples/s", "speedup", "mrr", "hits@10", *stat_keys]
+    rows = []
+    for name, entry in entries.items():
+        summary = entry["summary"]
+        rows.append([name, summary["epochs"], f"{summary['train_seconds']:.2f}",
+                     f"{summary['examples_per_second']:,.0f}",
+                     f"{summary['examples_per_second'] / baseline:.2f}x",
+                     _format(summary.get("mrr", float("nan"))), _format(summary.get("hits@10", float("nan"))),
+                     *(summary.get(k, "-") for k in stat_keys)])
+    _print_table(header, rows)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -135,7 +187,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"data": _data, "train": _train, "eval": _eval, "export": _export}
+COMMANDS = {"data": _data, "train": _train, "compare": _compare, "eval": _eval, "export": _export}
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

@@ -1,0 +1,1 @@
+"""Reports of runs: comparison tables and time-to-accuracy plots."""

@@ -1,0 +1,42 @@
+"""Time-to-accuracy and accuracy-per-epoch plots of compared runs (the two views of OAC's
+Figures 2 and 3). matplotlib is imported lazily: it is the optional ``plot`` extra."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cadence.errors import CadenceError
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise CadenceError("plots need matplotlib: pip install 'cadence[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(curves: dict[str, list[dict[str, Any]]], metric: str, x_key: str, x_label: str,
+                title: str, path: Path) -> None:
+    """One line per run: ``metric`` of each validation record against ``x_key``."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    for name, records in curves.items():
+        points = [(r[x_key], r[metric]) for r in records if metric in r]
+        if points:
+            xs, ys = zip(*points)
+            axis.plot(xs, ys, marker="o", markersize=3, label=name)
+    axis.set_xlabel(x_label)
+    axis.set_ylabel(f"validation {metric.upper() if len(metric) <= 4 else metric}")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    temporary = path.with_name(f".{path.name}.tmp.png")
+    figure.savefig(temporary)
+    plt.close(figure)
+    temporary.replace(path)
