@@ -39,20 +39,22 @@ class KgeModel(nn.Module):
         h, t = rows.index_select(0, heads), rows.index_select(0, tails)
         r = self.relations.index_select(0, relations)
         pool = rows if candidates is None else rows.index_select(0, candidates)
-        loss = self._side_loss(self.scorer.score_tails(h, r, pool), h, r, t, tails, candidates, "tail")
+        # sampled negatives: the positive triple's score is shared by both sides, computed once
+        positive = None if candidates is None else self.scorer.score(h, r, t)  # [B]
+        loss = self._side_loss(self.scorer.score_tails(h, r, pool), positive, tails)
         if not self.train_config.reciprocal:
             head_scores = self.scorer.score_heads(pool, r, t)
-            loss = (loss + self._side_loss(head_scores, h, r, t, heads, candidates, "head")) / 2
+            loss = (loss + self._side_loss(head_scores, positive, heads)) / 2
         return loss + self._regularization(h, r, t)
 
-    def _side_loss(self, scores: Tensor, h: Tensor, r: Tensor, t: Tensor, targets: Tensor,
-                   candidates: Tensor | None, side: str) -> Tensor:
-        if candidates is None:  # every entity is a candidate; the target is one of them
+    def _side_loss(self, scores: Tensor, positive: Tensor | None, targets: Tensor) -> Tensor:
+        """scores: [B, C] of one side; positive: [B] (sampled) or None when the candidates are all
+        entities and ``targets`` [B] index the true one among them."""
+        if positive is None:
             if self.train_config.loss == "softmax":
                 return F.cross_entropy(scores, targets)
             labels = torch.zeros_like(scores).scatter_(1, targets.unsqueeze(1), 1.0)
             return F.binary_cross_entropy_with_logits(scores, labels)
-        positive = self.scorer.score(h, r, t)  # [B]
         if self.train_config.loss == "softmax":
             logits = torch.cat([positive.unsqueeze(1), scores], dim=1)  # positive is class 0
             return F.cross_entropy(logits, torch.zeros_like(targets))

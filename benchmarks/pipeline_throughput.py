@@ -1,0 +1,129 @@
+"""Sync vs async vs OAC, side by side in one invocation (issue 3 / OAC paper Figures 2-3).
+
+Part 1, UMLS in memory: the shipped ComplEx config (every batch touches every entity, so async
+batches always overlap), each strategy run ``--repeats`` times interleaved; edges/s, test MRR and
+each strategy's counters.
+Part 2, a synthetic power-law graph whose tables exceed 4 GiB, in the memory-mapped store: edges/s
+of one epoch per strategy (no evaluation: ranking 4M entities is not what is measured here).
+
+    .venv/bin/python benchmarks/pipeline_throughput.py [--quick] [--only umls|synthetic]
+
+Writes benchmarks/results/pipeline_throughput.json (or ..._quick.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from cadence import api
+from cadence.config import load_config
+
+STRATEGIES = ("sync", "async", "oac")
+RESULTS = Path(__file__).parent / "results"
+CONFIGS = Path(__file__).parents[1] / "configs"
+
+
+def run(overrides: list[str], config_file: Path | None, out: Path) -> dict:
+    config = load_config(config_file, ["progress=false", *overrides])
+    config.out = str(out)
+    started = time.perf_counter()
+    summary = api.train(config, overwrite=True).summary
+    summary["wall_seconds_total"] = time.perf_counter() - started
+    return summary
+
+
+def umls_part(work: Path, repeats: int, epochs: int) -> dict:
+    runs: dict[str, list[dict]] = {name: [] for name in STRATEGIES}
+    for repeat in range(repeats):
+        for name in STRATEGIES:  # interleaved, so machine noise hits every contender alike
+            overrides = [f"strategy={name}", f"train.epochs={epochs}", "eval.patience=0", "eval.every=0",
+                         "checkpoint.every=0", f"seed={repeat}"]
+            summary = run(overrides, CONFIGS / "umls-complex.yaml", work / f"umls-{name}-{repeat}")
+            runs[name].append(summary)
+            print(f"umls {name} repeat {repeat}: {summary['examples_per_second']:,.0f} edges/s, "
+                  f"mrr {summary['mrr']:.4f}", file=sys.stderr)
+    return summarize(runs, with_mrr=True)
+
+
+def synthetic_part(work: Path, entities: int, dim: int, edges: int, batch: int, negatives: int) -> dict:
+    table_bytes = entities * dim * 4 + entities * (4 + 8)
+    runs: dict[str, list[dict]] = {}
+    for name in STRATEGIES:
+        store_dir = work / f"store-{name}"
+        overrides = [f"strategy={name}", "data.dataset=synthetic", f"data.synthetic.num_entities={entities}",
+                     f"data.synthetic.num_edges={edges}", "data.synthetic.holdout=100", "model.name=distmult",
+                     f"model.dim={dim}", "train.epochs=1", f"train.batch_size={batch}",
+                     f"train.negatives={negatives}", "eval.every=0", "eval.test=false", "checkpoint.every=0",
+                     "store.backend=mmap", f"store.path={store_dir}"]
+        summary = run(overrides, None, work / f"synthetic-{name}")
+        runs[name] = [summary]
+        print(f"synthetic {name}: {summary['examples_per_second']:,.0f} edges/s", file=sys.stderr)
+        shutil.rmtree(store_dir, ignore_errors=True)
+    result = summarize(runs, with_mrr=False)
+    result["table_gib"] = table_bytes / 2**30
+    result["setting"] = {"entities": entities, "dim": dim, "edges": edges, "batch_size": batch,
+                         "negatives": negatives, "store": "mmap"}
+    return result
+
+
+def summarize(runs: dict[str, list[dict]], with_mrr: bool) -> dict:
+    table = {}
+    for name, summaries in runs.items():
+        speeds = [s["examples_per_second"] for s in summaries]
+        entry = {"edges_per_second_median": statistics.median(speeds), "edges_per_second": speeds}
+        if with_mrr:
+            entry["test_mrr"] = [s["mrr"] for s in summaries]
+            entry["test_mrr_mean"] = statistics.fmean(entry["test_mrr"])
+        for key in ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes", "peak_cache_rows",
+                    "evicted_rows"):
+            if key in summaries[0]:
+                entry[key] = [s[key] for s in summaries]
+        table[name] = entry
+    speed = {name: table[name]["edges_per_second_median"] for name in table}
+    return {"strategies": table, "ratios": {
+        "async_over_sync": speed["async"] / speed["sync"],
+        "oac_over_sync": speed["oac"] / speed["sync"],
+        "oac_over_async": speed["oac"] / speed["async"],
+    }}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the harness")
+    parser.add_argument("--only", choices=["umls", "synthetic"])
+    args = parser.parse_args()
+    results: dict = {
+        "command": " ".join([".venv/bin/python", "benchmarks/pipeline_throughput.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                    "torch_threads": torch.get_num_threads()},
+    }
+    with tempfile.TemporaryDirectory(prefix="cadence-bench-", dir=os.environ.get("CADENCE_BENCH_DIR")) as scratch:
+        work = Path(scratch)
+        if args.only in (None, "umls"):
+            results["umls_memory"] = umls_part(work, repeats=1 if args.quick else 3, epochs=2 if args.quick else 20)
+        if args.only in (None, "synthetic"):
+            if args.quick:
+                results["synthetic_mmap"] = synthetic_part(work, 20_000, 32, 100_000, 2_000, 100)
+            else:  # 4.2M x 256 float32 = 4.0 GiB of values, plus state and versions
+                results["synthetic_mmap"] = synthetic_part(work, 4_200_000, 256, 2_000_000, 10_000, 1_000)
+    RESULTS.mkdir(exist_ok=True)
+    name = "pipeline_throughput_quick.json" if args.quick else "pipeline_throughput.json"
+    (RESULTS / name).write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps({k: v.get("ratios") for k, v in results.items() if isinstance(v, dict) and "ratios" in v},
+                     indent=2))
+
+
+if __name__ == "__main__":
+    main()
