@@ -45,11 +45,16 @@ class KgeModel(nn.Module):
         if not self.train_config.reciprocal:
             head_scores = self.scorer.score_heads(pool, r, t)
             loss = (loss + self._side_loss(head_scores, positive, heads)) / 2
-        return loss + self._regularization(h, r, t)
+        if positive is not None and self.train_config.loss == "logistic":
+            loss = loss + F.softplus(-positive).mean()  # the positive term, once for both sides
+        if self.train_config.regularizer != "none" and self.train_config.reg_weight > 0:
+            loss = loss + self._regularization(h, r, t)
+        return loss
 
     def _side_loss(self, scores: Tensor, positive: Tensor | None, targets: Tensor) -> Tensor:
-        """scores: [B, C] of one side; positive: [B] (sampled) or None when the candidates are all
-        entities and ``targets`` [B] index the true one among them."""
+        """One side's loss. scores: [B, C]; positive: [B] with sampled negatives (the logistic
+        loss adds its positive term in ``loss``), or None when the candidates are all entities and
+        ``targets`` [B] index the true one among them."""
         if positive is None:
             if self.train_config.loss == "softmax":
                 return F.cross_entropy(scores, targets)
@@ -58,12 +63,10 @@ class KgeModel(nn.Module):
         if self.train_config.loss == "softmax":
             logits = torch.cat([positive.unsqueeze(1), scores], dim=1)  # positive is class 0
             return F.cross_entropy(logits, torch.zeros_like(targets))
-        return F.softplus(-positive).mean() + F.softplus(scores).mean()
+        return F.softplus(scores).mean()
 
     def _regularization(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
         kind, weight = self.train_config.regularizer, self.train_config.reg_weight
-        if kind == "none" or weight == 0.0:
-            return h.new_zeros(())
         power = 3 if kind == "n3" else 2
         total = (self.scorer.magnitudes(h).pow(power).sum() + self.scorer.magnitudes(t).pow(power).sum()
                  + self.scorer.relation_magnitudes(r).pow(power).sum())
