@@ -10,10 +10,10 @@ from cadence.store import RowBlock
 
 def test_cache_matches_a_dictionary_reference() -> None:
     rng = random.Random(0)
-    cache = ValidationCache(dim=3, state_width=1, device=torch.device("cpu"))
+    cache = ValidationCache(num_rows=40, dim=3, state_width=1, device=torch.device("cpu"))
     reference: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
     stamp = 0
-    for _ in range(300):
+    for _ in range(3000):
         ids = torch.tensor(sorted(rng.sample(range(40), rng.randint(1, 10))))
         action = rng.random()
         if action < 0.4:
@@ -40,4 +40,4 @@ def test_cache_matches_a_dictionary_reference() -> None:
                 else:
                     assert int(block.versions[i]) == int(read[i]) and not block.values[i].any()
             assert repaired == expected
-        assert sorted(cache.ids.tolist()) == cache.ids.tolist() == sorted(reference)
+        assert sorted(cache.cached_ids().tolist()) == sorted(reference) and len(cache) == len(reference)

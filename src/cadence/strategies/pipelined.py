@@ -33,14 +33,14 @@ class LastWriterWins(ConcurrencyControl):
         self.lost_updates = 0
 
     def validate(self, batch: Batch) -> None:
-        self.stale_reads += int((batch.rows.versions < self.newest[batch.ids]).sum())
+        self.stale_reads += int((batch.rows.versions < self.newest.index_select(0, batch.ids)).sum())
 
     def stamp(self, batch: Batch) -> None:
         batch.rows.versions.fill_(batch.timestamp)
-        self.newest[batch.ids] = batch.timestamp
+        self.newest.index_fill_(0, batch.ids, batch.timestamp)
 
     def write(self, batch: Batch) -> None:
-        self.lost_updates += int((self.store.versions[batch.ids] > batch.timestamp).sum())
+        self.lost_updates += int((self.store.versions.index_select(0, batch.ids) > batch.timestamp).sum())
         self.store.set(batch.ids, batch.rows)
 
     def stats(self) -> dict[str, int]:
@@ -50,7 +50,7 @@ class LastWriterWins(ConcurrencyControl):
 class OptimisticAsynchronyControl(ConcurrencyControl):
     def __init__(self, store: EmbeddingStore, device: torch.device, first_timestamp: int):
         super().__init__(store)
-        self.cache = ValidationCache(store.dim, store.state_width, device)
+        self.cache = ValidationCache(store.num_rows, store.dim, store.state_width, device)
         self.meta_lock = threading.Lock()  # guards the MFT and the outstanding-batches map
         self.finished_upto = first_timestamp - 1  # MFT: every batch stamped <= this has been written
         self.finished_ahead: set[int] = set()  # written batches beyond the MFT
