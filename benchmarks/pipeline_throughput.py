@@ -121,8 +121,14 @@ def main() -> None:
                 results["synthetic_mmap"] = synthetic_part(work, 4_200_000, 256, 2_000_000, 10_000, 1_000,
                                                            repeats=2)
     RESULTS.mkdir(exist_ok=True)
-    name = "pipeline_throughput_quick.json" if args.quick else "pipeline_throughput.json"
-    (RESULTS / name).write_text(json.dumps(results, indent=2) + "\n")
+    path = RESULTS / ("pipeline_throughput_quick.json" if args.quick else "pipeline_throughput.json")
+    if args.only and path.exists():  # keep the other part's numbers, with their own command and date
+        previous = json.loads(path.read_text())
+        kept = {k: v for k, v in previous.items() if k in ("umls_memory", "synthetic_mmap") and k not in results}
+        for key, value in kept.items():
+            value.setdefault("measured", {"command": previous.get("command"), "date": previous.get("date")})
+        results.update(kept)
+    path.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps({k: v.get("ratios") for k, v in results.items() if isinstance(v, dict) and "ratios" in v},
                      indent=2))
 

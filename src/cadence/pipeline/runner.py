@@ -106,6 +106,10 @@ class PipelineRunner:
         self._last_progress = time.monotonic()
         self._remaining = len(plans)
         self._states: list[_Stage] = []
+        self._loaders_left = self.config.loader_threads
+        self._writers_left = self.config.writer_threads
+        self._exit_lock = threading.Lock()
+        self._finished = threading.Event()  # set when the last writer exits, or on an error
         self._intra_op_threads = torch.get_num_threads()
 
         loaders = self._spawn("load", self.config.loader_threads, self._load)
@@ -132,6 +136,25 @@ class PipelineRunner:
         except BaseException as err:  # surfaced on the calling thread by _watch
             self._errors.append(err)
             self._stop.set()
+            self._finished.set()
+        finally:
+            self._exited(state.name)
+
+    def _exited(self, stage: str) -> None:
+        """The last loader out sends the end marker downstream; the last writer out ends the run."""
+        with self._exit_lock:
+            if stage == "load":
+                self._loaders_left -= 1
+                last = self._loaders_left == 0
+            elif stage == "write":
+                self._writers_left -= 1
+                last = self._writers_left == 0
+            else:
+                return
+        if last and stage == "load":
+            self._put(self._compute_queue, _DONE)  # after every loaded batch: the queue is FIFO
+        elif last:
+            self._finished.set()
 
     def _load(self, state: _Stage) -> None:
         while not self._stop.is_set():
@@ -152,17 +175,13 @@ class PipelineRunner:
                 return
 
     def _compute(self, state: _Stage) -> None:
-        # OpenMP's thread count is per thread: without this, the compute thread may split reductions
-        # differently from the caller and lose bit-identity with the synchronous run.
-        torch.set_num_threads(self._intra_op_threads)
-        loaders_left = self.config.loader_threads
-        while loaders_left:  # the watchdog sends one end marker per loader once all have exited
+        torch.set_num_threads(self._intra_op_threads)  # OpenMP's thread count is per thread
+        while True:
             batch = self._get(self._compute_queue)
             if batch is None:
                 return
             if batch is _DONE:
-                loaders_left -= 1
-                continue
+                break
             state.start(batch)
             self.control.validate(batch)
             batch.timestamp = self._timestamp
@@ -218,27 +237,18 @@ class PipelineRunner:
 
     # ---- the calling thread ---------------------------------------------------------------------
     def _watch(self, loaders, computer, writers) -> None:
-        loaders_done = False
-        while True:
-            if self._errors:
-                self._join_all(loaders + computer + writers)
-                raise self._errors[0]
-            if not loaders_done and not any(t.is_alive() for t in loaders):
-                loaders_done = True
-                for _ in loaders:  # one end marker per loader, after every loaded batch
-                    if not self._put(self._compute_queue, _DONE):
-                        break
-            if not any(t.is_alive() for t in computer + writers) and loaders_done:
-                if self._errors:
-                    raise self._errors[0]
-                return
+        check_every = min(1.0, self.config.stall_timeout / 4)
+        while not self._finished.wait(timeout=check_every):
             if self._remaining and time.monotonic() - self._last_progress > self.config.stall_timeout:
                 self._stop.set()
                 raise PipelineStall(self._stall_report())
-            time.sleep(_POLL)
+        self._join_all(loaders + computer + writers)
+        if self._errors:
+            raise self._errors[0]
 
     def _join_all(self, threads: list[threading.Thread]) -> None:
-        self._stop.set()
+        if self._errors:
+            self._stop.set()
         for thread in threads:
             thread.join(timeout=1.0)
 
