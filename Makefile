@@ -32,6 +32,7 @@ test-slow: install
 
 bench: install
 	$(PY) benchmarks/kge_throughput.py
+	$(PY) benchmarks/pipeline_throughput.py
 
 clean:
 	rm -rf $(VENV) runs build dist src/*.egg-info
