@@ -1,0 +1,102 @@
+"""An embedding table keyed by feature key, growing as unseen keys arrive (a dynamic vocabulary).
+
+Keys are int64 and need not be dense. A sorted key array maps keys to rows of an ``EmbeddingStore``
+(grown by doubling), so a batch is looked up with one ``searchsorted``. A new key's row is
+initialised from a hash of (seed, key): the table's contents never depend on the order in which
+workers first see keys, which keeps runs reproducible across engines and worker counts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from cadence.store.embedding_store import RowBlock, create_store
+
+_MASK = (1 << 63) - 1
+
+
+def _mix(x: Tensor) -> Tensor:
+    """A 63-bit integer hash (splitmix64's finaliser, kept non-negative), elementwise."""
+    x = (x ^ (x >> 31)) * 0x7FB5D329728EA185 & _MASK
+    x = (x ^ (x >> 27)) * 0x01B69B4BA5A5B7D7 & _MASK  # multipliers below 2^63: int64 wraps, masked
+    return (x ^ (x >> 33)) & _MASK
+
+
+def hashed_normal(keys: Tensor, width: int, std: float, seed: int) -> Tensor:
+    """[n, width] N(0, std^2) values that depend only on (seed, key, column)."""
+    cells = keys.unsqueeze(1) * (2 * width) + torch.arange(2 * width) + seed * 0x9E3779B1
+    uniform = (_mix(cells & _MASK) >> 11).double() / float(1 << 52)  # [n, 2w] in [0, 1)
+    u1, u2 = uniform[:, :width].clamp_min(1e-12), uniform[:, width:]
+    return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2 * math.pi * u2) * std).float()
+
+
+class DynamicEmbeddingTable:
+    def __init__(self, width: int, state_width: int, init_std: float, seed: int, capacity: int = 1024):
+        self.width = width
+        self.init_std = init_std
+        self.seed = seed
+        self.keys = torch.empty(0, dtype=torch.int64)  # sorted
+        self.rows_of_keys = torch.empty(0, dtype=torch.int64)  # row of keys[i]
+        self.store = create_store(capacity, width, state_width)
+        self.size = 0
+        self.added = 0  # keys added since creation (the vocabulary growth a run reports)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def rows(self, keys: Tensor, create: bool = True) -> Tensor:
+        """Row indices of ``keys`` (unique), creating rows for unseen keys."""
+        position = torch.searchsorted(self.keys, keys)
+        if self.size:
+            found = self.keys[position.clamp(max=self.size - 1)] == keys
+        else:
+            found = torch.zeros_like(keys, dtype=torch.bool)
+        if bool(found.all()):
+            return self.rows_of_keys[position]
+        if not create:
+            raise KeyError("unknown keys")
+        self._add(keys[~found])
+        return self.rows(keys, create=False)
+
+    def pull(self, keys: Tensor) -> RowBlock:
+        rows = self.rows(keys)  # first: it may grow (replace) the store
+        return self.store.pull(rows)
+
+    def set(self, keys: Tensor, block: RowBlock) -> None:
+        rows = self.rows(keys)
+        self.store.set(rows, block)
+
+    def _add(self, new_keys: Tensor) -> None:
+        count = new_keys.shape[0]
+        if self.size + count > self.store.num_rows:
+            self._grow(self.size + count)
+        rows = torch.arange(self.size, self.size + count)
+        self.store.values[rows] = hashed_normal(new_keys, self.width, self.init_std, self.seed)
+        self.store.state[rows] = 0.0
+        merged_keys = torch.cat([self.keys, new_keys])
+        order = torch.argsort(merged_keys)
+        self.keys = merged_keys[order]
+        self.rows_of_keys = torch.cat([self.rows_of_keys, rows])[order]
+        self.size += count
+        self.added += count
+
+    def _grow(self, needed: int) -> None:
+        capacity = max(needed, 2 * self.store.num_rows)
+        old = self.store
+        self.store = create_store(capacity, old.dim, old.state_width)
+        self.store.values[: self.size] = old.values[: self.size]
+        self.store.state[: self.size] = old.state[: self.size]
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {"keys": self.keys, "rows": self.rows_of_keys,
+                "values": self.store.values[: self.size], "state": self.store.state[: self.size]}
+
+    def load_tensors(self, tensors: dict[str, Tensor]) -> None:
+        size = tensors["values"].shape[0]
+        self.store = create_store(max(size, 1024), self.width, tensors["state"].shape[1])
+        self.store.values[:size] = tensors["values"]
+        self.store.state[:size] = tensors["state"]
+        self.keys, self.rows_of_keys, self.size = tensors["keys"].clone(), tensors["rows"].clone(), size

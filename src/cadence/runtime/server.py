@@ -1,0 +1,128 @@
+"""A parameter-server shard: embedding rows (a dynamic vocabulary), optionally the dense
+parameters, their optimizers, and the aggregation rule of the mode being trained (GBA, SPEC
+section 3). Every push, drop and token event happens under the shard's lock; ``apply`` is the one
+place where gradients become an optimizer step, and it advances the shard's global step.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import Tensor, nn
+
+from cadence.optim import EntityOptimizer
+from cadence.runtime.aggregation import Aggregation, Gradient
+from cadence.runtime.embedding_table import DynamicEmbeddingTable
+
+
+class ServerShard:
+    def __init__(self, table: DynamicEmbeddingTable, entity_optimizer: EntityOptimizer,
+                 aggregation: Aggregation, dense: nn.Module | None = None,
+                 dense_optimizer: torch.optim.Optimizer | None = None):
+        self.table = table
+        self.entity_optimizer = entity_optimizer
+        self.aggregation = aggregation
+        self.dense = dense
+        self.dense_optimizer = dense_optimizer
+        self.changed = threading.Condition()  # guards everything below; notified on every step
+        self.global_step = 0
+        self.applied_gradients = 0
+        self.dropped_gradients = 0
+        self.staleness_total = 0
+        self.staleness_max = 0
+
+    # ---- worker verbs ---------------------------------------------------------------------------
+    def pull_rows(self, keys: Tensor) -> Tensor:
+        with self.changed:
+            return self.table.pull(keys).values
+
+    def pull_dense(self) -> dict[str, Tensor]:
+        assert self.dense is not None, "this shard holds no dense parameters"
+        with self.changed:
+            return {name: value.detach().clone() for name, value in self.dense.state_dict().items()}
+
+    def push(self, gradient: Gradient) -> None:
+        with self.changed:
+            self.aggregation.push(self, gradient)
+
+    def drop(self, token: int) -> None:
+        with self.changed:
+            self.aggregation.drop(self, token)
+
+    def close_token(self, token: int, handed_out: int) -> None:
+        with self.changed:
+            self.aggregation.close_token(self, token, handed_out)
+
+    def flush(self) -> None:
+        with self.changed:
+            self.aggregation.flush(self)
+
+    # ---- what the aggregation drives (called with the lock held) --------------------------------
+    def apply(self, gradients: list[Gradient], normalizer: float) -> None:
+        if gradients:
+            self._apply_rows(gradients, normalizer)
+            if self.dense is not None:
+                self._apply_dense(gradients, normalizer)
+            self.applied_gradients += len(gradients)
+        self.global_step += 1
+        self.changed.notify_all()
+
+    def record_staleness(self, staleness: int) -> None:
+        self.staleness_total += staleness
+        self.staleness_max = max(self.staleness_max, staleness)
+
+    def record_dropped(self, count: int) -> None:
+        self.dropped_gradients += count
+
+    def stats(self) -> dict[str, float]:
+        kept = max(self.applied_gradients, 1)
+        return {"global_steps": self.global_step, "gradients_applied": self.applied_gradients,
+                "gradients_dropped": self.dropped_gradients,
+                "staleness_mean": self.staleness_total / kept, "staleness_max": self.staleness_max,
+                "vocabulary_added": self.table.added}
+
+    def _apply_rows(self, gradients: list[Gradient], normalizer: float) -> None:
+        keys = torch.cat([g.keys for g in gradients])
+        if not keys.numel():
+            return
+        unique, inverse = torch.unique(keys, return_inverse=True)
+        summed = torch.zeros(unique.shape[0], self.table.width).index_add_(
+            0, inverse, torch.cat([g.rows for g in gradients]))
+        block = self.table.pull(unique)
+        self.entity_optimizer.step(block.values, block.state, summed.div_(normalizer))
+        self.table.set(unique, block)
+
+    def _apply_dense(self, gradients: list[Gradient], normalizer: float) -> None:
+        for name, parameter in self.dense.named_parameters():
+            total = torch.stack([g.dense[name] for g in gradients]).sum(0)
+            parameter.grad = total.div_(normalizer)
+        self.dense_optimizer.step()
+        self.dense_optimizer.zero_grad(set_to_none=True)
+
+
+class DataList:
+    """Hands out (batch position j, batch, token) with token = first_token + floor(j / M), and
+    tells the shards when a token is closed (all its batches handed out)."""
+
+    def __init__(self, batches: list[Tensor], per_token: int, first_token: int, shards: list[ServerShard]):
+        self.batches = batches
+        self.per_token = per_token
+        self.first_token = first_token
+        self.shards = shards
+        self.next = 0
+        self.lock = threading.Lock()
+
+    def take(self) -> tuple[int, Tensor, int] | None:
+        with self.lock:
+            if self.next >= len(self.batches):
+                return None
+            j = self.next
+            self.next += 1
+        token = self.first_token + j // self.per_token
+        last_of_token = (j + 1) % self.per_token == 0 or j + 1 == len(self.batches)
+        if last_of_token:
+            handed = j % self.per_token + 1
+            for shard in self.shards:
+                shard.close_token(token, handed)
+        return j, self.batches[j], token
