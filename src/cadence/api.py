@@ -48,6 +48,10 @@ class TrainResult:
 
 def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] = ()) -> TrainResult:
     """Train from scratch into ``config.out`` (default: ``runs/<dataset>-<model>-<strategy>-<time>``)."""
+    if config.task == "ctr":
+        from cadence.api_ctr import train_ctr
+
+        return train_ctr(config, overwrite)
     _check_names(config)
     graph = load_graph(config.data, config.seed)
     if config.batch_order:
@@ -99,10 +103,11 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
     if not strategies:
         raise ConfigError("compare needs at least one strategy")
     for name in strategies:
-        STRATEGIES.get(name)
+        strategy_registry(config.task).get(name)
     if len(set(strategies)) != len(strategies):
         raise ConfigError(f"a strategy is listed twice: {','.join(strategies)}")
-    _check_names(config)
+    if config.task != "ctr":
+        _check_names(config)
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CadenceError(f"{out}: the comparison directory is not empty; use --overwrite or another --out")
@@ -119,8 +124,9 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
     curves = {name: entry["curve"] for name, entry in results.items()}
     dataset = results[strategies[0]]["summary"]["dataset"]
     title = f"{dataset}, {config.model.name}"
-    plot_curves(curves, "mrr", "wall_seconds", "training wall seconds", title, out / "time_to_accuracy.png")
-    plot_curves(curves, "mrr", "epoch", "epoch", title, out / "accuracy_per_epoch.png")
+    metric = "auc" if config.task == "ctr" else "mrr"
+    plot_curves(curves, metric, "wall_seconds", "training wall seconds", title, out / "time_to_accuracy.png")
+    plot_curves(curves, metric, "epoch", "epoch", title, out / "accuracy_per_epoch.png")
     return comparison
 
 
@@ -133,7 +139,21 @@ def _fit(trainer: Trainer, run: RunDirectory) -> TrainResult:
     return TrainResult(run.path, summary, run.read_metrics())
 
 
+def strategy_registry(task: str):
+    """Strategies of the KGE pipeline, or parameter-server modes of the CTR task."""
+    if task == "ctr":
+        from cadence.strategies.parameter_server import PS_MODES
+
+        return PS_MODES
+    return STRATEGIES
+
+
 def _check_names(config: Config) -> None:
+    if config.task == "ctr":
+        from cadence.api_ctr import check_ctr_names
+
+        check_ctr_names(config)
+        return
     STRATEGIES.get(config.strategy)
     SCORERS.get(config.model.name)(config.model)  # also validates dim parity and model options
     ENTITY_OPTIMIZERS.get(config.optimizer.entity)

@@ -12,6 +12,7 @@ A user's mistake (``CadenceError``) prints one line, ``cadence: error: ...``, an
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from typing import Any, Sequence
@@ -29,6 +30,9 @@ TRAIN_FLAGS: dict[str, tuple[str, type]] = {
     "--strategy": ("strategy", str),
     "--seed": ("seed", int),
     "--out": ("out", str),
+    "--task": ("task", str),
+    "--workers": ("ps.workers", int),
+    "--engine": ("ps.engine", str),
 }
 
 
@@ -75,6 +79,10 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true", help="error on unseen ids and duplicates")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--overwrite", action="store_true", help="replace the run(s) in --out")
+    parser.add_argument("--straggler", action="append", default=[], metavar="WORKER:SLOWDOWN",
+                        help="fault injection (task ctr): make a worker this many times slower; repeatable")
+    parser.add_argument("--kill-worker", action="append", default=[], metavar="WORKER:AFTER_STEPS",
+                        help="fault injection (task ctr): kill a worker after this many batches; repeatable")
 
 
 def _training_overrides(args: argparse.Namespace) -> list[str]:
@@ -87,6 +95,9 @@ def _training_overrides(args: argparse.Namespace) -> list[str]:
         overrides.append("data.strict=true")
     if args.no_progress:
         overrides.append("progress=false")
+    for option, key in (("straggler", "ps.stragglers"), ("kill_worker", "ps.kill_workers")):
+        if getattr(args, option):
+            overrides.append(f"{key}={json.dumps(getattr(args, option))}")
     for option, key in (("record_order", "record_order"), ("batch_order", "batch_order")):
         if getattr(args, option, None):
             overrides.append(f"{key}={getattr(args, option)}")
@@ -192,7 +203,8 @@ COMMANDS = {"data": _data, "train": _train, "compare": _compare, "eval": _eval, 
 
 def _print_summary(summary: dict[str, Any]) -> None:
     keys = ["strategy", "dataset", "model", "epochs", "train_seconds", "examples_per_second",
-            "mrr", "hits@1", "hits@3", "hits@10"]
+            "mrr", "hits@1", "hits@3", "hits@10", "auc", "logloss", "global_steps", "gradients_dropped",
+            "staleness_mean", "staleness_max"]
     shown = [k for k in keys if k in summary]
     _print_table(shown, [[_format(summary[k]) for k in shown]])
 

@@ -88,6 +88,29 @@ class PipelineConfig:
 
 
 @dataclass
+class ParameterServerConfig:
+    """The parameter-server runtime and its modes (task: ctr; GBA paper, SPEC section 3)."""
+
+    workers: int = 4
+    engine: Literal["threads"] = "threads"
+    shards: int = 1  # server shards; feature keys are routed by key % shards, dense parameters live on shard 0
+    buffer: int = 0  # GBA / BSP gradient buffer M (global batch = M x train.batch_size); 0 = workers
+    tolerance: int = 2  # GBA's staleness tolerance iota: gradients with step - token > iota are dropped
+    decay: str = "cutoff"  # GBA's decay f(staleness): cutoff (the reconstructed default)
+    normalizer: Literal["buffer", "kept"] = "buffer"  # divide an aggregate by M, or by gradients kept
+    staleness: int = 2  # hop_bs: a worker may run at most this many batches ahead of the slowest
+    backup_workers: int = 1  # hop_bw: aggregate the first workers - backup_workers gradients of a step
+    stragglers: list[str] = field(default_factory=list)  # "WORKER:SLOWDOWN": fault injection
+    kill_workers: list[str] = field(default_factory=list)  # "WORKER:AFTER_STEPS": fault injection
+
+
+@dataclass
+class CtrModelConfig:
+    hidden: list[int] = field(default_factory=lambda: [64, 32])  # MLP widths of deep models
+    dropout: float = 0.0
+
+
+@dataclass
 class EvalConfig:
     every: int = 1  # validate every N epochs; 0 = never
     batch_size: int = 256
@@ -105,6 +128,7 @@ class CheckpointConfig:
 @dataclass
 class Config:
     seed: int = 0
+    task: Literal["kge", "ctr"] = "kge"  # knowledge-graph embeddings, or click-through-rate prediction
     strategy: str = "sync"
     out: str | None = None  # run directory
     threads: int = 0  # torch intra-op threads; 0 = torch's default
@@ -118,6 +142,8 @@ class Config:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    ps: ParameterServerConfig = field(default_factory=ParameterServerConfig)
+    ctr: CtrModelConfig = field(default_factory=CtrModelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
@@ -132,9 +158,9 @@ _POSITIVE = {
     "model.dim", "train.epochs", "train.batch_size", "train.negatives", "eval.batch_size",
     "data.synthetic.num_entities", "data.synthetic.num_relations", "data.synthetic.num_edges",
     "checkpoint.keep", "pipeline.staleness_bound", "pipeline.loader_threads", "pipeline.writer_threads",
-    "pipeline.queue_size", "pipeline.stall_timeout",
+    "pipeline.queue_size", "pipeline.stall_timeout", "ps.workers", "ps.shards",
 }
-_NON_NEGATIVE = {"threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
+_NON_NEGATIVE = {"ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout"}
 
 
@@ -255,6 +281,11 @@ def _convert(tp: Any, value: Any, key: str, where: dict[str, str]) -> Any:
             except ConfigError as err:
                 errors.append(err)
         raise errors[0]
+    if origin is list:
+        if not isinstance(value, list):
+            value = [value] if value is not None else []
+        (item_type,) = typing.get_args(tp)
+        return [_convert(item_type, item, f"{key}[{i}]", where) for i, item in enumerate(value)]
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:

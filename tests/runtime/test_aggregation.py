@@ -21,23 +21,24 @@ class RecordingShard:
         self.steps.append(([g.batch for g in gradients], normalizer))
         self.global_step += 1
 
-    def record_staleness(self, staleness):
-        self.staleness.append(staleness)
+    def record_applied(self, gradient):
+        self.staleness.append(self.global_step - gradient.pulled_step)
 
     def record_dropped(self, count):
         self.dropped += count
 
 
-def grad(batch: int, token: int) -> Gradient:
-    return Gradient(worker=0, batch=batch, token=token, examples=1, keys=torch.tensor([batch]), rows=torch.ones(1, 2))
+def grad(batch: int, token: int, pulled_step: int | None = None) -> Gradient:
+    return Gradient(worker=0, batch=batch, token=token, examples=1, keys=torch.tensor([batch]),
+                    rows=torch.ones(1, 2), pulled_step=token if pulled_step is None else pulled_step)
 
 
 def test_async_applies_every_gradient_alone() -> None:
     shard, rule = RecordingShard(), ApplyEach()
-    for j, token in enumerate([0, 0, 1, 0]):
-        rule.push(shard, grad(j, token))
+    for j, pulled in enumerate([0, 0, 1, 0]):  # workers pulled at these steps
+        rule.push(shard, grad(j, j, pulled_step=pulled))
     assert shard.steps == [([0], 1.0), ([1], 1.0), ([2], 1.0), ([3], 1.0)]
-    assert shard.staleness == [0, 1, 1, 3]
+    assert shard.staleness == [0, 1, 1, 3]  # updates applied between each pull and its gradient
 
 
 def test_gba_drops_exactly_the_gradients_staler_than_iota() -> None:

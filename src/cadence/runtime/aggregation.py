@@ -39,6 +39,7 @@ class Gradient:
     keys: Tensor  # [U] the feature keys this shard owns
     rows: Tensor  # [U, width] gradients of those rows (mean over the batch's examples)
     dense: dict[str, Tensor] | None = None  # dense gradients, on the shard that owns them
+    pulled_step: int | None = None  # the server's global step when the worker pulled (for staleness)
 
 
 class StepTarget(Protocol):
@@ -48,7 +49,8 @@ class StepTarget(Protocol):
 
     def apply(self, gradients: list[Gradient], normalizer: float) -> None: ...
 
-    def record_staleness(self, staleness: int) -> None: ...
+    def record_applied(self, gradient: Gradient) -> None:
+        """Counts the gradient's staleness: steps applied between its pull and its application."""
 
     def record_dropped(self, count: int) -> None: ...
 
@@ -80,7 +82,7 @@ class ApplyEach(Aggregation):
     """``async`` and ``hop_bs``: one optimizer step per gradient."""
 
     def push(self, shard, gradient):
-        shard.record_staleness(shard.global_step - gradient.token)
+        shard.record_applied(gradient)
         shard.apply([gradient], 1.0)
 
 
@@ -107,10 +109,10 @@ class Buffered(Aggregation):
     def _aggregate(self, shard: StepTarget, capacity: int) -> None:
         kept = []
         for gradient in sorted(self.buffer, key=lambda g: g.batch):
-            staleness = shard.global_step - gradient.token
+            staleness = shard.global_step - gradient.token  # the paper's token staleness
             if self.decay(staleness, self.tolerance) > 0.0:
                 kept.append(gradient)
-                shard.record_staleness(staleness)
+                shard.record_applied(gradient)
         shard.record_dropped(len(self.buffer) - len(kept))
         self.buffer = []
         shard.apply(kept, self.normalizer(capacity, len(kept)))
@@ -168,5 +170,5 @@ class PerStep(Aggregation):
     @staticmethod
     def _apply(shard: StepTarget, gradients: list[Gradient]) -> None:
         for gradient in gradients:
-            shard.record_staleness(shard.global_step - gradient.token)
+            shard.record_applied(gradient)
         shard.apply(sorted(gradients, key=lambda g: g.batch), float(max(len(gradients), 1)))

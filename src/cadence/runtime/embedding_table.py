@@ -61,6 +61,15 @@ class DynamicEmbeddingTable:
         self._add(keys[~found])
         return self.rows(keys, create=False)
 
+    def peek(self, keys: Tensor) -> Tensor:
+        """Values of ``keys`` without adding unseen ones (they get their would-be initial rows)."""
+        values = hashed_normal(keys, self.width, self.init_std, self.seed)
+        if self.size:
+            position = torch.searchsorted(self.keys, keys).clamp(max=self.size - 1)
+            known = (self.keys[position] == keys).nonzero().squeeze(1)
+            values[known] = self.store.values.index_select(0, self.rows_of_keys[position[known]])
+        return values
+
     def pull(self, keys: Tensor) -> RowBlock:
         rows = self.rows(keys)  # first: it may grow (replace) the store
         return self.store.pull(rows)

@@ -37,10 +37,16 @@ class ServerShard:
         with self.changed:
             return self.table.pull(keys).values
 
-    def pull_dense(self) -> dict[str, Tensor]:
+    def peek_rows(self, keys: Tensor) -> Tensor:
+        with self.changed:
+            return self.table.peek(keys)
+
+    def pull_dense(self) -> tuple[dict[str, Tensor], int]:
+        """The dense parameters and the global step they belong to."""
         assert self.dense is not None, "this shard holds no dense parameters"
         with self.changed:
-            return {name: value.detach().clone() for name, value in self.dense.state_dict().items()}
+            state = {name: value.detach().clone() for name, value in self.dense.state_dict().items()}
+            return state, self.global_step
 
     def push(self, gradient: Gradient) -> None:
         with self.changed:
@@ -68,7 +74,10 @@ class ServerShard:
         self.global_step += 1
         self.changed.notify_all()
 
-    def record_staleness(self, staleness: int) -> None:
+    def record_applied(self, gradient: Gradient) -> None:
+        if gradient.pulled_step is None:
+            return
+        staleness = self.global_step - gradient.pulled_step
         self.staleness_total += staleness
         self.staleness_max = max(self.staleness_max, staleness)
 

@@ -1,0 +1,223 @@
+"""Click-through-rate models over embedding rows that live outside the model.
+
+The sparse parameters (one row per feature key) live in an ``EmbeddingStore``; a model owns only
+its dense parameters (biases, dense-feature weights, MLPs) and receives, per batch, the rows the
+caller has already pulled. A key's row is ``dim + 1`` floats::
+
+    [ v_1 ... v_dim | w ]      v: the key's embedding vector, w: its linear ("wide") weight
+
+Multi-valued (bag) fields are pooled by the caller (``pool_bags``: the sum of the bag's rows), so
+``forward(rows, dense)`` always sees one row per field: ``rows`` [B, F, dim+1], ``dense`` [B, D]
+(D may be 0), and returns logits [B]. ``rows`` may be a leaf with ``requires_grad``; its gradient
+is what the caller pushes back to the store.
+
+The models are sums of a few shared parts:
+
+- ``lr``        linear(x) = b + sum_f w_f + <a, dense>
+- ``fm``        linear(x) + sum_{i<j} <v_i, v_j>, in O(F dim) (Rendle 2010, "Factorization
+                Machines", ICDM, eq. 1 and Lemma 3.1)
+- ``wide_deep`` linear(x) + MLP([v_1, ..., v_F, dense]) (Cheng et al. 2016, "Wide & Deep Learning
+                for Recommender Systems", sec. 3; the wide part here is first-order only: cross-
+                product features, if wanted, are extra fields)
+- ``deepfm``    linear(x) + FM + MLP, all on the same embeddings (Guo et al. 2017, "DeepFM",
+                IJCAI, sec. 2.1, eq. 1)
+- ``dlrm``      top MLP([bottom(dense), <t_i, t_j> for i < j]) over t = (bottom(dense), v_1..v_F)
+                (Naumov et al. 2019, "Deep Learning Recommendation Model for Personalization and
+                Recommendation Systems", sec. 2-3; no linear weights, as in the paper)
+
+Dense parameters use the standard ``nn.Linear`` initialisation (biases of the linear term start at
+0), so a model is reproducible whenever the caller has set ``torch.manual_seed``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from torch import Tensor, nn
+
+from cadence.errors import ConfigError
+from cadence.registry import Registry
+
+CTR_MODELS: Registry[type["CtrModel"]] = Registry("ctr model")
+
+
+def pool_bags(rows: Tensor, mask: Tensor) -> Tensor:
+    """Sum-pool padded bags: rows [B, Fb, L, dim+1], mask [B, Fb, L] (1/True = present) ->
+    [B, Fb, dim+1]. Summing vectors and linear weights alike keeps each part of the row's meaning."""
+    return (rows * mask.unsqueeze(-1).to(rows.dtype)).sum(2)
+
+
+def split_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """[B, F, dim+1] -> embedding vectors [B, F, dim] and linear weights [B, F]."""
+    return rows[..., :-1], rows[..., -1]
+
+
+def pairwise_interaction(vectors: Tensor) -> Tensor:
+    """sum_{i<j} <v_i, v_j> per example: [B, F, dim] -> [B], in O(F dim) rather than O(F^2 dim).
+
+    Rendle's identity: sum_{i<j} v_i v_j = 1/2 ((sum_i v_i)^2 - sum_i v_i^2), per component.
+    """
+    square_of_sum = vectors.sum(1).square()  # [B, dim]
+    sum_of_squares = vectors.square().sum(1)  # [B, dim]
+    return 0.5 * (square_of_sum - sum_of_squares).sum(-1)  # [B]
+
+
+def mlp(in_features: int, hidden: tuple[int, ...], dropout: float, out_features: int = 1,
+        final_relu: bool = False) -> nn.Sequential:
+    """Linear -> ReLU (-> Dropout) per hidden layer, then a Linear to ``out_features``."""
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers += [nn.Linear(in_features, width), nn.ReLU()]
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
+        in_features = width
+    layers.append(nn.Linear(in_features, out_features))
+    if final_relu:
+        layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class LinearTerm(nn.Module):
+    """The first-order ("wide") part: b + sum_f w_f + <a, dense> -> [B]."""
+
+    def __init__(self, num_dense: int):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(1))
+        self.dense = nn.Linear(num_dense, 1, bias=False) if num_dense else None
+
+    def forward(self, weights: Tensor, dense: Tensor) -> Tensor:
+        logit = weights.sum(1) + self.bias  # [B]
+        if self.dense is not None:
+            logit = logit + self.dense(dense).squeeze(-1)
+        return logit
+
+
+class DeepTower(nn.Module):
+    """An MLP over the concatenated field embeddings and dense features -> [B]."""
+
+    def __init__(self, num_fields: int, num_dense: int, dim: int, hidden: tuple[int, ...],
+                 dropout: float):
+        super().__init__()
+        self.mlp = mlp(num_fields * dim + num_dense, hidden, dropout)
+
+    def forward(self, vectors: Tensor, dense: Tensor) -> Tensor:
+        features = torch.cat([vectors.flatten(1), dense], dim=1)  # [B, F*dim + D]
+        return self.mlp(features).squeeze(-1)
+
+
+class CtrModel(nn.Module, ABC):
+    """Maps per-field rows and dense features to click logits; owns dense parameters only."""
+
+    def __init__(self, num_fields: int, num_dense: int, dim: int, hidden: tuple[int, ...] = (64, 32),
+                 dropout: float = 0.0):
+        super().__init__()
+        if num_fields < 1 or num_dense < 0 or dim < 1:
+            raise ConfigError(f"a ctr model needs num_fields >= 1, num_dense >= 0 and dim >= 1; got "
+                              f"{num_fields}, {num_dense}, {dim}")
+        self.num_fields, self.num_dense, self.dim = num_fields, num_dense, dim
+
+    def forward(self, rows: Tensor, dense: Tensor) -> Tensor:
+        """rows: [B, F, dim+1] per-field rows; dense: [B, D] numeric features -> logits [B]."""
+        if rows.dim() != 3 or rows.shape[1:] != (self.num_fields, self.dim + 1):
+            raise ValueError(f"rows must be [B, {self.num_fields}, {self.dim + 1}], got {list(rows.shape)}")
+        if dense.shape != (rows.shape[0], self.num_dense):
+            raise ValueError(f"dense must be [{rows.shape[0]}, {self.num_dense}], got {list(dense.shape)}")
+        vectors, weights = split_rows(rows)
+        return self.logit(vectors, weights, dense)
+
+    @abstractmethod
+    def logit(self, vectors: Tensor, weights: Tensor, dense: Tensor) -> Tensor:
+        """vectors [B, F, dim], weights [B, F], dense [B, D] -> logits [B]."""
+
+
+@CTR_MODELS.register("lr")
+class LogisticRegression(CtrModel):
+    """logit = b + sum_f w_f + <a, dense>; ``hidden`` and ``dropout`` are unused."""
+
+    def __init__(self, num_fields: int, num_dense: int, dim: int, hidden: tuple[int, ...] = (64, 32),
+                 dropout: float = 0.0):
+        super().__init__(num_fields, num_dense, dim, hidden, dropout)
+        self.linear = LinearTerm(num_dense)
+
+    def logit(self, vectors, weights, dense):
+        return self.linear(weights, dense)
+
+
+@CTR_MODELS.register("fm")
+class FactorizationMachine(CtrModel):
+    """logit = linear + sum_{i<j} <v_i, v_j> (Rendle 2010); ``hidden`` and ``dropout`` are unused."""
+
+    def __init__(self, num_fields: int, num_dense: int, dim: int, hidden: tuple[int, ...] = (64, 32),
+                 dropout: float = 0.0):
+        super().__init__(num_fields, num_dense, dim, hidden, dropout)
+        self.linear = LinearTerm(num_dense)
+
+    def logit(self, vectors, weights, dense):
+        return self.linear(weights, dense) + pairwise_interaction(vectors)
+
+
+@CTR_MODELS.register("wide_deep")
+class WideAndDeep(CtrModel):
+    """logit = linear + MLP([v_1..v_F, dense]) (Cheng et al. 2016), trained jointly."""
+
+    def __init__(self, num_fields: int, num_dense: int, dim: int, hidden: tuple[int, ...] = (64, 32),
+                 dropout: float = 0.0):
+        super().__init__(num_fields, num_dense, dim, hidden, dropout)
+        self.linear = LinearTerm(num_dense)
+        self.deep = DeepTower(num_fields, num_dense, dim, hidden, dropout)
+
+    def logit(self, vectors, weights, dense):
+        return self.linear(weights, dense) + self.deep(vectors, dense)
+
+
+@CTR_MODELS.register("deepfm")
+class DeepFM(CtrModel):
+    """logit = linear + FM + MLP, the FM and MLP sharing the embeddings (Guo et al. 2017).
+
+    The paper's deep component reads the field embeddings only; dense features are appended to its
+    input here, as Wide & Deep does, so that they reach the MLP too.
+    """
+
+    def __init__(self, num_fields: int, num_dense: int, dim: int, hidden: tuple[int, ...] = (64, 32),
+                 dropout: float = 0.0):
+        super().__init__(num_fields, num_dense, dim, hidden, dropout)
+        self.linear = LinearTerm(num_dense)
+        self.deep = DeepTower(num_fields, num_dense, dim, hidden, dropout)
+
+    def logit(self, vectors, weights, dense):
+        return self.linear(weights, dense) + pairwise_interaction(vectors) + self.deep(vectors, dense)
+
+
+@CTR_MODELS.register("dlrm")
+class DLRM(CtrModel):
+    """Bottom MLP on dense features, pairwise dot interactions, top MLP (Naumov et al. 2019).
+
+    t = (bottom(dense), v_1, ..., v_F) when D > 0, else (v_1, ..., v_F); the top MLP reads
+    [bottom(dense), <t_i, t_j> for i < j] (row-major upper triangle, no self-interactions). As in
+    the reference implementation every bottom layer, the last included, ends in a ReLU. The linear
+    weights of the rows are not used. ``hidden`` shapes the top MLP, ``bottom_hidden`` the bottom.
+    """
+
+    def __init__(self, num_fields: int, num_dense: int, dim: int, hidden: tuple[int, ...] = (64, 32),
+                 dropout: float = 0.0, bottom_hidden: tuple[int, ...] = (64,)):
+        super().__init__(num_fields, num_dense, dim, hidden, dropout)
+        self.bottom = mlp(num_dense, bottom_hidden, 0.0, dim, final_relu=True) if num_dense else None
+        count = num_fields + (1 if num_dense else 0)  # vectors that interact
+        pairs = count * (count - 1) // 2
+        if pairs == 0:  # one field and no dense features: nothing for the top MLP to read
+            raise ConfigError("dlrm needs at least two fields, or one field and dense features")
+        self.register_buffer("upper", torch.triu_indices(count, count, offset=1), persistent=False)
+        self.top = mlp(pairs + (dim if num_dense else 0), hidden, dropout)
+
+    def logit(self, vectors, weights, dense):
+        if self.bottom is None:
+            return self.top(self.interact(vectors)).squeeze(-1)
+        bottom = self.bottom(dense)  # [B, dim]
+        interactions = self.interact(torch.cat([bottom.unsqueeze(1), vectors], dim=1))
+        return self.top(torch.cat([bottom, interactions], dim=1)).squeeze(-1)
+
+    def interact(self, features: Tensor) -> Tensor:
+        """[B, n, dim] -> [B, n(n-1)/2]: <t_i, t_j> for i < j, in row-major order."""
+        gram = features @ features.transpose(1, 2)  # [B, n, n]
+        return gram[:, self.upper[0], self.upper[1]]

@@ -1,0 +1,34 @@
+"""Engines run the workers of one epoch. ``threads`` (the default) runs each worker in a thread of
+this process; torch releases the GIL inside its kernels, so workers overlap their compute."""
+
+from __future__ import annotations
+
+import threading
+
+from cadence.registry import Registry
+from cadence.runtime.gates import NoGate
+from cadence.runtime.server import DataList
+from cadence.runtime.worker import CtrWorker
+
+ENGINES: Registry[type["ThreadEngine"]] = Registry("engine")
+
+
+@ENGINES.register("threads")
+class ThreadEngine:
+    def run(self, workers: list[CtrWorker], data: DataList, gate: NoGate) -> None:
+        errors: list[BaseException] = []
+
+        def guarded(worker: CtrWorker) -> None:
+            try:
+                worker.run(data, gate)
+            except BaseException as err:  # re-raised below, on the calling thread
+                errors.append(err)
+
+        threads = [threading.Thread(target=guarded, args=(w,), name=f"cadence-worker-{w.index}", daemon=True)
+                   for w in workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]

@@ -1,0 +1,54 @@
+"""Worker-side gates: what a worker waits for before it pulls parameters for its next batch.
+
+- ``NoGate``: never waits (async, bsp, gba, hop_bw).
+- ``StepBarrier``: waits until the server has applied every step before the batch's token, so the
+  batch is computed on exactly the parameters of its global step (sync: staleness 0).
+- ``BoundedStaleness``: a worker may be at most ``bound`` batches ahead of the slowest live worker
+  (Hop-BS / SSP). Workers that died or ran out of data stop counting as the slowest.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from cadence.runtime.server import ServerShard
+
+
+class NoGate:
+    def wait(self, worker: int, token: int) -> None: ...
+
+    def done(self, worker: int) -> None: ...
+
+    def leave(self, worker: int) -> None: ...
+
+
+class StepBarrier(NoGate):
+    def __init__(self, shard: ServerShard):
+        self.shard = shard
+
+    def wait(self, worker, token):
+        with self.shard.changed:
+            self.shard.changed.wait_for(lambda: self.shard.global_step >= token)
+
+
+class BoundedStaleness(NoGate):
+    def __init__(self, workers: int, bound: int):
+        self.bound = bound
+        self.clocks = {w: 0 for w in range(workers)}  # batches pushed, per live worker
+        self.changed = threading.Condition()
+
+    def wait(self, worker, token):
+        with self.changed:
+            self.changed.wait_for(lambda: self.clocks[worker] - min(self.clocks.values()) <= self.bound)
+
+    def done(self, worker):
+        with self.changed:
+            self.clocks[worker] += 1
+            self.changed.notify_all()
+
+    def leave(self, worker):
+        with self.changed:
+            self.clocks.pop(worker, None)
+            if not self.clocks:
+                self.clocks[-1] = 1 << 62  # nobody left to wait for
+            self.changed.notify_all()

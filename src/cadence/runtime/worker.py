@@ -1,0 +1,152 @@
+"""Workers of the parameter-server runtime: pull, compute, push (GBA, SPEC section 3).
+
+A worker repeatedly takes (batch, token) from the data list, waits at its mode's gate, pulls the
+dense parameters and the rows of the batch's feature keys, computes the gradient of the batch's
+mean loss, and pushes (gradient, token) to every shard without waiting for it to be applied.
+Fault injection for experiments: a straggler sleeps so that each batch takes ``slowdown`` times as
+long; a killed worker takes one more batch and dies with it (its batch and token are dropped).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from cadence.data.ctr import CtrExamples
+from cadence.errors import ConfigError
+from cadence.models.ctr import pool_bags
+from cadence.runtime.aggregation import Gradient
+from cadence.runtime.gates import NoGate
+from cadence.runtime.server import DataList, ServerShard
+
+
+class ShardRouter:
+    """Routes feature keys to shards (key % shards); shard 0 holds the dense parameters."""
+
+    def __init__(self, shards: list[ServerShard]):
+        self.shards = shards
+
+    def owner(self, keys: Tensor) -> Tensor:
+        return keys.remainder(len(self.shards))
+
+    def pull_rows(self, keys: Tensor, create: bool = True) -> Tensor:
+        """Rows of ``keys``; with ``create=False`` unseen keys are not added (evaluation)."""
+        if len(self.shards) == 1:
+            shard = self.shards[0]
+            return shard.pull_rows(keys) if create else shard.peek_rows(keys)
+        owner = self.owner(keys)
+        rows = torch.empty(keys.shape[0], self.shards[0].table.width)
+        for index, shard in enumerate(self.shards):
+            mine = (owner == index).nonzero().squeeze(1)
+            if mine.numel():
+                rows[mine] = shard.pull_rows(keys[mine]) if create else shard.peek_rows(keys[mine])
+        return rows
+
+    def push(self, gradient: Gradient) -> None:
+        """Split a batch's gradient by owner; every shard sees every batch, so tokens stay aligned."""
+        owner = self.owner(gradient.keys)
+        for index, shard in enumerate(self.shards):
+            mine = (owner == index).nonzero().squeeze(1)
+            shard.push(replace(gradient, keys=gradient.keys[mine], rows=gradient.rows[mine],
+                               dense=gradient.dense if index == 0 else None))
+
+    def drop(self, token: int) -> None:
+        for shard in self.shards:
+            shard.drop(token)
+
+
+@dataclass(frozen=True)
+class Faults:
+    slowdown: dict[int, float]  # worker -> factor
+    kill_after: dict[int, int]  # worker -> batches pushed before it dies
+
+    @classmethod
+    def parse(cls, stragglers: list[str], kills: list[str], workers: int) -> "Faults":
+        return cls(_parse(stragglers, "ps.stragglers", float, workers, minimum=1.0),
+                   _parse(kills, "ps.kill_workers", int, workers, minimum=0))
+
+
+def _parse(items: list[str], key: str, kind: type, workers: int, minimum: float) -> dict:
+    parsed = {}
+    for item in items:
+        try:
+            worker_text, value_text = str(item).split(":")
+            worker, value = int(worker_text), kind(value_text)
+        except ValueError:
+            raise ConfigError(f"{key}: {item!r} is not WORKER:{'SLOWDOWN' if kind is float else 'AFTER_STEPS'}") from None
+        if not 0 <= worker < workers:
+            raise ConfigError(f"{key}: worker {worker} does not exist (workers 0..{workers - 1})")
+        if value < minimum:
+            raise ConfigError(f"{key}: {item!r}: the value must be at least {minimum:g}")
+        parsed[worker] = value
+    return parsed
+
+
+class CtrWorker:
+    def __init__(self, index: int, router: ShardRouter, model: nn.Module, examples: CtrExamples,
+                 slowdown: float = 1.0, kill_after: int | None = None):
+        self.index = index
+        self.router = router
+        self.model = model  # a replica: its parameters are overwritten by every pull
+        self.examples = examples
+        self.slowdown = slowdown
+        self.kill_after = kill_after
+        self.pushed = 0
+        self.examples_done = 0
+        self.died = False
+
+    def run(self, data: DataList, gate: NoGate) -> None:
+        try:
+            while (item := data.take()) is not None:
+                position, batch, token = item
+                if self.kill_after is not None and self.pushed >= self.kill_after:
+                    self.died = True
+                    self.router.drop(token)  # the batch and its token are lost with the worker
+                    return
+                gate.wait(self.index, token)
+                started = time.perf_counter()
+                self.step(position, batch, token)
+                elapsed = time.perf_counter() - started
+                if self.slowdown > 1.0:
+                    time.sleep(elapsed * (self.slowdown - 1.0))
+                self.pushed += 1
+                self.examples_done += batch.shape[0]
+                gate.done(self.index)
+        finally:
+            gate.leave(self.index)
+
+    def step(self, position: int, batch: Tensor, token: int) -> None:
+        examples = self.examples.subset(batch)
+        keys, inverse = batch_keys(examples)
+        rows = self.router.pull_rows(keys).requires_grad_(True)
+        dense_state, pulled_step = self.router.shards[0].pull_dense()
+        self.model.load_state_dict(dense_state)
+        self.model.zero_grad(set_to_none=True)
+        loss = F.binary_cross_entropy_with_logits(forward(self.model, examples, rows, inverse), examples.labels)
+        loss.backward()
+        dense = {name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                 for name, p in self.model.named_parameters()}
+        self.router.push(Gradient(self.index, position, token, batch.shape[0], keys, rows.grad, dense, pulled_step))
+
+
+def batch_keys(examples: CtrExamples) -> tuple[Tensor, Tensor]:
+    """The batch's unique feature keys, and each key slot's index into them (single fields first,
+    then the valid bag entries in order)."""
+    present = examples.bags[examples.bags >= 0]
+    return torch.unique(torch.cat([examples.keys.flatten(), present]), return_inverse=True)
+
+
+def forward(model: nn.Module, examples: CtrExamples, rows: Tensor, inverse: Tensor) -> Tensor:
+    """Logits of a batch from its unique rows [U, W] (gathered per field, bags sum-pooled)."""
+    size, fields = examples.keys.shape
+    single = rows.index_select(0, inverse[: size * fields]).view(size, fields, -1)  # [B, F, W]
+    if examples.bags.shape[1]:
+        mask = examples.bags >= 0  # [B, Fb, L]
+        bag_rows = rows.new_zeros(*examples.bags.shape, rows.shape[1])
+        bag_rows = bag_rows.index_put((*mask.nonzero().unbind(1),), rows.index_select(0, inverse[size * fields:]))
+        single = torch.cat([single, pool_bags(bag_rows, mask)], dim=1)  # [B, F + Fb, W]
+    return model(single, examples.dense)
