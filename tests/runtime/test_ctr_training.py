@@ -1,0 +1,145 @@
+"""The parameter-server runtime end to end on small synthetic CTR data: each mode against its
+definition, the single-worker sync run against a naive single-process reference, fault injection."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cadence.api_ctr import build_ctr_trainer
+from cadence.config import load_config
+from cadence.data.synthetic_ctr import synthetic_ctr
+from cadence.models.ctr import CTR_MODELS
+from cadence.runtime.embedding_table import hashed_normal
+from cadence.store.embedding_store import derive_seed
+from cadence.strategies.parameter_server import PS_MODES
+from cadence.training.run_directory import RunDirectory
+
+EXAMPLES, BATCH = 960, 64  # 768 training examples: 12 batches per epoch
+
+
+def small_data():
+    dataset = synthetic_ctr(num_examples=EXAMPLES, num_fields=3, vocab_per_field=40, zipf_exponent=1.1, dim=4, seed=5)
+    train, valid, test = dataset.random_split(0)
+    return dataset, {"train": train, "valid": valid, "test": test}
+
+
+def trainer_for(tmp_path: Path, *overrides: str):
+    config = load_config(None, ["task=ctr", "model.name=fm", "model.dim=4", "model.init_std=0.1",
+                                f"train.batch_size={BATCH}", "train.epochs=2", "eval.every=1", "progress=false",
+                                "optimizer.lr=0.1", "optimizer.dense=adagrad", "threads=1", *overrides])
+    dataset, splits = small_data()
+    run = RunDirectory(tmp_path / "run")
+    run.create(config, overwrite=True)
+    fields = len(dataset.field_names) + len(dataset.bag_names)
+    return build_ctr_trainer(config, dataset.name, splits, fields, len(dataset.dense_names), run), config, splits
+
+
+def table_snapshot(trainer) -> dict[int, torch.Tensor]:
+    shard = trainer.router.shards[0]
+    values = shard.table.store.values[: shard.table.size]
+    return {int(k): values[int(r)].clone() for k, r in zip(shard.table.keys, shard.table.rows_of_keys)}
+
+
+def test_sync_with_one_worker_equals_single_process_training(tmp_path: Path) -> None:
+    trainer, config, splits = trainer_for(tmp_path, "strategy=sync", "ps.workers=1")
+    initial_dense = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.fit()
+
+    # the reference: one process, a dict of rows, per-row Adagrad, no server, no tokens
+    torch.manual_seed(derive_seed(config.seed, "ctr-model"))
+    model = CTR_MODELS.get("fm")(3, 0, 4, tuple(config.ctr.hidden), 0.0)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in initial_dense.items())
+    dense_optimizer = torch.optim.Adagrad(model.parameters(), lr=0.1, eps=1e-10)
+    table_seed = derive_seed(config.seed, "ctr-table") & 0xFFFFFFFF
+    rows: dict[int, torch.Tensor] = {}
+    state: dict[int, float] = {}
+    train = splits["train"]
+    for epoch in range(2):
+        generator = torch.Generator().manual_seed(derive_seed(config.seed, "ctr-shuffle", epoch))
+        for batch in torch.randperm(len(train), generator=generator).split(BATCH):
+            examples = train.subset(batch)
+            for key in examples.keys.flatten().tolist():
+                if key not in rows:
+                    rows[key] = hashed_normal(torch.tensor([key]), 5, 0.1, table_seed)[0]
+                    state[key] = 0.0
+            keys = sorted({k for k in examples.keys.flatten().tolist()})
+            leaf = torch.stack([rows[k] for k in keys]).requires_grad_(True)
+            index = {k: i for i, k in enumerate(keys)}
+            field_rows = torch.stack([torch.stack([leaf[index[k]] for k in example]) for example in examples.keys.tolist()])
+            loss = F.binary_cross_entropy_with_logits(model(field_rows, examples.dense), examples.labels)
+            dense_optimizer.zero_grad()
+            loss.backward()
+            dense_optimizer.step()
+            for k, i in index.items():
+                g = leaf.grad[i]
+                state[k] += float((g * g).mean())
+                rows[k] = rows[k] - 0.1 * g / (math.sqrt(state[k]) + 1e-10)
+    snapshot = table_snapshot(trainer)
+    assert snapshot.keys() == rows.keys()
+    for key, value in rows.items():
+        assert torch.allclose(snapshot[key], value, atol=1e-5), key
+    for name, value in model.state_dict().items():
+        assert torch.allclose(trainer.model.state_dict()[name], value, atol=1e-5), name
+
+
+def test_gba_with_infinite_tolerance_equals_bsp_end_to_end(tmp_path: Path) -> None:
+    snapshots = []
+    for mode in ("gba", "bsp"):
+        trainer, _, _ = trainer_for(tmp_path / mode, f"strategy={mode}", "ps.workers=1", "ps.buffer=3",
+                                    "ps.tolerance=1000000")
+        summary = trainer.fit()
+        snapshots.append((table_snapshot(trainer), summary["global_steps"]))
+    (first, steps), (second, bsp_steps) = snapshots
+    assert steps == bsp_steps == 2 * 4  # 12 batches per epoch, M = 3
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+@pytest.mark.parametrize("mode, steps_per_epoch", [("sync", 3), ("async", 12), ("bsp", 3), ("gba", 3),
+                                                   ("hop_bs", 12), ("hop_bw", 3)])
+def test_each_mode_counts_steps_and_examples_exactly(tmp_path: Path, mode: str, steps_per_epoch: int) -> None:
+    trainer, _, splits = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=4")
+    summary = trainer.fit()
+    assert summary["global_steps"] == 2 * steps_per_epoch
+    assert summary["examples_seen"] == 2 * len(splits["train"])
+    applied, dropped = summary["gradients_applied"], summary["gradients_dropped"]
+    assert applied + dropped == 2 * 12
+    if mode == "hop_bw":
+        assert dropped == 2 * 3  # one backup gradient per step of 4
+    elif mode in ("sync", "bsp"):
+        assert dropped == 0
+    if mode == "sync":
+        assert summary["staleness_max"] == 0
+    assert 0.0 <= summary["auc"] <= 1.0
+
+
+def test_every_mode_is_covered() -> None:
+    assert set(PS_MODES.names()) == {"sync", "async", "bsp", "gba", "hop_bs", "hop_bw"}
+
+
+@pytest.mark.parametrize("mode", ["sync", "gba", "hop_bs", "hop_bw"])
+def test_a_killed_worker_drops_one_batch_and_the_run_finishes(tmp_path: Path, mode: str) -> None:
+    trainer, _, splits = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=3", 'ps.kill_workers=["1:1"]')
+    summary = trainer.fit()
+    assert summary["workers_killed"] == [1]
+    batch_sizes = [BATCH] * 12
+    assert summary["examples_seen"] == 2 * len(splits["train"]) - BATCH  # exactly the dropped batch
+    assert summary["epochs"] == 2 and sum(batch_sizes) == len(splits["train"])
+
+
+def test_a_straggler_processes_fewer_batches(tmp_path: Path) -> None:
+    trainer, _, _ = trainer_for(tmp_path, "strategy=async", "ps.workers=2", 'ps.stragglers=["0:6"]', "train.epochs=3")
+    summary = trainer.fit()
+    slow, fast = summary["worker_examples_per_second"]
+    assert slow < 0.6 * fast
+
+
+def test_fault_specs_are_validated(tmp_path: Path) -> None:
+    from cadence.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="worker 7 does not exist"):
+        trainer_for(tmp_path, "strategy=gba", "ps.workers=2", 'ps.stragglers=["7:2"]')
+    with pytest.raises(ConfigError, match="is not WORKER:AFTER_STEPS"):
+        trainer_for(tmp_path, "strategy=gba", "ps.workers=2", 'ps.kill_workers=["x"]')
