@@ -52,7 +52,7 @@ def test_train_eval_export_on_a_user_directory(tiny_graph: Path, tmp_path: Path,
 def test_data_list_names_the_registered_datasets(capsys) -> None:
     assert main(["data", "list"]) == 0
     listed = capsys.readouterr().out
-    for name in ("umls", "kinships", "nations", "synthetic"):
+    for name in ("umls", "kinships", "nations", "synthetic", "ml-100k", "synthetic-ctr"):
         assert name in listed
 
 

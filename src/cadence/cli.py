@@ -118,18 +118,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _data(args: argparse.Namespace) -> int:
+    from cadence.data.ctr import CTR_DATASETS
     from cadence.data.datasets import DATASETS
 
+    registries = {"kge": DATASETS, "ctr": CTR_DATASETS}
     if args.data_command == "list":
         rows = []
-        for name in DATASETS:
-            dataset = DATASETS.get(name)
-            status = "generated" if dataset.source is None else ("yes" if dataset.is_fetched() else "no")
-            rows.append((name, status, dataset.description))
-        _print_table(["dataset", "fetched", "description"], rows)
+        for task, registry in registries.items():
+            for name in registry:
+                dataset = registry.get(name)
+                status = "generated" if dataset.source is None else ("yes" if dataset.is_fetched() else "no")
+                rows.append((name, task, status, dataset.description))
+        _print_table(["dataset", "task", "fetched", "description"], rows)
         return 0
     for name in args.names:
-        directory = DATASETS.get(name).fetch()
+        registry = CTR_DATASETS if name in CTR_DATASETS else DATASETS
+        directory = registry.get(name).fetch()
         print(f"{name}: {directory}" if directory else f"{name}: generated on demand, nothing to fetch")
     return 0
 
@@ -166,19 +170,19 @@ def _compare(args: argparse.Namespace) -> int:
 
 def print_comparison(comparison: dict[str, Any]) -> None:
     entries = comparison["strategies"]
-    baseline = next(iter(entries.values()))["summary"]["examples_per_second"] or 1.0
-    stat_keys = sorted({k for e in entries.values() for k in e["summary"]
-                        if k in ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes",
-                                 "peak_cache_rows", "evicted_rows")})
-    header = ["strategy", "epochs", "train_seconds", "examples/s", "speedup", "mrr", "hits@10", *stat_keys]
+    summaries = [entry["summary"] for entry in entries.values()]
+    baseline = summaries[0]["examples_per_second"] or 1.0
+    metrics = ["auc", "logloss"] if "auc" in summaries[0] else ["mrr", "hits@10"]
+    counters = ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes", "peak_cache_rows", "evicted_rows",
+                "global_steps", "gradients_dropped", "staleness_mean", "staleness_max")
+    stat_keys = [k for k in counters if any(k in summary for summary in summaries)]
+    header = ["strategy", "epochs", "train_seconds", "examples/s", "speedup", *metrics, *stat_keys]
     rows = []
-    for name, entry in entries.items():
-        summary = entry["summary"]
+    for name, summary in zip(entries, summaries):
         rows.append([name, summary["epochs"], f"{summary['train_seconds']:.2f}",
-                     f"{summary['examples_per_second']:,.0f}",
-                     f"{summary['examples_per_second'] / baseline:.2f}x",
-                     _format(summary.get("mrr", float("nan"))), _format(summary.get("hits@10", float("nan"))),
-                     *(summary.get(k, "-") for k in stat_keys)])
+                     f"{summary['examples_per_second']:,.0f}", f"{summary['examples_per_second'] / baseline:.2f}x",
+                     *(_format(summary.get(k, float("nan"))) for k in metrics),
+                     *(_format(summary[k]) if k in summary else "-" for k in stat_keys)])
     _print_table(header, rows)
 
 

@@ -4,8 +4,6 @@ The references index single elements, so autograd through them also gives refere
 ``rows`` and for every dense parameter.
 """
 
-import math
-
 import pytest
 import torch
 from torch import Tensor, nn
@@ -169,8 +167,13 @@ def test_pool_bags_sums_the_present_rows() -> None:
             torch.testing.assert_close(pooled[b, f], expected)
 
 
-def planted_problem(examples=2000, fields=4, values=50, num_dense=2, seed=0):
-    """Labels drawn from a planted logistic model: one weight per (field, value), plus dense terms."""
+def planted_problem(examples=2000, fields=4, values=10, num_dense=2, seed=0):
+    """Labels drawn from a planted logistic model: one weight per (field, value), plus dense terms.
+
+    Ten values per field, not fifty: with fifty every example's key tuple is unique and the
+    pairwise models, unregularised, memorise the label noise (FM's held-out AUC falls to 0.63-0.70
+    while LR's is 0.88); with ten, each pair of values is seen a few times.
+    """
     generator = torch.Generator().manual_seed(seed)
     keys = torch.randint(values, (examples, fields), generator=generator) + torch.arange(fields) * values
     dense = torch.randn(examples, num_dense, generator=generator)
@@ -186,10 +189,10 @@ def test_each_model_learns_a_planted_problem(name: str) -> None:
     keys, dense, labels, num_keys = planted_problem()
     train, test = slice(0, 1500), slice(1500, None)
     torch.manual_seed(0)
-    dim = 8
+    dim = 4
     model = CTR_MODELS.get(name)(keys.shape[1], dense.shape[1], dim, hidden=(16,))
-    table = nn.Parameter(0.1 * torch.randn(num_keys, dim + 1))  # stands in for the store's rows
-    optimizer = torch.optim.Adam([table, *model.parameters()], lr=0.03)
+    table = nn.Parameter(0.01 * torch.randn(num_keys, dim + 1))  # stands in for the store's rows
+    optimizer = torch.optim.Adam([table, *model.parameters()], lr=0.02)
     for _ in range(150):
         optimizer.zero_grad()
         logits = model(table[keys[train]], dense[train])  # rows [N, F, dim+1]
@@ -198,4 +201,3 @@ def test_each_model_learns_a_planted_problem(name: str) -> None:
     with torch.no_grad():
         held_out = auc(model(table[keys[test]], dense[test]), labels[test])
     assert held_out > 0.7, f"{name}: held-out AUC {held_out:.3f}"
-    assert not math.isnan(held_out)
