@@ -136,3 +136,31 @@ def test_compare_rejects_unknown_strategies_before_training(tiny_graph: Path, tm
     done = run_cli("compare", "--strategies", "sync,asink", "--dataset", str(tiny_graph), "--out", str(tmp_path / "c"))
     assert done.returncode == 2 and "unknown strategy 'asink'" in done.stderr
     assert not (tmp_path / "c").exists()
+
+
+def test_ctr_train_on_movielens_writes_the_contracted_summary(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "ctr"
+    code = main(["-q", "train", "--task", "ctr", "--dataset", "ml-100k", "--model", "deepfm", "--strategy", "gba",
+                 "--workers", "4", "--epochs", "1", "--dim", "8", "--batch-size", "512", "--out", str(out),
+                 "--no-progress", "--straggler", "0:2", "--kill-worker", "3:5"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("auc", "logloss", "examples_per_second", "worker_examples_per_second", "global_steps",
+                "gradients_dropped", "staleness_mean", "staleness_max", "vocabulary_added", "workers_killed"):
+        assert key in summary, key
+    assert summary["strategy"] == "gba" and summary["workers_killed"] == [3]
+    assert 0.6 < summary["auc"] < 1.0
+    assert (out / "checkpoints" / "final" / "tensors.safetensors").exists()
+    assert "auc" in capsys.readouterr().out
+
+
+def test_ctr_mistakes_exit_2(tmp_path: Path) -> None:
+    done = run_cli("train", "--task", "ctr", "--dataset", "ml-100k", "--model", "deepfm", "--strategy", "gba",
+                   "--init-from", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x"))
+    assert done.returncode == 2 and "no final checkpoint" in done.stderr and not (tmp_path / "x").exists()
+    done = run_cli("train", "--task", "ctr", "--dataset", "ml-100k", "--model", "deepfm", "--strategy", "oac",
+                   "--out", str(tmp_path / "y"))
+    assert done.returncode == 2 and "unknown parameter-server strategy 'oac'" in done.stderr
+    done = run_cli("train", "--task", "ctr", "--dataset", "ml-100k", "--model", "deepfm", "--strategy", "gba",
+                   "--straggler", "9:2", "--out", str(tmp_path / "z"))
+    assert done.returncode == 2 and "worker 9 does not exist" in done.stderr

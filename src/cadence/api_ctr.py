@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from cadence.config import Config
+from cadence.errors import CheckpointError, ConfigError
 from cadence.data.ctr import load_ctr_dataset
 from cadence.models.ctr import CTR_MODELS
 from cadence.optim import ENTITY_OPTIMIZERS, dense_optimizer
@@ -35,7 +36,9 @@ def train_ctr(config: Config, overwrite: bool = False):
 
     check_ctr_names(config)
     dataset = load_ctr_dataset(config.data.dataset, config.seed)
-    train, valid, test = dataset.random_split(config.seed)
+    splits = ctr_splits(config, dataset)
+    if config.ctr.init_from and not Path(config.ctr.init_from, "checkpoints", "final").is_dir():
+        raise CheckpointError(f"{config.ctr.init_from}: no final checkpoint to start from")
     if config.out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         config.out = str(Path("runs") / f"{dataset.name}-{config.model.name}-{config.strategy}-{stamp}")
@@ -43,11 +46,27 @@ def train_ctr(config: Config, overwrite: bool = False):
     run.create(config, overwrite=overwrite)
     if config.threads:
         torch.set_num_threads(config.threads)
-    trainer = build_ctr_trainer(config, dataset.name, {"train": train, "valid": valid, "test": test},
+    trainer = build_ctr_trainer(config, dataset.name, splits,
                                 len(dataset.field_names) + len(dataset.bag_names), len(dataset.dense_names), run)
+    if config.ctr.init_from:
+        trainer.load_checkpoint(config.ctr.init_from)
     summary = trainer.fit()
     run.write_summary(summary)
     return TrainResult(run.path, summary, run.read_metrics())
+
+
+def ctr_splits(config: Config, dataset) -> dict:
+    """A random 80/10/10 split, or time-ordered periods for continual training."""
+    if config.ctr.split == "random":
+        train, valid, test = dataset.random_split(config.seed)
+        return {"train": train, "valid": valid, "test": test}
+    periods = dataset.periods(config.ctr.num_periods)
+    last = config.ctr.last_period if config.ctr.last_period >= 0 else len(periods) - 2
+    if not 0 <= config.ctr.first_period <= last <= len(periods) - 2:
+        raise ConfigError(f"ctr.first_period..ctr.last_period must lie in 0..{len(periods) - 2} (each trained "
+                          f"period is evaluated on the next of {len(periods)}); got "
+                          f"{config.ctr.first_period}..{config.ctr.last_period}")
+    return {"periods": periods}
 
 
 def build_ctr_trainer(config: Config, name: str, splits, num_fields: int, num_dense: int,

@@ -108,6 +108,11 @@ class ParameterServerConfig:
 class CtrModelConfig:
     hidden: list[int] = field(default_factory=lambda: [64, 32])  # MLP widths of deep models
     dropout: float = 0.0
+    split: Literal["random", "periods"] = "random"  # 80/10/10, or time-ordered periods ("days")
+    num_periods: int = 10  # split: periods -> consecutive equal-size periods by timestamp
+    first_period: int = 0  # continual training: train on period d, evaluate on d + 1, for d in
+    last_period: int = -1  # first_period..last_period (-1: the second to last period)
+    init_from: str | None = None  # start from another run's final checkpoint (e.g. switch sync -> gba)
 
 
 @dataclass

@@ -58,7 +58,7 @@ def test_sync_with_one_worker_equals_single_process_training(tmp_path: Path) -> 
     state: dict[int, float] = {}
     train = splits["train"]
     for epoch in range(2):
-        generator = torch.Generator().manual_seed(derive_seed(config.seed, "ctr-shuffle", epoch))
+        generator = torch.Generator().manual_seed(derive_seed(config.seed, "ctr-shuffle", -1, epoch))
         for batch in torch.randperm(len(train), generator=generator).split(BATCH):
             examples = train.subset(batch)
             for key in examples.keys.flatten().tolist():
@@ -143,3 +143,34 @@ def test_fault_specs_are_validated(tmp_path: Path) -> None:
         trainer_for(tmp_path, "strategy=gba", "ps.workers=2", 'ps.stragglers=["7:2"]')
     with pytest.raises(ConfigError, match="is not WORKER:AFTER_STEPS"):
         trainer_for(tmp_path, "strategy=gba", "ps.workers=2", 'ps.kill_workers=["x"]')
+
+
+def test_switching_modes_from_a_checkpoint_continues_the_same_model(tmp_path: Path) -> None:
+    sync, _, _ = trainer_for(tmp_path / "sync", "strategy=sync", "ps.workers=2")
+    sync.fit()  # writes checkpoints/final
+    saved = table_snapshot(sync)
+    gba, _, _ = trainer_for(tmp_path / "gba", "strategy=gba", "ps.workers=2")
+    gba.load_checkpoint(tmp_path / "sync" / "run")
+    assert table_snapshot(gba).keys() == saved.keys()
+    assert all(torch.equal(table_snapshot(gba)[k], v) for k, v in saved.items())
+    assert all(torch.equal(gba.model.state_dict()[k], v) for k, v in sync.model.state_dict().items())
+    assert gba.router.shards[0].global_step == sync.router.shards[0].global_step
+    summary = gba.fit()
+    assert summary["global_steps"] == 2 * sync.router.shards[0].global_step
+
+
+def test_continual_training_reports_every_next_period(tmp_path: Path) -> None:
+    config = load_config(None, ["task=ctr", "model.name=lr", "model.dim=4", "train.batch_size=64", "train.epochs=1",
+                                "progress=false", "strategy=gba", "ps.workers=2", "ctr.split=periods",
+                                "ctr.num_periods=4"])
+    dataset, _ = small_data()
+    from cadence.api_ctr import ctr_splits
+
+    run = RunDirectory(tmp_path / "run")
+    run.create(config)
+    trainer = build_ctr_trainer(config, dataset.name, ctr_splits(config, dataset), 3, 0, run)
+    summary = trainer.fit()
+    records = [r for r in run.read_metrics() if r["split"] == "next_period"]
+    assert [r["period"] for r in records] == [0, 1, 2]
+    assert summary["next_period_auc"] == [r["auc"] for r in records]
+    assert summary["auc"] == pytest.approx(sum(summary["next_period_auc"]) / 3)
