@@ -173,7 +173,7 @@ def print_comparison(comparison: dict[str, Any]) -> None:
     entries = comparison["strategies"]
     summaries = [entry["summary"] for entry in entries.values()]
     baseline = summaries[0]["examples_per_second"] or 1.0
-    metrics = ["auc", "logloss"] if "auc" in summaries[0] else ["mrr", "hits@10"]
+    metrics = ["auc", "logloss"] if summaries[0].get("task") == "ctr" else ["mrr", "hits@10"]
     counters = ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes", "peak_cache_rows", "evicted_rows",
                 "global_steps", "gradients_dropped", "staleness_mean", "staleness_max")
     stat_keys = [k for k in counters if any(k in summary for summary in summaries)]

@@ -102,6 +102,7 @@ class ParameterServerConfig:
     backup_workers: int = 1  # hop_bw: aggregate the first workers - backup_workers gradients of a step
     stragglers: list[str] = field(default_factory=list)  # "WORKER:SLOWDOWN": fault injection
     kill_workers: list[str] = field(default_factory=list)  # "WORKER:AFTER_STEPS": fault injection
+    emulated_latency: float = 0.0  # seconds each batch spends off this machine (emulates one machine per worker)
 
 
 @dataclass
@@ -165,7 +166,7 @@ _POSITIVE = {
     "checkpoint.keep", "pipeline.staleness_bound", "pipeline.loader_threads", "pipeline.writer_threads",
     "pipeline.queue_size", "pipeline.stall_timeout", "ps.workers", "ps.shards",
 }
-_NON_NEGATIVE = {"ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
+_NON_NEGATIVE = {"ps.emulated_latency", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout"}
 
 

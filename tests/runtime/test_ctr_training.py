@@ -119,14 +119,22 @@ def test_every_mode_is_covered() -> None:
     assert set(PS_MODES.names()) == {"sync", "async", "bsp", "gba", "hop_bs", "hop_bw"}
 
 
-@pytest.mark.parametrize("mode", ["sync", "gba", "hop_bs", "hop_bw"])
-def test_a_killed_worker_drops_one_batch_and_the_run_finishes(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize("mode, lost_batches", [
+    ("gba", 1), ("hop_bs", 1),  # shared data list: the batch the worker died with; others take the rest
+    ("sync", 7), ("hop_bw", 7),  # one batch per worker per step: worker 1 owns batches 1, 4, 7, 10 of
+])                               # each epoch; it pushes batch 1, dies with 4, and 7, 10 and epoch 2's 4 are lost
+def test_a_killed_worker_loses_its_batch_and_the_run_finishes(tmp_path: Path, mode: str, lost_batches: int) -> None:
     trainer, _, splits = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=3", 'ps.kill_workers=["1:1"]')
     summary = trainer.fit()
-    assert summary["workers_killed"] == [1]
-    batch_sizes = [BATCH] * 12
-    assert summary["examples_seen"] == 2 * len(splits["train"]) - BATCH  # exactly the dropped batch
-    assert summary["epochs"] == 2 and sum(batch_sizes) == len(splits["train"])
+    assert summary["workers_killed"] == [1] and summary["epochs"] == 2
+    assert summary["examples_seen"] == 2 * len(splits["train"]) - lost_batches * BATCH
+
+
+def test_sync_gives_each_worker_one_batch_per_step(tmp_path: Path) -> None:
+    trainer, _, _ = trainer_for(tmp_path, "strategy=sync", "ps.workers=3", 'ps.stragglers=["0:5"]')
+    summary = trainer.fit()
+    assert summary["global_steps"] == 2 * 4
+    assert trainer.worker_examples == [2 * 4 * BATCH] * 3  # the straggler too: everyone waits for it
 
 
 def test_a_straggler_processes_fewer_batches(tmp_path: Path) -> None:

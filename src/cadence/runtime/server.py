@@ -111,27 +111,63 @@ class ServerShard:
 
 
 class DataList:
-    """Hands out (batch position j, batch, token) with token = first_token + floor(j / M), and
-    tells the shards when a token is closed (all its batches handed out)."""
+    """Hands out (batch position j, batch, token) with token = first_token + floor(j / M).
 
-    def __init__(self, batches: list[Tensor], per_token: int, first_token: int, shards: list[ServerShard]):
+    ``shared``: any worker takes the next batch, so fast workers take more (async, bsp, gba,
+    hop_bs: the paper's data list). ``per_worker``: worker i computes batches i, i + N, i + 2N, ...:
+    exactly one local batch per worker per step, as synchronous training does (sync, hop_bw); the
+    share of a dead worker is dropped. Shards are told when every batch of a token has been handed
+    out or dropped (``close_token``), and of each drop.
+    """
+
+    def __init__(self, batches: list[Tensor], per_token: int, first_token: int, shards: list[ServerShard],
+                 workers: int = 1, per_worker: bool = False):
         self.batches = batches
         self.per_token = per_token
         self.first_token = first_token
         self.shards = shards
+        self.per_worker = per_worker
+        self.queues = [list(range(w, len(batches), workers)) for w in range(workers)] if per_worker else None
         self.next = 0
+        self.settled: dict[int, int] = {}  # token -> batches handed out or dropped so far
         self.lock = threading.Lock()
 
-    def take(self) -> tuple[int, Tensor, int] | None:
+    def take(self, worker: int = 0) -> tuple[int, Tensor, int] | None:
         with self.lock:
-            if self.next >= len(self.batches):
-                return None
-            j = self.next
-            self.next += 1
-        token = self.first_token + j // self.per_token
-        last_of_token = (j + 1) % self.per_token == 0 or j + 1 == len(self.batches)
-        if last_of_token:
-            handed = j % self.per_token + 1
-            for shard in self.shards:
-                shard.close_token(token, handed)
+            if self.per_worker:
+                if not self.queues[worker]:
+                    return None
+                j = self.queues[worker].pop(0)
+            else:
+                if self.next >= len(self.batches):
+                    return None
+                j = self.next
+                self.next += 1
+        token = self.token_of(j)
+        self._settle(token)
         return j, self.batches[j], token
+
+    def abandon(self, worker: int) -> None:
+        """A worker died: with per-worker queues its remaining batches are dropped."""
+        if not self.per_worker:
+            return
+        with self.lock:
+            remaining, self.queues[worker] = self.queues[worker], []
+        for j in remaining:
+            token = self.token_of(j)
+            for shard in self.shards:
+                shard.drop(token)
+            self._settle(token)
+
+    def token_of(self, j: int) -> int:
+        return self.first_token + j // self.per_token
+
+    def _settle(self, token: int) -> None:
+        start = (token - self.first_token) * self.per_token
+        size = min(self.per_token, len(self.batches) - start)
+        with self.lock:
+            self.settled[token] = self.settled.get(token, 0) + 1
+            complete = self.settled[token] == size
+        if complete:
+            for shard in self.shards:
+                shard.close_token(token, size)

@@ -88,28 +88,32 @@ def _parse(items: list[str], key: str, kind: type, workers: int, minimum: float)
 
 class CtrWorker:
     def __init__(self, index: int, router: ShardRouter, model: nn.Module, examples: CtrExamples,
-                 slowdown: float = 1.0, kill_after: int | None = None):
+                 slowdown: float = 1.0, kill_after: int | None = None, emulated_latency: float = 0.0):
         self.index = index
         self.router = router
         self.model = model  # a replica: its parameters are overwritten by every pull
         self.examples = examples
         self.slowdown = slowdown
         self.kill_after = kill_after
+        self.emulated_latency = emulated_latency
         self.pushed = 0
         self.examples_done = 0
         self.died = False
 
     def run(self, data: DataList, gate: NoGate) -> None:
         try:
-            while (item := data.take()) is not None:
+            while (item := data.take(self.index)) is not None:
                 position, batch, token = item
                 if self.kill_after is not None and self.pushed >= self.kill_after:
                     self.died = True
                     self.router.drop(token)  # the batch and its token are lost with the worker
+                    data.abandon(self.index)
                     return
                 gate.wait(self.index, token)
                 started = time.perf_counter()
                 self.step(position, batch, token)
+                if self.emulated_latency:
+                    time.sleep(self.emulated_latency)  # as if the batch ran on a machine of its own
                 elapsed = time.perf_counter() - started
                 if self.slowdown > 1.0:
                     time.sleep(elapsed * (self.slowdown - 1.0))

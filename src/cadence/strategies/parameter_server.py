@@ -23,13 +23,14 @@ class ParameterServerMode:
     gate: Callable[[ParameterServerConfig, ServerShard], NoGate]
     tokens_per_step: Callable[[ParameterServerConfig], int]  # batches per token: one global step's worth
     description: str
+    per_worker_batches: bool = False  # each worker computes exactly one local batch per step
 
 
 PS_MODES: Registry[ParameterServerMode] = Registry("parameter-server strategy")
 
 
-def _register(name: str, aggregation, gate, tokens_per_step, description: str) -> None:
-    PS_MODES.register(name)(ParameterServerMode(name, aggregation, gate, tokens_per_step, description))
+def _register(name: str, aggregation, gate, tokens_per_step, description: str, per_worker: bool = False) -> None:
+    PS_MODES.register(name)(ParameterServerMode(name, aggregation, gate, tokens_per_step, description, per_worker))
 
 
 _no_gate = lambda config, shard: NoGate()  # noqa: E731
@@ -38,7 +39,8 @@ _workers = lambda config: config.workers  # noqa: E731  global batch = workers x
 _buffer = lambda config: config.buffer or config.workers  # noqa: E731  global batch = M x local batch
 
 _register("sync", lambda c: PerStep(), lambda c, shard: StepBarrier(shard), _workers,
-          "a barrier per global step: every batch of a step is computed on the same parameters")
+          "a barrier per global step: each worker computes one batch per step, on the same parameters",
+          per_worker=True)
 _register("async", lambda c: ApplyEach(), _no_gate, _one_batch, "apply every gradient at once")
 _register("bsp", lambda c: Buffered(c.buffer or c.workers, math.inf, c.decay, c.normalizer), _no_gate, _buffer,
           "aggregate M gradients whatever their staleness")
@@ -47,4 +49,5 @@ _register("gba", lambda c: Buffered(c.buffer or c.workers, c.tolerance, c.decay,
 _register("hop_bs", lambda c: ApplyEach(), lambda c, shard: BoundedStaleness(c.workers, c.staleness), _one_batch,
           "apply each gradient; no worker runs more than `staleness` batches ahead of the slowest")
 _register("hop_bw", lambda c: PerStep(quorum=max(1, c.workers - c.backup_workers)), _no_gate, _workers,
-          "per step, aggregate the first workers - backup_workers gradients; drop the late ones")
+          "per step, aggregate the first workers - backup_workers gradients; drop the late ones",
+          per_worker=True)

@@ -102,11 +102,13 @@ class CtrTrainer:
         order = torch.randperm(len(train), generator=generator)
         batches = list(order.split(self.config.train.batch_size))
         shard = self.router.shards[0]
-        data = DataList(batches, self.mode.tokens_per_step(self.config.ps), shard.global_step, self.router.shards)
+        data = DataList(batches, self.mode.tokens_per_step(self.config.ps), shard.global_step, self.router.shards,
+                        self.config.ps.workers, self.mode.per_worker_batches)
         workers = [self._worker(index, train) for index in range(self.config.ps.workers) if index not in self.dead]
         gate = self.mode.gate(self.config.ps, shard)
         for index in self.dead:
             gate.leave(index)
+            data.abandon(index)
         started = time.perf_counter()
         ENGINES.get(self.config.ps.engine)().run(workers, data, gate)
         for server in self.router.shards:
@@ -125,7 +127,7 @@ class CtrTrainer:
         if kill_after is not None:
             kill_after = max(0, kill_after - self.worker_examples[index] // self.config.train.batch_size)
         return CtrWorker(index, self.router, copy.deepcopy(self.model), train,
-                         self.faults.slowdown.get(index, 1.0), kill_after)
+                         self.faults.slowdown.get(index, 1.0), kill_after, self.config.ps.emulated_latency)
 
     @torch.no_grad()
     def evaluate(self, examples: CtrExamples) -> dict[str, float]:
