@@ -107,7 +107,14 @@ class DeepTower(nn.Module):
 
 
 class CtrModel(nn.Module, ABC):
-    """Maps per-field rows and dense features to click logits; owns dense parameters only."""
+    """Maps per-field rows and dense features to click logits; owns dense parameters only.
+
+    A subclass declares the shared parts it uses (``has_linear``: the first-order term;
+    ``has_deep``: an MLP over the field embeddings and dense features) and combines them in ``logit``.
+    """
+
+    has_linear = False
+    has_deep = False
 
     def __init__(self, num_fields: int, num_dense: int, dim: int, hidden: tuple[int, ...] = (64, 32),
                  dropout: float = 0.0):
@@ -116,6 +123,10 @@ class CtrModel(nn.Module, ABC):
             raise ConfigError(f"a ctr model needs num_fields >= 1, num_dense >= 0 and dim >= 1; got "
                               f"{num_fields}, {num_dense}, {dim}")
         self.num_fields, self.num_dense, self.dim = num_fields, num_dense, dim
+        if self.has_linear:
+            self.linear = LinearTerm(num_dense)
+        if self.has_deep:
+            self.deep = DeepTower(num_fields, num_dense, dim, hidden, dropout)
 
     def forward(self, rows: Tensor, dense: Tensor) -> Tensor:
         """rows: [B, F, dim+1] per-field rows; dense: [B, D] numeric features -> logits [B]."""
@@ -135,10 +146,7 @@ class CtrModel(nn.Module, ABC):
 class LogisticRegression(CtrModel):
     """logit = b + sum_f w_f + <a, dense>; ``hidden`` and ``dropout`` are unused."""
 
-    def __init__(self, num_fields: int, num_dense: int, dim: int, hidden: tuple[int, ...] = (64, 32),
-                 dropout: float = 0.0):
-        super().__init__(num_fields, num_dense, dim, hidden, dropout)
-        self.linear = LinearTerm(num_dense)
+    has_linear = True
 
     def logit(self, vectors, weights, dense):
         return self.linear(weights, dense)
@@ -148,10 +156,7 @@ class LogisticRegression(CtrModel):
 class FactorizationMachine(CtrModel):
     """logit = linear + sum_{i<j} <v_i, v_j> (Rendle 2010); ``hidden`` and ``dropout`` are unused."""
 
-    def __init__(self, num_fields: int, num_dense: int, dim: int, hidden: tuple[int, ...] = (64, 32),
-                 dropout: float = 0.0):
-        super().__init__(num_fields, num_dense, dim, hidden, dropout)
-        self.linear = LinearTerm(num_dense)
+    has_linear = True
 
     def logit(self, vectors, weights, dense):
         return self.linear(weights, dense) + pairwise_interaction(vectors)
@@ -161,11 +166,8 @@ class FactorizationMachine(CtrModel):
 class WideAndDeep(CtrModel):
     """logit = linear + MLP([v_1..v_F, dense]) (Cheng et al. 2016), trained jointly."""
 
-    def __init__(self, num_fields: int, num_dense: int, dim: int, hidden: tuple[int, ...] = (64, 32),
-                 dropout: float = 0.0):
-        super().__init__(num_fields, num_dense, dim, hidden, dropout)
-        self.linear = LinearTerm(num_dense)
-        self.deep = DeepTower(num_fields, num_dense, dim, hidden, dropout)
+    has_linear = True
+    has_deep = True
 
     def logit(self, vectors, weights, dense):
         return self.linear(weights, dense) + self.deep(vectors, dense)
@@ -179,11 +181,8 @@ class DeepFM(CtrModel):
     input here, as Wide & Deep does, so that they reach the MLP too.
     """
 
-    def __init__(self, num_fields: int, num_dense: int, dim: int, hidden: tuple[int, ...] = (64, 32),
-                 dropout: float = 0.0):
-        super().__init__(num_fields, num_dense, dim, hidden, dropout)
-        self.linear = LinearTerm(num_dense)
-        self.deep = DeepTower(num_fields, num_dense, dim, hidden, dropout)
+    has_linear = True
+    has_deep = True
 
     def logit(self, vectors, weights, dense):
         return self.linear(weights, dense) + pairwise_interaction(vectors) + self.deep(vectors, dense)
