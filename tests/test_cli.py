@@ -152,6 +152,9 @@ def test_ctr_train_on_movielens_writes_the_contracted_summary(tmp_path: Path, ca
     assert 0.6 < summary["auc"] < 1.0
     assert (out / "checkpoints" / "final" / "tensors.safetensors").exists()
     assert "auc" in capsys.readouterr().out
+    for verb in (["eval", str(out)], ["export", str(out), "--out", str(tmp_path / "e")], ["train", "--resume", str(out)]):
+        assert main(verb) == 2
+        assert "supports knowledge-graph runs" in capsys.readouterr().err
 
 
 def test_ctr_mistakes_exit_2(tmp_path: Path) -> None:

@@ -72,6 +72,7 @@ def resume(run_dir: str | Path, overrides: dict[str, Any] | None = None,
     """Continue the run in ``run_dir`` from its newest valid checkpoint."""
     run = RunDirectory(run_dir)
     config = run.load_config()
+    _require_kge(config, run, "--resume", "start a new run from it with --init-from RUN_DIR")
     if overrides:
         unsupported = sorted(set(overrides) - RESUMABLE_KEYS)
         if unsupported:
@@ -128,6 +129,12 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
     plot_curves(curves, metric, "wall_seconds", "training wall seconds", title, out / "time_to_accuracy.png")
     plot_curves(curves, metric, "epoch", "epoch", title, out / "accuracy_per_epoch.png")
     return comparison
+
+
+def _require_kge(config: Config, run: RunDirectory, verb: str, instead: str) -> None:
+    if config.task != "kge":
+        raise CadenceError(f"{run.path}: {verb} supports knowledge-graph runs; this is a {config.task} run "
+                           f"({instead})")
 
 
 def _fit(trainer: Trainer, run: RunDirectory) -> TrainResult:
@@ -219,6 +226,7 @@ def evaluate(run_dir: str | Path, split: str = "test") -> dict[str, float]:
         raise ConfigError(f"split must be train, valid or test, got {split!r}")
     run = RunDirectory(run_dir)
     config = run.load_config()
+    _require_kge(config, run, "eval", "its summary.json and metrics.jsonl hold its AUC and logloss")
     config.store.backend = "memory"  # never touch the run's own table files
     graph = load_graph(config.data, config.seed)
     trainer = build_trainer(config, graph, run)
@@ -232,7 +240,7 @@ def export(run_dir: str | Path, out: str | Path, format: str = "npy") -> list[Pa
     if format != "npy":
         raise ConfigError(f"export format {format!r} is not supported (npy)")
     run = RunDirectory(run_dir)
-    run.load_config()
+    _require_kge(run.load_config(), run, "export", "its tables are in checkpoints/final/tensors.safetensors")
     tensors, _ = final_checkpoint(run)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
