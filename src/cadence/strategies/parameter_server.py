@@ -48,6 +48,6 @@ _register("gba", lambda c: Buffered(c.buffer or c.workers, c.tolerance, c.decay,
           "aggregate M gradients, dropping those staler than the tolerance iota")
 _register("hop_bs", lambda c: ApplyEach(), lambda c, shard: BoundedStaleness(c.workers, c.staleness), _one_batch,
           "apply each gradient; no worker runs more than `staleness` batches ahead of the slowest")
-_register("hop_bw", lambda c: PerStep(quorum=max(1, c.workers - c.backup_workers)), _no_gate, _workers,
+_register("hop_bw", lambda c: PerStep(quorum=max(1, c.workers - c.backup_workers)), lambda c, shard: StepBarrier(shard), _workers,
           "per step, aggregate the first workers - backup_workers gradients; drop the late ones",
           per_worker=True)
