@@ -8,7 +8,7 @@ import torch
 
 from cadence.config import DataConfig, SyntheticGraphConfig
 from cadence.data import fetch as fetching
-from cadence.data.datasets import DATASETS, load_graph
+from cadence.data.datasets import load_graph
 from cadence.data.synthetic import power_law_graph
 from cadence.errors import ConfigError, FetchError
 
