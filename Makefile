@@ -13,7 +13,7 @@ $(PY):
 # torch is pinned in pyproject to exactly 2.13.0 (the CPU wheel); any other spec pulls CUDA.
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[dev,plot]'
+	$(PIP) install -q -e '.[dev,plot,ray]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -72,6 +72,10 @@ def ctr_splits(config: Config, dataset) -> dict:
 def build_ctr_trainer(config: Config, name: str, splits, num_fields: int, num_dense: int,
                       run: RunDirectory) -> CtrTrainer:
     mode = PS_MODES.get(config.strategy)
+    if config.ps.engine == "ray":  # join (or start) the cluster before the first epoch; imports ray
+        from cadence.runtime.ray_engine import connect
+
+        connect(config.ps.ray_address, config.threads)
     torch.manual_seed(derive_seed(config.seed, "ctr-model"))
     model = CTR_MODELS.get(config.model.name)(num_fields, num_dense, config.model.dim,
                                              tuple(config.ctr.hidden), config.ctr.dropout)

@@ -92,7 +92,7 @@ class ParameterServerConfig:
     """The parameter-server runtime and its modes (task: ctr; GBA paper, SPEC section 3)."""
 
     workers: int = 4
-    engine: Literal["threads"] = "threads"
+    engine: Literal["threads", "ray"] = "threads"  # ray: servers and workers as Ray actors (pip install cadence[ray])
     shards: int = 1  # server shards; feature keys are routed by key % shards, dense parameters live on shard 0
     buffer: int = 0  # GBA / BSP gradient buffer M (global batch = M x train.batch_size); 0 = workers
     tolerance: int = 2  # GBA's staleness tolerance iota: gradients with step - token > iota are dropped
@@ -103,6 +103,7 @@ class ParameterServerConfig:
     stragglers: list[str] = field(default_factory=list)  # "WORKER:SLOWDOWN": fault injection
     kill_workers: list[str] = field(default_factory=list)  # "WORKER:AFTER_STEPS": fault injection
     emulated_latency: float = 0.0  # seconds each batch spends off this machine (emulates one machine per worker)
+    ray_address: str | None = None  # engine ray: the cluster to join ("HOST:PORT"); None = ray.init()'s default
 
 
 @dataclass

@@ -182,3 +182,22 @@ def test_continual_training_reports_every_next_period(tmp_path: Path) -> None:
     assert [r["period"] for r in records] == [0, 1, 2]
     assert summary["next_period_auc"] == [r["auc"] for r in records]
     assert summary["auc"] == pytest.approx(sum(summary["next_period_auc"]) / 3)
+
+
+def test_sync_is_reproducible_with_several_shards(tmp_path: Path) -> None:
+    """Regression: the step barrier once watched shard 0 only, so a worker could read another
+    shard's rows before that shard had applied the step."""
+    snapshots = []
+    for attempt in range(3):
+        trainer, _, _ = trainer_for(tmp_path / str(attempt), "strategy=sync", "ps.workers=3", "ps.shards=2",
+                                    "ps.emulated_latency=0.001")
+        trainer.fit()
+        tables = {}
+        for shard in trainer.router.shards:
+            values = shard.table.store.values[: shard.table.size]
+            tables.update({int(k): values[int(r)].clone() for k, r in zip(shard.table.keys, shard.table.rows_of_keys)})
+        snapshots.append((tables, {k: v.clone() for k, v in trainer.model.state_dict().items()}))
+    for tables, dense in snapshots[1:]:
+        assert tables.keys() == snapshots[0][0].keys()
+        assert all(torch.equal(tables[k], snapshots[0][0][k]) for k in tables)
+        assert all(torch.equal(dense[k], snapshots[0][1][k]) for k in dense)

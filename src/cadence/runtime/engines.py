@@ -1,5 +1,6 @@
 """Engines run the workers of one epoch. ``threads`` (the default) runs each worker in a thread of
-this process; torch releases the GIL inside its kernels, so workers overlap their compute."""
+this process; torch releases the GIL inside its kernels, so workers overlap their compute. ``ray``
+(``cadence.runtime.ray_engine``) runs the workers and the server shards as Ray actors."""
 
 from __future__ import annotations
 
@@ -32,3 +33,12 @@ class ThreadEngine:
             thread.join()
         if errors:
             raise errors[0]
+
+
+@ENGINES.register("ray")
+def ray_engine():
+    """Workers, server shards and the data list as Ray actors (``pip install cadence[ray]``); Ray is
+    imported here, when the engine is used, never by ``import cadence``."""
+    from cadence.runtime.ray_engine import RayEngine
+
+    return RayEngine()

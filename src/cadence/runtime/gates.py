@@ -23,12 +23,12 @@ class NoGate:
 
 
 class StepBarrier(NoGate):
-    def __init__(self, shard: ServerShard):
-        self.shard = shard
+    def __init__(self, shards: list[ServerShard]):
+        self.shards = shards  # every shard: rows and dense parameters must all belong to the step
 
     def wait(self, worker, token):
-        with self.shard.changed:
-            self.shard.changed.wait_for(lambda: self.shard.global_step >= token)
+        for shard in self.shards:
+            shard.wait_for_step(token)
 
 
 class BoundedStaleness(NoGate):

@@ -64,6 +64,11 @@ class ServerShard:
         with self.changed:
             self.aggregation.flush(self)
 
+    def wait_for_step(self, step: int) -> None:
+        """Block until this shard has applied ``step`` global steps."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.global_step >= step)
+
     # ---- what the aggregation drives (called with the lock held) --------------------------------
     def apply(self, gradients: list[Gradient], normalizer: float) -> None:
         if gradients:

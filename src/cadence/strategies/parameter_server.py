@@ -20,7 +20,7 @@ from cadence.runtime.server import ServerShard
 class ParameterServerMode:
     name: str
     aggregation: Callable[[ParameterServerConfig], Aggregation]
-    gate: Callable[[ParameterServerConfig, ServerShard], NoGate]
+    gate: Callable[[ParameterServerConfig, list[ServerShard]], NoGate]
     tokens_per_step: Callable[[ParameterServerConfig], int]  # batches per token: one global step's worth
     description: str
     per_worker_batches: bool = False  # each worker computes exactly one local batch per step
@@ -33,12 +33,12 @@ def _register(name: str, aggregation, gate, tokens_per_step, description: str, p
     PS_MODES.register(name)(ParameterServerMode(name, aggregation, gate, tokens_per_step, description, per_worker))
 
 
-_no_gate = lambda config, shard: NoGate()  # noqa: E731
+_no_gate = lambda config, shards: NoGate()  # noqa: E731
 _one_batch = lambda config: 1  # noqa: E731  every gradient is a step of its own
 _workers = lambda config: config.workers  # noqa: E731  global batch = workers x local batch
 _buffer = lambda config: config.buffer or config.workers  # noqa: E731  global batch = M x local batch
 
-_register("sync", lambda c: PerStep(), lambda c, shard: StepBarrier(shard), _workers,
+_register("sync", lambda c: PerStep(), lambda c, shards: StepBarrier(shards), _workers,
           "a barrier per global step: each worker computes one batch per step, on the same parameters",
           per_worker=True)
 _register("async", lambda c: ApplyEach(), _no_gate, _one_batch, "apply every gradient at once")
@@ -46,8 +46,8 @@ _register("bsp", lambda c: Buffered(c.buffer or c.workers, math.inf, c.decay, c.
           "aggregate M gradients whatever their staleness")
 _register("gba", lambda c: Buffered(c.buffer or c.workers, c.tolerance, c.decay, c.normalizer), _no_gate, _buffer,
           "aggregate M gradients, dropping those staler than the tolerance iota")
-_register("hop_bs", lambda c: ApplyEach(), lambda c, shard: BoundedStaleness(c.workers, c.staleness), _one_batch,
+_register("hop_bs", lambda c: ApplyEach(), lambda c, shards: BoundedStaleness(c.workers, c.staleness), _one_batch,
           "apply each gradient; no worker runs more than `staleness` batches ahead of the slowest")
-_register("hop_bw", lambda c: PerStep(quorum=max(1, c.workers - c.backup_workers)), lambda c, shard: StepBarrier(shard), _workers,
+_register("hop_bw", lambda c: PerStep(quorum=max(1, c.workers - c.backup_workers)), lambda c, shards: StepBarrier(shards), _workers,
           "per step, aggregate the first workers - backup_workers gradients; drop the late ones",
           per_worker=True)

@@ -105,7 +105,7 @@ class CtrTrainer:
         data = DataList(batches, self.mode.tokens_per_step(self.config.ps), shard.global_step, self.router.shards,
                         self.config.ps.workers, self.mode.per_worker_batches)
         workers = [self._worker(index, train) for index in range(self.config.ps.workers) if index not in self.dead]
-        gate = self.mode.gate(self.config.ps, shard)
+        gate = self.mode.gate(self.config.ps, self.router.shards)
         for index in self.dead:
             gate.leave(index)
             data.abandon(index)

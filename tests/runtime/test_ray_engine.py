@@ -1,0 +1,272 @@
+"""The Ray engine on a real Ray cluster: where a mode is deterministic (sync, or one worker) it must
+give exactly the thread engine's result; a killed worker's batch is dropped and the run finishes;
+an actor that dies unexpectedly fails the epoch instead of hanging; two Ray nodes give the same
+result as one process. The default tests share one local cluster (``local_cluster``); the two-node
+test starts its own (``slow``)."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from cadence.api_ctr import build_ctr_trainer  # noqa: E402
+from cadence.cli import main  # noqa: E402
+from cadence.config import load_config  # noqa: E402
+from cadence.data.synthetic_ctr import synthetic_ctr  # noqa: E402
+from cadence.runtime import ray_engine  # noqa: E402
+from cadence.training.run_directory import RunDirectory  # noqa: E402
+
+EXAMPLES, BATCH = 960, 64  # 768 training examples: 12 batches per epoch
+COUNTERS = ("global_steps", "gradients_applied", "gradients_dropped", "staleness_mean", "staleness_max",
+            "vocabulary_added", "examples_seen", "workers_killed")
+
+
+@pytest.fixture(scope="module")
+def local_cluster():
+    """One local Ray cluster for the module's default tests (ray.init costs 3-6 s here)."""
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray_engine.shutdown()
+    ray.shutdown()
+
+
+def small_data():
+    dataset = synthetic_ctr(num_examples=EXAMPLES, num_fields=3, vocab_per_field=40, zipf_exponent=1.1, dim=4, seed=5)
+    train, valid, test = dataset.random_split(0)
+    return dataset, {"train": train, "valid": valid, "test": test}
+
+
+def trainer_for(tmp_path: Path, *overrides: str):
+    config = load_config(None, ["task=ctr", "model.name=fm", "model.dim=4", "model.init_std=0.1",
+                                f"train.batch_size={BATCH}", "train.epochs=2", "eval.every=1", "progress=false",
+                                "optimizer.lr=0.1", "optimizer.dense=adagrad", "threads=1", *overrides])
+    dataset, splits = small_data()
+    run = RunDirectory(tmp_path / "run")
+    run.create(config, overwrite=True)
+    fields = len(dataset.field_names) + len(dataset.bag_names)
+    return build_ctr_trainer(config, dataset.name, splits, fields, len(dataset.dense_names), run)
+
+
+def final_state(trainer) -> tuple[dict[int, torch.Tensor], dict[str, torch.Tensor]]:
+    """Every shard's rows by feature key, and the dense parameters."""
+    rows = {}
+    for shard in trainer.router.shards:
+        table = shard.table
+        values = table.store.values[: table.size]
+        rows.update({int(k): values[int(r)].clone() for k, r in zip(table.keys, table.rows_of_keys)})
+    return rows, {name: value.clone() for name, value in trainer.model.state_dict().items()}
+
+
+def train_on_both(tmp_path: Path, *overrides: str):
+    """(summary, state) under the thread engine, then under the Ray engine."""
+    results = []
+    for engine in ("threads", "ray"):
+        trainer = trainer_for(tmp_path / engine, f"ps.engine={engine}", *overrides)
+        summary = trainer.fit()
+        results.append((summary, final_state(trainer)))
+    return results
+
+
+def assert_same(first, second, atol: float = 0.0) -> None:
+    (rows, dense), (other_rows, other_dense) = first, second
+    assert rows.keys() == other_rows.keys()
+    for key, value in rows.items():
+        assert torch.allclose(value, other_rows[key], rtol=0.0, atol=atol), key
+    assert dense.keys() == other_dense.keys()
+    for name, value in dense.items():
+        assert torch.allclose(value, other_dense[name], rtol=0.0, atol=atol), name
+
+
+def test_sync_with_four_workers_equals_the_thread_engine(tmp_path: Path, local_cluster) -> None:
+    (threads, threads_state), (on_ray, ray_state) = train_on_both(tmp_path, "strategy=sync", "ps.workers=4")
+    assert_same(threads_state, ray_state)
+    assert {k: on_ray[k] for k in COUNTERS} == {k: threads[k] for k in COUNTERS}
+    assert on_ray["auc"] == threads["auc"] and on_ray["staleness_max"] == 0
+    assert on_ray["global_steps"] == 2 * 3
+
+
+@pytest.mark.parametrize("mode, shards", [("async", 1), ("bsp", 1), ("gba", 1), ("hop_bs", 1), ("hop_bw", 1),
+                                          ("sync", 2), ("gba", 2)])
+def test_one_worker_equals_the_thread_engine_in_every_mode(tmp_path: Path, local_cluster, mode: str,
+                                                           shards: int) -> None:
+    (threads, threads_state), (on_ray, ray_state) = train_on_both(tmp_path, f"strategy={mode}", "ps.workers=1",
+                                                                  "ps.buffer=3", f"ps.shards={shards}")
+    assert_same(threads_state, ray_state)
+    assert {k: on_ray[k] for k in COUNTERS} == {k: threads[k] for k in COUNTERS}
+
+
+def test_one_worker_with_dropout_equals_the_thread_engine(tmp_path: Path, local_cluster) -> None:
+    """The worker actor continues the driver's random stream, as the worker thread does."""
+    (threads, threads_state), (on_ray, ray_state) = train_on_both(tmp_path, "strategy=gba", "ps.workers=1",
+                                                                  "model.name=deepfm", "ctr.hidden=[8]",
+                                                                  "ctr.dropout=0.3")
+    assert_same(threads_state, ray_state)
+    assert on_ray["auc"] == threads["auc"]
+
+
+@pytest.mark.parametrize("mode, steps_per_epoch", [("async", 12), ("gba", 3), ("hop_bs", 12)])
+def test_nondeterministic_modes_count_steps_and_examples_exactly(tmp_path: Path, local_cluster, mode: str,
+                                                                   steps_per_epoch: int) -> None:
+    summary = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=4", "ps.engine=ray").fit()
+    assert summary["global_steps"] == 2 * steps_per_epoch
+    assert summary["examples_seen"] == 2 * 768
+    assert summary["gradients_applied"] + summary["gradients_dropped"] == 2 * 12
+    assert 0.0 <= summary["auc"] <= 1.0
+
+
+def test_a_killed_worker_drops_its_batch_and_the_run_finishes(tmp_path: Path, local_cluster) -> None:
+    trainer = trainer_for(tmp_path, "strategy=gba", "ps.workers=3", 'ps.kill_workers=["1:1"]', "ps.engine=ray")
+    summary = trainer.fit()
+    assert summary["workers_killed"] == [1] and summary["epochs"] == 2
+    assert summary["examples_seen"] == 2 * 768 - BATCH  # exactly the batch worker 1 died with
+    assert summary["gradients_applied"] + summary["gradients_dropped"] == 2 * 12 - 1
+    assert 1 not in ray_engine._POOL.workers  # its actor was killed, the others are kept for reuse
+
+
+def test_a_killed_worker_under_sync_equals_the_thread_engine(tmp_path: Path, local_cluster) -> None:
+    (threads, threads_state), (on_ray, ray_state) = train_on_both(tmp_path, "strategy=sync", "ps.workers=3",
+                                                                  'ps.kill_workers=["1:1"]')
+    assert on_ray["workers_killed"] == [1]
+    assert {k: on_ray[k] for k in COUNTERS} == {k: threads[k] for k in COUNTERS}
+    assert on_ray["examples_seen"] < 2 * 768
+    assert_same(threads_state, ray_state)
+
+
+def write_criteo(path: Path, lines: int, seed: int) -> Path:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(lines):
+        cats = [f"{rng.randrange(12) * 977 + c:08x}" for c in range(26)]
+        dense = [str(rng.randrange(50)) for _ in range(13)]
+        rows.append("\t".join([str(int(rng.random() < 0.3)), *dense, *cats]))
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_the_cli_trains_on_ray_like_on_threads(tmp_path: Path, local_cluster) -> None:
+    data = write_criteo(tmp_path / "tiny.tsv", 400, seed=3)
+    summaries = []
+    for engine in ("threads", "ray"):
+        out = tmp_path / engine
+        code = main(["-q", "train", "--task", "ctr", "--dataset", str(data), "--model", "fm", "--dim", "4",
+                     "--epochs", "1", "--batch-size", "32", "--strategy", "sync", "--workers", "2",
+                     "--engine", engine, "--no-progress", "--out", str(out), "--set", "threads=1"])
+        assert code == 0
+        summaries.append(json.loads((out / "summary.json").read_text()))
+    threads, on_ray = summaries
+    assert on_ray["auc"] == threads["auc"] and on_ray["global_steps"] == threads["global_steps"] > 0
+
+
+@pytest.mark.timeout(120)
+def test_an_actor_that_dies_unexpectedly_fails_the_epoch_without_hanging(tmp_path: Path, local_cluster) -> None:
+    trainer = trainer_for(tmp_path, "strategy=sync", "ps.workers=2", 'ps.stragglers=["0:200"]', "ps.engine=ray",
+                          "train.epochs=1")
+    victim = ray_engine._pool(2).worker(1)
+    ray.get(victim.node_id.remote())  # started: it dies while the workers run, not while it starts
+    threading.Timer(1.0, lambda: ray.kill(victim, no_restart=True)).start()
+    started = time.perf_counter()
+    with pytest.raises(RuntimeError, match="worker 1's actor died"):
+        trainer.fit()
+    assert time.perf_counter() - started < 60
+    assert ray_engine._POOL.workers == {}  # the failed epoch's actors are all gone
+
+
+def test_import_cadence_does_not_import_ray_and_a_missing_ray_is_a_config_error() -> None:
+    code = ("import sys, cadence, cadence.api_ctr, cadence.runtime.engines as e; make = e.ENGINES.get('ray'); "
+            "assert 'ray' not in sys.modules, 'ray imported'\n"
+            "sys.modules['ray'] = None  # as if it were not installed\n"
+            "from cadence.errors import ConfigError\n"
+            "try:\n    make()\nexcept ConfigError as err:\n    assert 'cadence[ray]' in str(err), err\n"
+            "else:\n    raise AssertionError('no error without ray')")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- two Ray nodes on this machine -----------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def ray_command() -> str:
+    return str(Path(sys.executable).with_name("ray"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sync_on_a_two_node_cluster_equals_the_thread_engine(tmp_path: Path) -> None:
+    if ray.is_initialized():  # the module's local cluster, when the default tests ran first
+        ray_engine.shutdown()
+        ray.shutdown()
+    port = free_port()
+    temp_dir = Path(f"/tmp/cdn-ray-{os.getpid()}")  # its own: no other Ray user's cluster is found or touched
+    # Every process of a cluster, this driver included, must agree on token authentication. This
+    # process fixed its mode when Ray was loaded (token once a local ray.init ran here, which turns
+    # it on; disabled while RAY_AUTH_MODE is unset), so the cluster is started in the same mode.
+    auth = os.environ.get("RAY_AUTH_MODE", "disabled")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": auth}
+    address = f"127.0.0.1:{port}"
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str) -> None:
+        # `--block` keeps the command alive as the node's supervisor; its own process group lets the
+        # test end exactly this cluster's processes, by group id (not `ray stop`, which ends every
+        # Ray process of the user on this machine)
+        started.append(subprocess.Popen([ray_command(), "start", "--block", "--num-cpus=1",
+                                         "--node-ip-address=127.0.0.1", *args], env=env, start_new_session=True,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def wait_until(condition, what: str, seconds: float = 90) -> None:
+        deadline = time.monotonic() + seconds
+        while not condition():
+            assert time.monotonic() < deadline, what
+            assert all(process.poll() is None for process in started), f"a `ray start` exited: {what}"
+            time.sleep(0.5)
+
+    try:
+        start("--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}")
+        wait_until(lambda: subprocess.run([ray_command(), "status", f"--address={address}"], env=env,
+                                          capture_output=True).returncode == 0, "the head did not come up")
+        start(f"--address={address}")
+        ray.init(address=address)
+        wait_until(lambda: sum(1 for node in ray.nodes() if node["Alive"]) == 2, "the second node did not join")
+
+        threads_trainer = trainer_for(tmp_path / "threads", "strategy=sync", "ps.workers=3")
+        threads_summary = threads_trainer.fit()
+        ray_trainer = trainer_for(tmp_path / "ray", "strategy=sync", "ps.workers=3", "ps.engine=ray",
+                                  f"ps.ray_address={address}")
+        ray_summary = ray_trainer.fit()
+        assert_same(final_state(threads_trainer), final_state(ray_trainer))
+        assert {k: ray_summary[k] for k in COUNTERS} == {k: threads_summary[k] for k in COUNTERS}
+        pool = ray_engine._POOL
+        hosts = [*pool.shards, pool.coordinator, *pool.workers.values()]
+        assert len(set(ray.get([host.node_id.remote() for host in hosts]))) == 2, "actors on both nodes"
+    finally:
+        ray_engine.shutdown()
+        ray.shutdown()
+        for process in reversed(started):  # the second node first, while the head can still drain it
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)  # the supervisor stops its node's processes
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    pass
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # whatever of the group is left
+            except ProcessLookupError:
+                pass
+            process.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
