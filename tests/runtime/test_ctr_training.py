@@ -10,37 +10,19 @@ import torch.nn.functional as F
 
 from cadence.api_ctr import build_ctr_trainer
 from cadence.config import load_config
-from cadence.data.synthetic_ctr import synthetic_ctr
 from cadence.models.ctr import CTR_MODELS
 from cadence.runtime.embedding_table import hashed_normal
 from cadence.store.embedding_store import derive_seed
 from cadence.strategies.parameter_server import PS_MODES
 from cadence.training.run_directory import RunDirectory
 
-EXAMPLES, BATCH = 960, 64  # 768 training examples: 12 batches per epoch
+from tests.runtime.ctr_helpers import BATCH, final_state, make_trainer, small_data
 
-
-def small_data():
-    dataset = synthetic_ctr(num_examples=EXAMPLES, num_fields=3, vocab_per_field=40, zipf_exponent=1.1, dim=4, seed=5)
-    train, valid, test = dataset.random_split(0)
-    return dataset, {"train": train, "valid": valid, "test": test}
-
-
-def trainer_for(tmp_path: Path, *overrides: str):
-    config = load_config(None, ["task=ctr", "model.name=fm", "model.dim=4", "model.init_std=0.1",
-                                f"train.batch_size={BATCH}", "train.epochs=2", "eval.every=1", "progress=false",
-                                "optimizer.lr=0.1", "optimizer.dense=adagrad", "threads=1", *overrides])
-    dataset, splits = small_data()
-    run = RunDirectory(tmp_path / "run")
-    run.create(config, overwrite=True)
-    fields = len(dataset.field_names) + len(dataset.bag_names)
-    return build_ctr_trainer(config, dataset.name, splits, fields, len(dataset.dense_names), run), config, splits
+trainer_for = make_trainer
 
 
 def table_snapshot(trainer) -> dict[int, torch.Tensor]:
-    shard = trainer.router.shards[0]
-    values = shard.table.store.values[: shard.table.size]
-    return {int(k): values[int(r)].clone() for k, r in zip(shard.table.keys, shard.table.rows_of_keys)}
+    return final_state(trainer)[0]
 
 
 def test_sync_with_one_worker_equals_single_process_training(tmp_path: Path) -> None:
@@ -192,11 +174,7 @@ def test_sync_is_reproducible_with_several_shards(tmp_path: Path) -> None:
         trainer, _, _ = trainer_for(tmp_path / str(attempt), "strategy=sync", "ps.workers=3", "ps.shards=2",
                                     "ps.emulated_latency=0.001")
         trainer.fit()
-        tables = {}
-        for shard in trainer.router.shards:
-            values = shard.table.store.values[: shard.table.size]
-            tables.update({int(k): values[int(r)].clone() for k, r in zip(shard.table.keys, shard.table.rows_of_keys)})
-        snapshots.append((tables, {k: v.clone() for k, v in trainer.model.state_dict().items()}))
+        snapshots.append(final_state(trainer))
     for tables, dense in snapshots[1:]:
         assert tables.keys() == snapshots[0][0].keys()
         assert all(torch.equal(tables[k], snapshots[0][0][k]) for k in tables)
