@@ -107,8 +107,7 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
         strategy_registry(config.task).get(name)
     if len(set(strategies)) != len(strategies):
         raise ConfigError(f"a strategy is listed twice: {','.join(strategies)}")
-    if config.task != "ctr":
-        _check_names(config)
+    _check_names(config)
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CadenceError(f"{out}: the comparison directory is not empty; use --overwrite or another --out")

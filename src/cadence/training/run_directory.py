@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,6 @@ class RunDirectory:
         if overwrite and self.path.exists():
             for name in (CONFIG, METRICS, SUMMARY):
                 (self.path / name).unlink(missing_ok=True)
-            import shutil
-
             shutil.rmtree(self.path / "checkpoints", ignore_errors=True)
         self.path.mkdir(parents=True, exist_ok=True)
         write_atomic(self.config_path, config.to_yaml())
