@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -31,7 +30,7 @@ from cadence.store.embedding_store import create_store, derive_seed
 from cadence.strategies import STRATEGIES
 from cadence.training import checkpoint as ckpt
 from cadence.training.batch_order import BatchOrder
-from cadence.training.run_directory import RunDirectory, write_atomic  # noqa: F401  (re-exported)
+from cadence.training.run_directory import RunDirectory, default_run_dir, write_atomic  # noqa: F401  (re-exported)
 from cadence.training.trainer import Trainer, TrainerHook
 
 log = logging.getLogger("cadence")
@@ -58,8 +57,7 @@ def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] 
         edges = graph.train.shape[0] * (2 if config.train.reciprocal else 1)
         BatchOrder.load(config.batch_order).check(-(-edges // config.train.batch_size), config.train.epochs)
     if config.out is None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        config.out = str(Path("runs") / f"{graph.name}-{config.model.name}-{config.strategy}-{stamp}")
+        config.out = default_run_dir(graph.name, config.model.name, config.strategy)
     run = RunDirectory(config.out)
     run.create(config, overwrite=overwrite)
     write_id_maps(graph, run.path)

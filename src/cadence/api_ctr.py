@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
@@ -20,7 +19,7 @@ from cadence.runtime.worker import Faults
 from cadence.store.embedding_store import derive_seed
 from cadence.strategies.parameter_server import PS_MODES
 from cadence.training.ctr_trainer import CtrTrainer
-from cadence.training.run_directory import RunDirectory
+from cadence.training.run_directory import RunDirectory, default_run_dir
 
 
 def check_ctr_names(config: Config) -> None:
@@ -40,8 +39,7 @@ def train_ctr(config: Config, overwrite: bool = False):
     if config.ctr.init_from and not Path(config.ctr.init_from, "checkpoints", "final").is_dir():
         raise CheckpointError(f"{config.ctr.init_from}: no final checkpoint to start from")
     if config.out is None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        config.out = str(Path("runs") / f"{dataset.name}-{config.model.name}-{config.strategy}-{stamp}")
+        config.out = default_run_dir(dataset.name, config.model.name, config.strategy)
     run = RunDirectory(config.out)
     run.create(config, overwrite=overwrite)
     if config.threads:

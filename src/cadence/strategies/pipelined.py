@@ -93,6 +93,9 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
                 "peak_cache_rows": self.cache.peak_rows, "evicted_rows": self.cache.evicted_rows}
 
 
+PEAK_COUNTERS = {"peak_cache_rows"}
+
+
 class PipelinedStrategy(Strategy):
     """Runs each epoch through a ``PipelineRunner``; subclasses choose the concurrency control."""
 
@@ -110,9 +113,9 @@ class PipelinedStrategy(Strategy):
         first = max(self.next_timestamp, int(store.versions.max()) + 1)
         control = self.make_control(store, device, first)
         self.next_timestamp = PipelineRunner(self.config.pipeline, control).run(plans, stages, on_batch, first)
-        for key, value in control.stats().items():
-            self.totals[key] = max(self.totals.get(key, 0), value) if key.startswith("peak") \
-                else self.totals.get(key, 0) + value
+        for key, value in control.stats().items():  # counters add up over epochs; peaks take the max
+            merge = max if key in PEAK_COUNTERS else int.__add__
+            self.totals[key] = merge(self.totals.get(key, 0), value)
 
     def stats(self) -> dict[str, int]:
         return dict(self.totals)

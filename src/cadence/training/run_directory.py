@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,11 @@ class RunDirectory:
 
     def read_summary(self) -> dict[str, Any]:
         return json.loads((self.path / SUMMARY).read_text())
+
+
+def default_run_dir(dataset: str, model: str, strategy: str) -> str:
+    """``runs/<dataset>-<model>-<strategy>-<time>``: where a run goes when ``out`` is not set."""
+    return str(Path("runs") / f"{dataset}-{model}-{strategy}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -201,19 +201,14 @@ class Trainer:
         }
 
     # ---- checkpoints ----------------------------------------------------------------------------
-    def state_tensors(self) -> dict[str, torch.Tensor]:
+    def save_checkpoint(self, name: str | None = None) -> None:
+        optimizer_tensors, optimizer_meta = ckpt.flatten_optimizer(self.dense_optimizer)
         tensors = {f"store.{k}": v for k, v in self.store.tensors().items()}
         tensors["model.relations"] = self.model.relations.detach()
-        optimizer_tensors, _ = ckpt.flatten_optimizer(self.dense_optimizer)
         tensors.update(optimizer_tensors)
-        return tensors
-
-    def save_checkpoint(self, name: str | None = None) -> None:
-        _, optimizer_meta = ckpt.flatten_optimizer(self.dense_optimizer)
         state = {"progress": self.progress.__dict__, "dense_optimizer": optimizer_meta}
         keep = self.config.checkpoint.keep if name is None else None
-        ckpt.save_checkpoint(self.run.path, name or ckpt.epoch_name(self.progress.epoch),
-                             self.state_tensors(), state, keep=keep)
+        ckpt.save_checkpoint(self.run.path, name or ckpt.epoch_name(self.progress.epoch), tensors, state, keep=keep)
 
     def load_state(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         self.store.load_tensors({k[len("store."):]: v for k, v in tensors.items() if k.startswith("store.")})
