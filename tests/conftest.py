@@ -38,8 +38,9 @@ def tiny_graph(tmp_path: Path) -> Path:
 
 
 def make_config(out: Path | None, *overrides: str) -> Config:
-    base = ["progress=false", "train.epochs=2", "train.batch_size=32", "train.negatives=8",
-            "model.dim=8", "threads=1"]
+    base = ["progress=false", "train.epochs=2", "train.batch_size=32", "model.dim=8", "threads=1"]
+    if not any(item.startswith("task=") and item != "task=kge" for item in overrides):
+        base.append("train.negatives=8")
     config = load_config(None, base + list(overrides))
     config.out = None if out is None else str(out)
     return config
@@ -50,3 +51,57 @@ def umls_dir() -> Path:
     from cadence.data.datasets import DATASETS
 
     return DATASETS.get("umls").fetch()
+
+
+def write_criteo(path: Path, rows: int, seed: int) -> Path:
+    """A tiny Criteo-format TSV file whose label depends on two categorical columns."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(rows):
+        cats = [f"{rng.randrange(6):08x}" for _ in range(26)]
+        label = int((int(cats[0], 16) + int(cats[1], 16)) % 3 == 0) if rng.random() < 0.9 else rng.randrange(2)
+        ints = [str(rng.randrange(20)) if rng.random() < 0.8 else "" for _ in range(13)]
+        lines.append("\t".join([str(label), *ints, *cats]))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_ratings(path: Path, users: int, items: int, count: int, seed: int) -> Path:
+    """A tiny ratings file (user, item, rating) from a planted rank-1 model."""
+    rng = random.Random(seed)
+    taste = [rng.uniform(-1, 1) for _ in range(users)]
+    kind = [rng.uniform(-1, 1) for _ in range(items)]
+    cells = set()
+    while len(cells) < count:
+        cells.add((rng.randrange(users), rng.randrange(items)))
+    lines = [f"u{u}\ti{i}\t{min(5, max(1, round(3 + 2 * taste[u] * kind[i] + rng.gauss(0, 0.3))))}"
+             for u, i in sorted(cells)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# words of WordSim353 and SimLex-999 pairs, so a tiny corpus still has pairs to correlate
+TINY_WORDS = ("tiger cat dog car automobile money cash bank king queen computer keyboard coast shore "
+              "journey voyage boy lad food fruit bird cock doctor nurse professor student street avenue").split()
+
+
+def write_corpus(path: Path, sentences: int, seed: int) -> Path:
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choice(TINY_WORDS[: 2 * rng.randrange(1, len(TINY_WORDS) // 2)]) for _ in range(12))
+             for _ in range(sentences)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def task_data(tmp_path: Path, tiny_graph: Path) -> dict[str, list[str]]:
+    """Config overrides that train each task on tiny data in a few seconds."""
+    return {
+        "kge": [f"data.dataset={tiny_graph}"],
+        "ctr": ["task=ctr", f"data.dataset={write_criteo(tmp_path / 'clicks.tsv', 400, 3)}", "model.name=fm",
+                "model.init_std=0.1"],
+        "mf": ["task=mf", f"data.dataset={write_ratings(tmp_path / 'ratings.tsv', 25, 20, 300, 4)}",
+               "model.init_std=0.1"],
+        "w2v": ["task=w2v", f"data.dataset={write_corpus(tmp_path / 'corpus.txt', 60, 5)}", "w2v.min_count=1",
+                "w2v.sample=0.01", "optimizer.entity=sgd", "optimizer.lr=0.05", "model.init_std=0.03"],
+    }

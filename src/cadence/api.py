@@ -3,39 +3,44 @@
     result = cadence.train(cadence.load_config("configs/umls-complex.yaml"))
     result.summary["mrr"]
 
-``train`` validates everything it can (config, registry names, data) before it creates the run
-directory, so a user's mistake leaves no partial output behind.
+``train`` validates everything it can (config, registry names, keys of other tasks, data) before it
+creates the run directory, so a user's mistake leaves no partial output behind. Every task runs
+under every strategy; the runtime follows from the strategy and ``ps.workers``
+(``cadence.strategies.runtime_of``).
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
 import logging
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-import numpy as np
 import torch
 
 from cadence.config import Config, load_config
-from cadence.data.datasets import load_graph
-from cadence.data.triples import KnowledgeGraph, with_reciprocals, write_id_maps
-from cadence.errors import CadenceError, ConfigError
-from cadence.models.kge import KgeModel
-from cadence.models.scorers import SCORERS
-from cadence.optim import ENTITY_OPTIMIZERS, dense_optimizer
-from cadence.pipeline.stages import ComputeStage, LoadStage, Stages, TransferStage, WriteStage
-from cadence.store.embedding_store import create_store, derive_seed
-from cadence.strategies import STRATEGIES
+from cadence.device import resolve_device
+from cadence.errors import CadenceError, CheckpointError, ConfigError
+from cadence.optim import ENTITY_OPTIMIZERS
+from cadence.strategies import PIPELINE, PS_MODES, STRATEGIES, check_strategy, runtime_of
+from cadence.tasks import TASKS, Task
 from cadence.training import checkpoint as ckpt
 from cadence.training.batch_order import BatchOrder
 from cadence.training.run_directory import RunDirectory, default_run_dir, write_atomic  # noqa: F401  (re-exported)
+from cadence.training.runtimes import ParameterServerRuntime, PipelineRuntime, Runtime, TensorView
 from cadence.training.trainer import Trainer, TrainerHook
 
 log = logging.getLogger("cadence")
 
 RESUMABLE_KEYS = {"train.epochs", "progress", "threads", "device"}
+DEFAULT_MODELS = {"kge": "complex", "ctr": "deepfm", "mf": "biased", "w2v": "skipgram"}
+# keys that only the pipeline runtime reads (a parameter-server run must not set them)
+PIPELINE_KEYS = ("record_order", "batch_order", "device", "store", "pipeline")
 
 
 @dataclass
@@ -47,21 +52,20 @@ class TrainResult:
 
 def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] = ()) -> TrainResult:
     """Train from scratch into ``config.out`` (default: ``runs/<dataset>-<model>-<strategy>-<time>``)."""
-    if config.task == "ctr":
-        from cadence.api_ctr import train_ctr
-
-        return train_ctr(config, overwrite)
-    _check_names(config)
-    graph = load_graph(config.data, config.seed)
+    config = prepare_config(config)
+    task = TASKS.get(config.task)(config)
+    init = _init_checkpoint(config)
     if config.batch_order:
-        edges = graph.train.shape[0] * (2 if config.train.reciprocal else 1)
-        BatchOrder.load(config.batch_order).check(-(-edges // config.train.batch_size), config.train.epochs)
+        order = BatchOrder.load(config.batch_order)
+        order.check(len(task.plan(0)), task.num_epochs())
     if config.out is None:
-        config.out = default_run_dir(graph.name, config.model.name, config.strategy)
+        config.out = default_run_dir(task.dataset_name, config.model.name, config.strategy)
     run = RunDirectory(config.out)
     run.create(config, overwrite=overwrite)
-    write_id_maps(graph, run.path)
-    trainer = build_trainer(config, graph, run, hooks)
+    task.write_metadata(run.path)
+    trainer = build_trainer(config, task, run, hooks)
+    if init is not None:
+        trainer.init_from(config.ctr.init_from, *init)
     return _fit(trainer, run)
 
 
@@ -70,7 +74,6 @@ def resume(run_dir: str | Path, overrides: dict[str, Any] | None = None,
     """Continue the run in ``run_dir`` from its newest valid checkpoint."""
     run = RunDirectory(run_dir)
     config = run.load_config()
-    _require_kge(config, run, "--resume", "start a new run from it with --init-from RUN_DIR")
     if overrides:
         unsupported = sorted(set(overrides) - RESUMABLE_KEYS)
         if unsupported:
@@ -78,9 +81,9 @@ def resume(run_dir: str | Path, overrides: dict[str, Any] | None = None,
                               f"changed (only {', '.join(sorted(RESUMABLE_KEYS))})")
         items = [f"{k}={v}" for k, v in overrides.items()]
         config = load_config(run.config_path, items)
-    _check_names(config)
-    graph = load_graph(config.data, config.seed)
-    trainer = build_trainer(config, graph, run, hooks)
+    config = prepare_config(config)
+    task = TASKS.get(config.task)(config)
+    trainer = build_trainer(config, task, run, hooks)
     if not trainer.resume():
         log.warning("%s has no checkpoint yet: training from the start", run.path)
     if overrides:
@@ -92,20 +95,15 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
     """Train the same config (seed, data, hyperparameters) under each strategy, side by side.
 
     Writes ``out/<strategy>/`` run directories, ``out/comparison.json`` (each strategy's summary and
-    validation curve), ``out/time_to_accuracy.png`` and ``out/accuracy_per_epoch.png``.
+    validation curve), and, when matplotlib is installed, ``out/time_to_accuracy.png`` and
+    ``out/accuracy_per_epoch.png``.
     """
-    import copy
-    import json
-
-    from cadence.report.plots import plot_curves
-
     if not strategies:
         raise ConfigError("compare needs at least one strategy")
-    for name in strategies:
-        strategy_registry(config.task).get(name)
     if len(set(strategies)) != len(strategies):
         raise ConfigError(f"a strategy is listed twice: {','.join(strategies)}")
-    _check_names(config)
+    for name in strategies:  # every one is checked before the first trains
+        prepare_config(dataclasses.replace(copy.deepcopy(config), strategy=name))
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CadenceError(f"{out}: the comparison directory is not empty; use --overwrite or another --out")
@@ -116,137 +114,177 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
         run_config.out = str(out / name)
         result = train(run_config, overwrite=overwrite)
         results[name] = {"summary": result.summary,
-                         "curve": [r for r in result.metrics if r["split"] == "valid"]}
+                         "curve": [r for r in result.metrics if r["split"] in ("valid", "next_period")]}
     comparison = {"config": config.to_dict(), "strategies": results}
     write_atomic(out / "comparison.json", json.dumps(comparison, indent=2) + "\n")
+    first = results[strategies[0]]["summary"]
+    metric = first["primary_metric"]
     curves = {name: entry["curve"] for name, entry in results.items()}
-    dataset = results[strategies[0]]["summary"]["dataset"]
-    title = f"{dataset}, {config.model.name}"
-    metric = "auc" if config.task == "ctr" else "mrr"
+    title = f"{first['dataset']}, {first['model']}"
+    try:
+        from cadence.report.plots import plot_curves
+    except ModuleNotFoundError as err:
+        if err.name != "matplotlib":
+            raise
+        comparison["plots"] = None
+        log.warning("plots skipped: matplotlib is not installed (pip install 'cadence[plot]')")
+        return comparison
     plot_curves(curves, metric, "wall_seconds", "training wall seconds", title, out / "time_to_accuracy.png")
     plot_curves(curves, metric, "epoch", "epoch", title, out / "accuracy_per_epoch.png")
+    comparison["plots"] = ["time_to_accuracy.png", "accuracy_per_epoch.png"]
     return comparison
 
 
-def _require_kge(config: Config, run: RunDirectory, verb: str, instead: str) -> None:
-    if config.task != "kge":
-        raise CadenceError(f"{run.path}: {verb} supports knowledge-graph runs; this is a {config.task} run "
-                           f"({instead})")
+# ---- configuration checks ------------------------------------------------------------------------------
+def prepare_config(config: Config) -> Config:
+    """Resolve defaults that depend on the task and reject what does not fit this run; no side effects
+    but ``config.model.name``."""
+    if config.model.name is None:
+        config.model.name = DEFAULT_MODELS[config.task]
+    check_strategy(config.strategy)
+    runtime = runtime_of(config)
+    ENTITY_OPTIMIZERS.get(config.optimizer.entity)
+    _check_foreign_keys(config, runtime)
+    if runtime == PIPELINE:
+        resolve_device(config.device)
+    else:
+        from cadence.runtime.engines import ENGINES
+        from cadence.runtime.worker import Faults
+
+        ENGINES.get(config.ps.engine)
+        Faults.parse(config.ps.stragglers, config.ps.kill_workers, config.ps.workers)
+    return config
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _check_foreign_keys(config: Config, runtime: str) -> None:
+    """A key set away from its default that belongs to another task, or to the other runtime, is a
+    mistake (it would be silently ignored): an error naming it."""
+    defaults = _flatten(Config().to_dict())
+    changed = {k for k, v in _flatten(config.to_dict()).items() if defaults.get(k) != v}
+    for name in TASKS.names():
+        if name == config.task:
+            continue
+        for key in sorted(changed):
+            if any(key == own or key.startswith(own + ".") for own in TASKS.get(name).own_keys):
+                raise ConfigError(f"{key} belongs to the {name} task; this run's task is {config.task}")
+    if runtime != PIPELINE:
+        for key in sorted(changed):
+            if any(key == own or key.startswith(own + ".") for own in PIPELINE_KEYS):
+                raise ConfigError(f"{key} applies to the one-process pipeline; this run (strategy "
+                                  f"{config.strategy}, ps.workers={config.ps.workers}, ps.engine={config.ps.engine}) "
+                                  "runs on the parameter server")
+
+
+def _init_checkpoint(config: Config) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+    if not config.ctr.init_from:
+        return None
+    run = RunDirectory(config.ctr.init_from)
+    if not run.config_path.is_file():
+        raise CheckpointError(f"{config.ctr.init_from}: no final checkpoint to start from (not a cadence run "
+                              "directory: no config.yaml)")
+    tensors, state = final_checkpoint(run)
+    return tensors, state
+
+
+# ---- composition -------------------------------------------------------------------------------------------
+def build_runtime(config: Config, task: Task, run: RunDirectory) -> tuple[Runtime, torch.device]:
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    if runtime_of(config) == PIPELINE:
+        device = resolve_device(config.device)
+        strategy = STRATEGIES.get(config.strategy)(config)
+        store_path = config.store.path or str(run.path / "store")
+        return PipelineRuntime(config, task, store_path, device, strategy), device
+    return ParameterServerRuntime(config, task, PS_MODES.get(config.strategy)), torch.device("cpu")
+
+
+def build_trainer(config: Config, task: Task, run: RunDirectory, hooks: Iterable[TrainerHook] = ()) -> Trainer:
+    """Compose the task, its runtime and the trainer for one run."""
+    runtime, device = build_runtime(config, task, run)
+    return Trainer(config, task, runtime, run, device, hooks)
 
 
 def _fit(trainer: Trainer, run: RunDirectory) -> TrainResult:
     try:
         summary = trainer.fit()
     finally:
-        trainer.strategy.close()
+        trainer.runtime.close()
     run.write_summary(summary)
     return TrainResult(run.path, summary, run.read_metrics())
 
 
-def strategy_registry(task: str):
-    """Strategies of the KGE pipeline, or parameter-server modes of the CTR task."""
-    if task == "ctr":
-        from cadence.strategies.parameter_server import PS_MODES
-
-        return PS_MODES
-    return STRATEGIES
-
-
-def _check_names(config: Config) -> None:
-    if config.task == "ctr":
-        from cadence.api_ctr import check_ctr_names
-
-        check_ctr_names(config)
-        return
-    STRATEGIES.get(config.strategy)
-    SCORERS.get(config.model.name)(config.model)  # also validates dim parity and model options
-    ENTITY_OPTIMIZERS.get(config.optimizer.entity)
-    resolve_device(config.device)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"device: {name!r} is not a device (auto, cpu, cuda, cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device: {name!r} was asked for, but no CUDA device is available")
-    return device
-
-
-def build_trainer(config: Config, graph: KnowledgeGraph, run: RunDirectory,
-                  hooks: Iterable[TrainerHook] = ()) -> Trainer:
-    """Compose store, model, optimizers, stages and strategy for one run."""
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device = resolve_device(config.device)
-    num_relations = graph.num_relations
-    train_triples = graph.train
-    if config.train.reciprocal:
-        train_triples = with_reciprocals(graph.train, graph.num_relations)
-        num_relations *= 2
-    optimizer_class = ENTITY_OPTIMIZERS.get(config.optimizer.entity)
-    store_path = config.store.path or str(run.path / "store")
-    store = create_store(graph.num_entities, config.model.dim, optimizer_class.state_width(config.model.dim),
-                         config.store.backend, store_path if config.store.backend == "mmap" else None)
-    store.initialize(config.model.init_std, derive_seed(config.seed, "entities"))
-    model = KgeModel(config, num_relations).to(device)
-    dense = dense_optimizer(config.optimizer, [model.relations])
-    negatives = None if config.train.scoring == "all" else config.train.negatives
-    stages = Stages(
-        load=LoadStage(store, train_triples, config.seed, negatives),
-        to_device=TransferStage(device),
-        compute=ComputeStage(model, optimizer_class(config.optimizer), dense),
-        to_host=TransferStage(torch.device("cpu")),
-        write=WriteStage(store),
-    )
-    strategy = STRATEGIES.get(config.strategy)(config)
-    return Trainer(config, graph, train_triples, store, model, dense, stages, strategy, run, device, hooks)
-
-
+# ---- finished runs ------------------------------------------------------------------------------------------
 def final_checkpoint(run: RunDirectory) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The model a finished run reports on: the best one under early stopping, else the newest."""
-    best = ckpt.checkpoint_root(run.path) / "best"
-    if best.is_dir():
-        return ckpt.load_checkpoint(best)
-    found = ckpt.load_latest(run.path)
-    if found is None:
-        raise CadenceError(f"{run.path}: the run has no checkpoint to load")
-    return found[0], found[1]
+    """The model a finished run reports on: its ``final`` checkpoint (the best one under early
+    stopping), else the best, else the newest (a run that was stopped)."""
+    named = [ckpt.checkpoint_root(run.path) / name for name in ("final", "best")]
+    existing = [path for path in named if path.is_dir()]
+    if existing:
+        tensors, state = ckpt.load_checkpoint(existing[0])
+    else:
+        found = ckpt.load_latest(run.path)
+        if found is None:
+            raise CheckpointError(f"{run.path}: the run has no checkpoint to load (checkpoint.every: 0?)")
+        tensors, state = found[0], found[1]
+    return _upgrade(tensors), state
+
+
+def _upgrade(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Checkpoints of cadence 0.1 (knowledge graphs only) in today's format."""
+    if "store.values" not in tensors:
+        return tensors
+    upgraded = {k: v for k, v in tensors.items() if not k.startswith(("store.", "model."))}
+    upgraded.update({f"table.{k[len('store.'):]}": v for k, v in tensors.items() if k.startswith("store.")})
+    upgraded["table.keys"] = torch.arange(tensors["store.values"].shape[0])
+    upgraded["dense.relations"] = tensors["model.relations"]
+    return upgraded
+
+
+def load_model(run_dir: str | Path) -> tuple[Config, Task, TensorView, torch.nn.Module]:
+    """A finished run's config, task, trained rows (a ``ParameterView``) and dense module."""
+    run = RunDirectory(run_dir)
+    config = prepare_config(run.load_config())
+    task = TASKS.get(config.task)(config)
+    tensors, _ = final_checkpoint(run)
+    view = TensorView(tensors["table.keys"], tensors["table.values"], task.table(0))
+    dense = task.dense_module()
+    dense.load_state_dict({k[len("dense."):]: v for k, v in tensors.items() if k.startswith("dense.")})
+    return config, task, view, dense
 
 
 def evaluate(run_dir: str | Path, split: str = "test") -> dict[str, float]:
-    """Filtered ranking metrics of a run's final model on ``split``."""
-    if split not in ("train", "valid", "test"):
-        raise ConfigError(f"split must be train, valid or test, got {split!r}")
-    run = RunDirectory(run_dir)
-    config = run.load_config()
-    _require_kge(config, run, "eval", "its summary.json and metrics.jsonl hold its AUC and logloss")
-    config.store.backend = "memory"  # never touch the run's own table files
-    graph = load_graph(config.data, config.seed)
-    trainer = build_trainer(config, graph, run)
-    tensors, state = final_checkpoint(run)
-    trainer.load_state(tensors, state)
-    return trainer._evaluate_split(split)
+    """The task's metrics of a run's final model on ``split``."""
+    _, task, view, dense = load_model(run_dir)
+    return task.evaluate(view, dense, split, torch.device("cpu"), lambda steps: steps)
 
 
 def export(run_dir: str | Path, out: str | Path, format: str = "npy") -> list[Path]:
-    """Write entity and relation embeddings (and id maps) of a run's final model."""
-    if format != "npy":
-        raise ConfigError(f"export format {format!r} is not supported (npy)")
+    """Write a run's final parameters in ``format`` (the task's formats); all files or none."""
     run = RunDirectory(run_dir)
-    _require_kge(run.load_config(), run, "export", "its tables are in checkpoints/final/tensors.safetensors")
-    tensors, _ = final_checkpoint(run)
+    _, task, view, dense = load_model(run.path)
+    if format not in task.export_formats:
+        raise ConfigError(f"export format {format!r} is not supported by the {task.name} task "
+                          f"({', '.join(task.export_formats)})")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, key in (("entity_embeddings.npy", "store.values"), ("relation_embeddings.npy", "model.relations")):
-        np.save(out / name, tensors[key].numpy())
-        written.append(out / name)
-    for name in ("entity_ids.tsv", "relation_ids.tsv"):
-        if (run.path / name).exists():
-            shutil.copyfile(run.path / name, out / name)
-            written.append(out / name)
-    return written
+    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    try:
+        written = task.export(view, dense, run.path, staging, format)
+        final = []
+        for path in written:
+            target = out / path.name
+            path.replace(target)
+            final.append(target)
+        return final
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

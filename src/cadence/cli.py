@@ -4,7 +4,7 @@
     cadence train [--config FILE] [--set key=value]... [--dataset ...] [--resume RUN_DIR]
     cadence compare --strategies sync,async,oac [train options] --out DIR
     cadence eval RUN_DIR [--split test]
-    cadence export RUN_DIR --format npy --out DIR
+    cadence export RUN_DIR --format npy|word2vec --out DIR
 
 A user's mistake (``CadenceError``) prints one line, ``cadence: error: ...``, and exits with 2.
 """
@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser("export", help="export embeddings and id maps")
     export.add_argument("run_dir", metavar="RUN_DIR")
-    export.add_argument("--format", default="npy", choices=["npy"])
+    export.add_argument("--format", default="npy", choices=["npy", "word2vec"],
+                        help="npy (every task); word2vec: the text format gensim's KeyedVectors reads (task w2v)")
     export.add_argument("--out", required=True, metavar="DIR")
     return parser
 
@@ -81,9 +82,9 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--overwrite", action="store_true", help="replace the run(s) in --out")
     parser.add_argument("--straggler", action="append", default=[], metavar="WORKER:SLOWDOWN",
-                        help="fault injection (task ctr): make a worker this many times slower; repeatable")
+                        help="fault injection (parameter server): make a worker this many times slower; repeatable")
     parser.add_argument("--kill-worker", action="append", default=[], metavar="WORKER:AFTER_STEPS",
-                        help="fault injection (task ctr): kill a worker after this many batches; repeatable")
+                        help="fault injection (parameter server): kill a worker after this many batches; repeatable")
 
 
 def _training_overrides(args: argparse.Namespace) -> list[str]:
@@ -119,10 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _data(args: argparse.Namespace) -> int:
-    from cadence.data.ctr import CTR_DATASETS
-    from cadence.data.datasets import DATASETS
+    from cadence.data.registries import dataset_registries
 
-    registries = {"kge": DATASETS, "ctr": CTR_DATASETS}
+    registries = dataset_registries()
     if args.data_command == "list":
         rows = []
         for task, registry in registries.items():
@@ -133,8 +133,8 @@ def _data(args: argparse.Namespace) -> int:
         _print_table(["dataset", "task", "fetched", "description"], rows)
         return 0
     for name in args.names:
-        registry = CTR_DATASETS if name in CTR_DATASETS else DATASETS
-        directory = registry.get(name).fetch()
+        owners = [registry for registry in registries.values() if name in registry]
+        directory = (owners[0] if owners else registries["kge"]).get(name).fetch()
         print(f"{name}: {directory}" if directory else f"{name}: generated on demand, nothing to fetch")
     return 0
 
@@ -165,22 +165,30 @@ def _compare(args: argparse.Namespace) -> int:
     strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
     comparison = api.compare(config, strategies, config.out, overwrite=args.overwrite)
     print_comparison(comparison)
-    print(f"comparison: {config.out}/comparison.json, time_to_accuracy.png, accuracy_per_epoch.png")
+    if comparison.get("plots"):
+        print(f"comparison: {config.out}/comparison.json, {', '.join(comparison['plots'])}")
+    else:
+        print(f"comparison: {config.out}/comparison.json (no plots: matplotlib is not installed; "
+              "pip install 'cadence[plot]')")
     return 0
+
+
+SECONDARY_METRICS = {"mrr": ["hits@10"], "auc": ["logloss"], "rmse": ["mae"], "wordsim353": ["simlex999", "analogy"]}
+COUNTERS = ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes", "peak_cache_rows", "evicted_rows",
+            "global_steps", "gradients_dropped", "staleness_mean", "staleness_max")
 
 
 def print_comparison(comparison: dict[str, Any]) -> None:
     entries = comparison["strategies"]
     summaries = [entry["summary"] for entry in entries.values()]
     baseline = summaries[0]["examples_per_second"] or 1.0
-    metrics = ["auc", "logloss"] if summaries[0].get("task") == "ctr" else ["mrr", "hits@10"]
-    counters = ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes", "peak_cache_rows", "evicted_rows",
-                "global_steps", "gradients_dropped", "staleness_mean", "staleness_max")
-    stat_keys = [k for k in counters if any(k in summary for summary in summaries)]
-    header = ["strategy", "epochs", "train_seconds", "examples/s", "speedup", *metrics, *stat_keys]
+    primary = summaries[0].get("primary_metric", "mrr")
+    metrics = [primary, *SECONDARY_METRICS.get(primary, [])]
+    stat_keys = [k for k in COUNTERS if any(k in summary for summary in summaries)]
+    header = ["strategy", "runtime", "epochs", "train_seconds", "examples/s", "speedup", *metrics, *stat_keys]
     rows = []
     for name, summary in zip(entries, summaries):
-        rows.append([name, summary["epochs"], f"{summary['train_seconds']:.2f}",
+        rows.append([name, summary.get("runtime", "-"), summary["epochs"], f"{summary['train_seconds']:.2f}",
                      f"{summary['examples_per_second']:,.0f}", f"{summary['examples_per_second'] / baseline:.2f}x",
                      *(_format(summary.get(k, float("nan"))) for k in metrics),
                      *(_format(summary[k]) if k in summary else "-" for k in stat_keys)])
@@ -207,9 +215,9 @@ COMMANDS = {"data": _data, "train": _train, "compare": _compare, "eval": _eval, 
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    keys = ["strategy", "dataset", "model", "epochs", "train_seconds", "examples_per_second",
-            "mrr", "hits@1", "hits@3", "hits@10", "auc", "logloss", "global_steps", "gradients_dropped",
-            "staleness_mean", "staleness_max"]
+    keys = ["task", "strategy", "runtime", "dataset", "model", "epochs", "train_seconds", "examples_per_second",
+            "mrr", "hits@1", "hits@3", "hits@10", "auc", "logloss", "rmse", "mae", "wordsim353", "simlex999",
+            "analogy", "global_steps", "gradients_dropped", "staleness_mean", "staleness_max"]
     shown = [k for k in keys if k in summary]
     _print_table(shown, [[_format(summary[k]) for k in shown]])
 

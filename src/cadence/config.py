@@ -42,7 +42,9 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "complex"  # distmult | complex | transe | rotate
+    # kge: distmult | complex | transe | rotate; ctr: lr | fm | wide_deep | deepfm | dlrm; mf: biased;
+    # w2v: skipgram. None: the task's default (complex, deepfm, biased, skipgram)
+    name: str | None = None
     dim: int = 128  # floats per entity row (complex models use dim/2 complex components)
     init_std: float = 1e-3  # entity and relation rows start as N(0, init_std^2)
     gamma: float = 12.0  # margin of the distance models (TransE, RotatE): score = gamma - distance
@@ -64,7 +66,7 @@ class TrainConfig:
 @dataclass
 class OptimizerConfig:
     lr: float = 0.1
-    entity: Literal["rowwise_adagrad", "adagrad"] = "rowwise_adagrad"  # state kept in the store
+    entity: Literal["rowwise_adagrad", "adagrad", "sgd"] = "rowwise_adagrad"  # state kept in the store
     dense: Literal["adagrad", "adam"] = "adagrad"  # relation parameters
     dense_lr: float | None = None  # defaults to lr
     eps: float = 1e-10
@@ -89,9 +91,10 @@ class PipelineConfig:
 
 @dataclass
 class ParameterServerConfig:
-    """The parameter-server runtime and its modes (task: ctr; GBA paper, SPEC section 3)."""
+    """The parameter-server runtime and its modes (GBA paper, SPEC section 3). With workers = 1 and the
+    threads engine, sync and async run as the one-process pipeline instead (see README)."""
 
-    workers: int = 4
+    workers: int = 1
     engine: Literal["threads", "ray"] = "threads"  # ray: servers and workers as Ray actors (pip install cadence[ray])
     shards: int = 1  # server shards; feature keys are routed by key % shards, dense parameters live on shard 0
     buffer: int = 0  # GBA / BSP gradient buffer M (global batch = M x train.batch_size); 0 = workers
@@ -118,11 +121,45 @@ class CtrModelConfig:
 
 
 @dataclass
+class SyntheticRatingsConfig:
+    """A seeded Zipf rating matrix (dataset ``synthetic-zipf``; AdaPM's MF setting), for scale."""
+
+    users: int = 100_000
+    items: int = 10_000
+    ratings: int = 1_000_000
+    exponent: float = 1.1  # Zipf exponent of user and item popularity
+
+
+@dataclass
+class MfConfig:
+    """Matrix factorisation (task: mf): biased MF on explicit ratings, squared error."""
+
+    reg: float = 0.05  # L2 weight on the factors and biases of each rating's user and item
+    split: Literal["random", "kfold"] = "random"  # 80/10/10, or fold `fold` of a `folds`-fold protocol
+    folds: int = 5
+    fold: int = 0
+    synthetic: SyntheticRatingsConfig = field(default_factory=SyntheticRatingsConfig)
+
+
+@dataclass
+class W2vConfig:
+    """word2vec (task: w2v): skip-gram with negative sampling, as word2vec.c and gensim define it."""
+
+    window: int = 5  # maximum distance between a centre word and a context word
+    shrink_window: bool = True  # draw each centre's window uniformly from 1..window (word2vec's default)
+    negatives: int = 5  # noise words per (centre, context) pair, from unigram^0.75
+    sample: float = 1e-3  # frequent-word subsampling threshold (0 = off)
+    min_count: int = 5  # words rarer than this are dropped from the vocabulary
+    max_vocab: int = 0  # keep only the most frequent words (0 = all)
+    min_lr: float = 1e-4  # the learning rate decays linearly from optimizer.lr to this over the run
+
+
+@dataclass
 class EvalConfig:
     every: int = 1  # validate every N epochs; 0 = never
     batch_size: int = 256
     test: bool = True  # evaluate on test at the end
-    patience: int = 0  # early stopping after N validations without a better valid MRR; 0 = off
+    patience: int = 0  # early stopping after N validations without a better primary metric; 0 = off
     max_triples: int = 0  # evaluate a fixed random subset of this many triples; 0 = all
 
 
@@ -135,7 +172,8 @@ class CheckpointConfig:
 @dataclass
 class Config:
     seed: int = 0
-    task: Literal["kge", "ctr"] = "kge"  # knowledge-graph embeddings, or click-through-rate prediction
+    # knowledge-graph embeddings, click-through rate, matrix factorisation, word2vec
+    task: Literal["kge", "ctr", "mf", "w2v"] = "kge"
     strategy: str = "sync"
     out: str | None = None  # run directory
     threads: int = 0  # torch intra-op threads; 0 = torch's default
@@ -151,6 +189,8 @@ class Config:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     ps: ParameterServerConfig = field(default_factory=ParameterServerConfig)
     ctr: CtrModelConfig = field(default_factory=CtrModelConfig)
+    mf: MfConfig = field(default_factory=MfConfig)
+    w2v: W2vConfig = field(default_factory=W2vConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
@@ -165,10 +205,12 @@ _POSITIVE = {
     "model.dim", "train.epochs", "train.batch_size", "train.negatives", "eval.batch_size",
     "data.synthetic.num_entities", "data.synthetic.num_relations", "data.synthetic.num_edges",
     "checkpoint.keep", "pipeline.staleness_bound", "pipeline.loader_threads", "pipeline.writer_threads",
-    "pipeline.queue_size", "pipeline.stall_timeout", "ps.workers", "ps.shards",
+    "pipeline.queue_size", "pipeline.stall_timeout", "ps.workers", "ps.shards", "mf.folds",
+    "mf.synthetic.users", "mf.synthetic.items", "mf.synthetic.ratings", "w2v.window", "w2v.min_count",
 }
 _NON_NEGATIVE = {"ps.emulated_latency", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
-                 "train.reg_weight", "data.synthetic.holdout"}
+                 "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "w2v.negatives",
+                 "w2v.sample", "w2v.max_vocab", "w2v.min_lr"}
 
 
 def from_dict(data: dict[str, Any], where: dict[str, str] | None = None) -> Config:

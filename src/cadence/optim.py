@@ -55,6 +55,18 @@ class ElementwiseAdagrad(EntityOptimizer):
         values.addcdiv_(grad, state.sqrt().add_(self.eps), value=-self.lr)
 
 
+@ENTITY_OPTIMIZERS.register("sgd")
+class Sgd(EntityOptimizer):
+    """Plain SGD, no state (word2vec's update; its learning-rate decay is the task's business)."""
+
+    @staticmethod
+    def state_width(dim: int) -> int:
+        return 0
+
+    def step(self, values, state, grad):
+        values.add_(grad, alpha=-self.lr)
+
+
 def dense_optimizer(config: OptimizerConfig, parameters: list[nn.Parameter]) -> torch.optim.Optimizer:
     lr = config.dense_lr if config.dense_lr is not None else config.lr
     if config.dense == "adam":

@@ -8,12 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cadence.api_ctr import build_ctr_trainer
+from cadence import api
+from cadence.api import build_trainer, prepare_config
 from cadence.config import load_config
 from cadence.models.ctr import CTR_MODELS
 from cadence.runtime.embedding_table import hashed_normal
-from cadence.store.embedding_store import derive_seed
+from cadence.seeding import derive_seed
 from cadence.strategies.parameter_server import PS_MODES
+from cadence.tasks.ctr import CtrTask
 from cadence.training.run_directory import RunDirectory
 
 from tests.runtime.ctr_helpers import BATCH, final_state, make_trainer, small_data
@@ -25,9 +27,11 @@ def table_snapshot(trainer) -> dict[int, torch.Tensor]:
     return final_state(trainer)[0]
 
 
-def test_sync_with_one_worker_equals_single_process_training(tmp_path: Path) -> None:
-    trainer, config, splits = trainer_for(tmp_path, "strategy=sync", "ps.workers=1")
-    initial_dense = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+@pytest.mark.parametrize("strategy", ["sync", "hop_bw"])  # the one-process pipeline; the server with one worker
+def test_sync_with_one_worker_equals_single_process_training(tmp_path: Path, strategy: str) -> None:
+    trainer, config, splits = trainer_for(tmp_path, f"strategy={strategy}", "ps.workers=1")
+    assert trainer.runtime.name == ("pipeline" if strategy == "sync" else "parameter_server")
+    initial_dense = {k: v.clone() for k, v in trainer.runtime.dense().state_dict().items()}
     trainer.fit()
 
     # the reference: one process, a dict of rows, per-row Adagrad, no server, no tokens
@@ -60,11 +64,12 @@ def test_sync_with_one_worker_equals_single_process_training(tmp_path: Path) -> 
                 state[k] += float((g * g).mean())
                 rows[k] = rows[k] - 0.1 * g / (math.sqrt(state[k]) + 1e-10)
     snapshot = table_snapshot(trainer)
-    assert snapshot.keys() == rows.keys()
-    for key, value in rows.items():
-        assert torch.allclose(snapshot[key], value, atol=1e-5), key
+    assert snapshot.keys() >= rows.keys()  # the pipeline also holds the keys of valid and test, untrained
+    for key, value in snapshot.items():
+        expected = rows[key] if key in rows else hashed_normal(torch.tensor([key]), 5, 0.1, table_seed)[0]
+        assert torch.allclose(value, expected, atol=1e-5), key
     for name, value in model.state_dict().items():
-        assert torch.allclose(trainer.model.state_dict()[name], value, atol=1e-5), name
+        assert torch.allclose(trainer.runtime.dense().state_dict()[name], value, atol=1e-5), name
 
 
 def test_gba_with_infinite_tolerance_equals_bsp_end_to_end(tmp_path: Path) -> None:
@@ -116,7 +121,7 @@ def test_sync_gives_each_worker_one_batch_per_step(tmp_path: Path) -> None:
     trainer, _, _ = trainer_for(tmp_path, "strategy=sync", "ps.workers=3", 'ps.stragglers=["0:5"]')
     summary = trainer.fit()
     assert summary["global_steps"] == 2 * 4
-    assert trainer.worker_examples == [2 * 4 * BATCH] * 3  # the straggler too: everyone waits for it
+    assert trainer.runtime.worker_examples == [2 * 4 * BATCH] * 3  # the straggler too: everyone waits for it
 
 
 def test_a_straggler_processes_fewer_batches(tmp_path: Path) -> None:
@@ -140,13 +145,15 @@ def test_switching_modes_from_a_checkpoint_continues_the_same_model(tmp_path: Pa
     sync.fit()  # writes checkpoints/final
     saved = table_snapshot(sync)
     gba, _, _ = trainer_for(tmp_path / "gba", "strategy=gba", "ps.workers=2")
-    gba.load_checkpoint(tmp_path / "sync" / "run")
+    gba.init_from(tmp_path / "sync" / "run", *api.final_checkpoint(RunDirectory(tmp_path / "sync" / "run")))
     assert table_snapshot(gba).keys() == saved.keys()
     assert all(torch.equal(table_snapshot(gba)[k], v) for k, v in saved.items())
-    assert all(torch.equal(gba.model.state_dict()[k], v) for k, v in sync.model.state_dict().items())
-    assert gba.router.shards[0].global_step == sync.router.shards[0].global_step
+    dense = sync.runtime.dense().state_dict()
+    assert all(torch.equal(gba.runtime.dense().state_dict()[k], v) for k, v in dense.items())
+    steps = sync.runtime.shards[0].global_step
+    assert gba.runtime.shards[0].global_step == steps
     summary = gba.fit()
-    assert summary["global_steps"] == 2 * sync.router.shards[0].global_step
+    assert summary["global_steps"] == 2 * steps
 
 
 def test_continual_training_reports_every_next_period(tmp_path: Path) -> None:
@@ -154,11 +161,9 @@ def test_continual_training_reports_every_next_period(tmp_path: Path) -> None:
                                 "progress=false", "strategy=gba", "ps.workers=2", "ctr.split=periods",
                                 "ctr.num_periods=4"])
     dataset, _ = small_data()
-    from cadence.api_ctr import ctr_splits
-
     run = RunDirectory(tmp_path / "run")
     run.create(config)
-    trainer = build_ctr_trainer(config, dataset.name, ctr_splits(config, dataset), 3, 0, run)
+    trainer = build_trainer(prepare_config(config), CtrTask(config, dataset=dataset), run)
     summary = trainer.fit()
     records = [r for r in run.read_metrics() if r["split"] == "next_period"]
     assert [r["period"] for r in records] == [0, 1, 2]

@@ -71,14 +71,29 @@ def test_sync_with_four_workers_equals_the_thread_engine(tmp_path: Path, local_c
     assert on_ray["global_steps"] == 2 * 3
 
 
-@pytest.mark.parametrize("mode, shards", [("async", 1), ("bsp", 1), ("gba", 1), ("hop_bs", 1), ("hop_bw", 1),
-                                          ("sync", 2), ("gba", 2)])
+# (async and sync with one worker on the threads engine run as the pipeline: tests/test_task_matrix.py
+# checks them against the parameter server)
+@pytest.mark.parametrize("mode, shards", [("bsp", 1), ("gba", 1), ("hop_bs", 1), ("hop_bw", 1),
+                                          ("hop_bw", 2), ("gba", 2)])
 def test_one_worker_equals_the_thread_engine_in_every_mode(tmp_path: Path, local_cluster, mode: str,
                                                            shards: int) -> None:
     (threads, threads_state), (on_ray, ray_state) = train_on_both(tmp_path, f"strategy={mode}", "ps.workers=1",
                                                                   "ps.buffer=3", f"ps.shards={shards}")
     assert_same(threads_state, ray_state)
     assert {k: on_ray[k] for k in COUNTERS} == {k: threads[k] for k in COUNTERS}
+
+
+@pytest.mark.parametrize("task", ["kge", "mf", "w2v"])  # ctr: every test above
+def test_every_task_on_ray_equals_the_thread_engine(task: str, task_data, tmp_path: Path, local_cluster) -> None:
+    from cadence import api
+    from tests.conftest import make_config
+    from tests.test_task_matrix import assert_same_model
+
+    runs = [api.train(make_config(tmp_path / engine, *task_data[task], "strategy=hop_bw", "ps.workers=2",
+                                  "ps.backup_workers=0", "ps.shards=2", f"ps.engine={engine}"))
+            for engine in ("threads", "ray")]
+    assert runs[1].summary["runtime"] == "parameter_server" and runs[1].summary["global_steps"] > 0
+    assert_same_model(runs[0].run_dir, runs[1].run_dir)
 
 
 def test_one_worker_with_dropout_equals_the_thread_engine(tmp_path: Path, local_cluster) -> None:
@@ -158,7 +173,7 @@ def test_an_actor_that_dies_unexpectedly_fails_the_epoch_without_hanging(tmp_pat
 
 
 def test_import_cadence_does_not_import_ray_and_a_missing_ray_is_a_config_error() -> None:
-    code = ("import sys, cadence, cadence.api_ctr, cadence.runtime.engines as e; make = e.ENGINES.get('ray'); "
+    code = ("import sys, cadence, cadence.api, cadence.tasks, cadence.runtime.engines as e; make = e.ENGINES.get('ray'); "
             "assert 'ray' not in sys.modules, 'ray imported'\n"
             "sys.modules['ray'] = None  # as if it were not installed\n"
             "from cadence.errors import ConfigError\n"

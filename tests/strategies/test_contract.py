@@ -32,6 +32,6 @@ def test_degenerate_setting_equals_the_sync_twin(name: str, tiny_graph: Path, tm
     sync = api.train(make_config(tmp_path / "sync", f"data.dataset={tiny_graph}"))
     other = api.train(make_config(tmp_path / f"strategy-{name}", f"data.dataset={tiny_graph}", f"strategy={name}",
                                   *DEGENERATE_SETTINGS[name]))
-    values = [api.final_checkpoint(RunDirectory(r.run_dir))[0]["store.values"] for r in (sync, other)]
+    values = [api.final_checkpoint(RunDirectory(r.run_dir))[0]["table.values"] for r in (sync, other)]
     assert torch.equal(values[0], values[1])
     assert other.summary["strategy"] == name and other.summary["examples_per_second"] > 0

@@ -39,7 +39,7 @@ def run_and_replay(graph: Path, tmp: Path, name: str, *settings: str):
 
 def assert_same_model(a: Path, b: Path) -> None:
     first, second = final(a), final(b)
-    for key in ("store.values", "store.state", "model.relations"):
+    for key in ("table.values", "table.state", "dense.relations"):
         assert torch.equal(first[key], second[key]), key
 
 
@@ -92,7 +92,7 @@ def test_async_loses_updates_and_differs_from_its_replay(tiny_graph: Path, tmp_p
                                           "pipeline.writer_threads=4", "pipeline.staleness_bound=8")
     assert async_run.summary["stale_reads"] > 0
     assert async_run.summary["lost_updates"] > 0
-    assert not torch.equal(final(async_run.run_dir)["store.values"], final(replay.run_dir)["store.values"])
+    assert not torch.equal(final(async_run.run_dir)["table.values"], final(replay.run_dir)["table.values"])
 
 
 def test_oac_repairs_what_async_reads_stale(tiny_graph: Path, tmp_path: Path) -> None:

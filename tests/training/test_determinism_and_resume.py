@@ -17,7 +17,7 @@ from tests.conftest import make_config
 
 
 def final_entities(run_dir: Path) -> torch.Tensor:
-    return api.final_checkpoint(RunDirectory(run_dir))[0]["store.values"]
+    return api.final_checkpoint(RunDirectory(run_dir))[0]["table.values"]
 
 
 def test_same_seed_gives_bit_identical_embeddings(tiny_graph: Path, tmp_path: Path) -> None:

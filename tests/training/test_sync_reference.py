@@ -11,7 +11,7 @@ from cadence.data.datasets import load_graph
 from cadence.data.triples import with_reciprocals
 from cadence.models.kge import KgeModel
 from cadence.pipeline.batch import plan_epoch
-from cadence.store.embedding_store import derive_seed
+from cadence.seeding import derive_seed
 from tests.conftest import make_config
 
 
@@ -28,7 +28,7 @@ def naive_training(config, graph, initial_entities: torch.Tensor):
     state = torch.zeros(entities.shape[0], width)
     for epoch in range(config.train.epochs):
         for plan in plan_epoch(train.shape[0], config.train.batch_size, config.seed, epoch):
-            h, r, t = train[plan.triple_ids].unbind(1)
+            h, r, t = train[plan.examples].unbind(1)
             negatives = None
             if config.train.scoring == "sampled":
                 negatives = torch.randint(graph.num_entities, (config.train.negatives,), generator=plan.generator(config.seed))
@@ -65,6 +65,6 @@ def test_sync_pipeline_equals_naive_full_table_training(tiny_graph: Path, tmp_pa
     generator = torch.Generator().manual_seed(derive_seed(derive_seed(config.seed, "entities"), "store-init", 0))
     initial.copy_(torch.randn(graph.num_entities, config.model.dim, generator=generator) * config.model.init_std)
     expected_entities, expected_relations = naive_training(config, graph, initial)
-    assert torch.allclose(tensors["store.values"], expected_entities, atol=1e-5, rtol=1e-4)
-    assert torch.allclose(tensors["model.relations"], expected_relations, atol=1e-5, rtol=1e-4)
+    assert torch.allclose(tensors["table.values"], expected_entities, atol=1e-5, rtol=1e-4)
+    assert torch.allclose(tensors["dense.relations"], expected_relations, atol=1e-5, rtol=1e-4)
     assert not torch.allclose(initial, expected_entities), "training moved the embeddings"

@@ -29,7 +29,7 @@ from torch import Tensor
 from cadence.data import fetch as fetching
 from cadence.errors import ConfigError, DataError
 from cadence.registry import Registry
-from cadence.store.embedding_store import derive_seed
+from cadence.seeding import derive_seed
 
 VALUE_BITS = 40
 MAX_VALUE_INDEX = (1 << VALUE_BITS) - 1

@@ -14,7 +14,7 @@ import torch
 from cadence.config import SyntheticGraphConfig
 from cadence.data.triples import KnowledgeGraph
 from cadence.errors import ConfigError
-from cadence.store.embedding_store import derive_seed
+from cadence.seeding import derive_seed
 
 EDGE_CHUNK = 1 << 22
 

@@ -24,7 +24,7 @@ import torch
 
 from cadence.data.ctr import CTR_DATASETS, VALUE_BITS, CtrDataset, CtrDatasetEntry, CtrExamples
 from cadence.errors import ConfigError
-from cadence.store.embedding_store import derive_seed
+from cadence.seeding import derive_seed
 
 BIAS = -1.0  # a click rate around 0.4
 PART_STD = 1.5

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from cadence.config import Config
 from cadence.models.scorers import SCORERS
-from cadence.store.embedding_store import derive_seed
+from cadence.seeding import derive_seed
 
 
 class KgeModel(nn.Module):

@@ -1,39 +1,42 @@
 """Batch plans and batches.
 
-A ``BatchPlan`` names which training triples form batch ``index`` of ``epoch``. Everything random
+A ``BatchPlan`` names which training examples form batch ``index`` of ``epoch``. Everything random
 about a batch (the epoch's shuffle, its negatives) derives from (seed, epoch, index), so a batch is
-the same whichever thread builds it, in whatever order, and after a resume.
-A ``Batch`` is what flows through the stages; each stage fills its fields.
+the same whichever thread or process builds it, in whatever order, and after a resume.
+A ``Batch`` is what flows through the stages (or a parameter-server worker): the task fills ``ids``
+and ``inputs``, the load stage ``rows``, compute ``loss``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from cadence.store.embedding_store import RowBlock, derive_seed
+from cadence.seeding import derive_seed
+from cadence.store.embedding_store import RowBlock
 
 
 @dataclass(frozen=True)
 class BatchPlan:
     epoch: int
     index: int
-    triple_ids: Tensor  # [B] rows of the training triples
+    examples: Tensor  # [B] positions of the batch's examples in the epoch's training data
 
     def generator(self, seed: int) -> torch.Generator:
         return torch.Generator().manual_seed(derive_seed(seed, "batch", self.epoch, self.index))
+
+    @property
+    def size(self) -> int:
+        return self.examples.shape[0]
 
 
 @dataclass
 class Batch:
     plan: BatchPlan
-    ids: Tensor  # [U] entity ids the batch touches (sorted, unique)
-    heads: Tensor  # [B] indices into ids
-    relations: Tensor  # [B] relation ids
-    tails: Tensor  # [B] indices into ids
-    candidates: Tensor | None  # [C] indices into ids of the shared negatives; None = all entities
+    ids: Tensor  # [U] sorted unique keys of the embedding rows the batch touches
+    inputs: dict[str, Tensor] = field(default_factory=dict)  # the task's tensors (indices into ids, labels)
     rows: RowBlock | None = None  # the rows of ids: filled by the load stage, updated by compute
     loss: Tensor | None = None
     timestamp: int = -1  # position in the computation order (OAC's global counter), set at compute
@@ -42,13 +45,15 @@ class Batch:
 
     @property
     def size(self) -> int:
-        return self.plan.triple_ids.shape[0]
+        return self.plan.size
+
+    def inputs_to(self, device: torch.device) -> None:
+        self.ids = self.ids.to(device, non_blocking=True)
+        self.inputs = {name: value.to(device, non_blocking=True) for name, value in self.inputs.items()}
 
 
-def plan_epoch(num_triples: int, batch_size: int, seed: int, epoch: int) -> list[BatchPlan]:
-    generator = torch.Generator().manual_seed(derive_seed(seed, "shuffle", epoch))
-    order = torch.randperm(num_triples, generator=generator)
-    return [
-        BatchPlan(epoch, index, order[start:start + batch_size])
-        for index, start in enumerate(range(0, num_triples, batch_size))
-    ]
+def plan_epoch(num_examples: int, batch_size: int, seed: int, epoch: int, *scope: object) -> list[BatchPlan]:
+    """Shuffle ``num_examples`` by (seed, ``scope``, epoch) and cut them into batches."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, *(scope or ("shuffle",)), epoch))
+    order = torch.randperm(num_examples, generator=generator)
+    return [BatchPlan(epoch, index, chunk) for index, chunk in enumerate(order.split(batch_size))]

@@ -1,11 +1,12 @@
 """The stages a batch passes through, as in Marius/OAC (SPEC section 1):
 
-    load (sample negatives, read rows from the store) -> transfer to the compute device
-    -> compute (forward, backward, optimizer step: the critical section) -> transfer back
-    -> write (rows into the store)
+    load (the task prepares the batch, rows are read from the store) -> transfer to the compute
+    device -> compute (the task's loss, backward, optimizer steps: the critical section)
+    -> transfer back -> write (rows into the store)
 
 Running the stages in this order, one batch at a time, is synchronous training; strategies differ
-only in how they schedule the same stages (threads, queues, validation), never in their math.
+only in how they schedule the same stages (threads, queues, validation), never in their math. The
+stages know no task: ``task.prepare`` and ``task.loss`` are their only task-specific calls.
 """
 
 from __future__ import annotations
@@ -13,36 +14,43 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from cadence.models.kge import KgeModel
 from cadence.optim import EntityOptimizer
 from cadence.pipeline.batch import Batch, BatchPlan
 from cadence.store.embedding_store import EmbeddingStore
 
 
-class LoadStage:
-    """Builds a batch from its plan: triples, shared negatives, the unique rows it touches."""
+class KeyIndex:
+    """Maps a growing vocabulary's keys to the rows of a store sized from the keys in the data (the
+    pipeline's view of a ``TableSpec`` with ``rows=None``). Immutable, so threads share it."""
 
-    def __init__(self, store: EmbeddingStore, train: Tensor, seed: int, negatives: int | None,
-                 with_versions: bool = False):
+    def __init__(self, keys: Tensor):
+        self.keys = keys  # sorted, unique
+
+    def rows(self, keys: Tensor) -> Tensor:
+        position = torch.searchsorted(self.keys, keys)
+        found = self.keys[position.clamp(max=self.keys.shape[0] - 1)] == keys
+        if not bool(found.all()):
+            raise KeyError(f"{int((~found).sum())} keys are not in the data this store was sized from")
+        return position
+
+
+class LoadStage:
+    """Builds a batch from its plan (``task.prepare``): the unique rows it touches, in store rows."""
+
+    def __init__(self, store: EmbeddingStore, task, index: KeyIndex | None = None, with_versions: bool = False):
         self.store = store
-        self.train = train
-        self.seed = seed
-        self.negatives = negatives  # None: score against every entity
+        self.task = task
+        self.index = index  # None: keys are rows
         self.with_versions = with_versions
-        self.all_ids = torch.arange(store.num_rows) if negatives is None else None
 
     def prepare(self, plan: BatchPlan) -> Batch:
         """The store-independent part: which rows, in which local positions."""
-        triples = self.train.index_select(0, plan.triple_ids)
-        heads, relations, tails = triples.unbind(1)
-        if self.negatives is None:
-            return Batch(plan, self.all_ids, heads, relations, tails, None)
-        size = plan.triple_ids.shape[0]
-        sampled = torch.randint(self.store.num_rows, (self.negatives,), generator=plan.generator(self.seed))
-        ids, local = torch.unique(torch.cat([heads, tails, sampled]), return_inverse=True)
-        return Batch(plan, ids, local[:size], relations, local[size:2 * size], local[2 * size:])
+        batch = self.task.prepare(plan)
+        if self.index is not None:
+            batch.ids = self.index.rows(batch.ids)
+        return batch
 
     def read(self, batch: Batch) -> Batch:
         batch.rows = self.store.pull(batch.ids, with_versions=self.with_versions)
@@ -53,7 +61,7 @@ class LoadStage:
 
 
 class TransferStage:
-    """Moves a batch's rows to (or back from) a device; free when the device is the CPU."""
+    """Moves a batch's rows and inputs to (or back from) a device; free when the device is the CPU."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -61,35 +69,33 @@ class TransferStage:
     def __call__(self, batch: Batch) -> Batch:
         if batch.rows is not None and batch.rows.values.device != self.device:
             batch.rows = batch.rows.to(self.device)
-            batch.ids, batch.heads, batch.relations, batch.tails = (
-                x.to(self.device, non_blocking=True)
-                for x in (batch.ids, batch.heads, batch.relations, batch.tails)
-            )
-            if batch.candidates is not None:
-                batch.candidates = batch.candidates.to(self.device, non_blocking=True)
+            batch.inputs_to(self.device)
         return batch
 
 
 class ComputeStage:
     """Forward, backward, and the update of the batch's rows and of the dense parameters."""
 
-    def __init__(self, model: KgeModel, entity_optimizer: EntityOptimizer,
-                 dense_optimizer: torch.optim.Optimizer):
-        self.model = model
+    def __init__(self, task, dense: nn.Module, entity_optimizer: EntityOptimizer,
+                 dense_optimizer: torch.optim.Optimizer | None):
+        self.task = task
+        self.dense = dense
         self.entity_optimizer = entity_optimizer
-        self.dense_optimizer = dense_optimizer
+        self.dense_optimizer = dense_optimizer  # None: the dense module has no parameters
 
     def __call__(self, batch: Batch) -> Batch:
         assert batch.rows is not None, "the load stage fills rows before compute"
         rows = batch.rows.values.requires_grad_(True)
-        loss = self.model.loss(rows, batch.heads, batch.relations, batch.tails, batch.candidates)
-        self.dense_optimizer.zero_grad(set_to_none=True)
+        loss = self.task.loss(batch, rows, self.dense)
+        if self.dense_optimizer is not None:
+            self.dense_optimizer.zero_grad(set_to_none=True)
         loss.backward()
         with torch.no_grad():
             self.entity_optimizer.step(rows, batch.rows.state, rows.grad)
         rows.requires_grad_(False)
         rows.grad = None
-        self.dense_optimizer.step()
+        if self.dense_optimizer is not None:
+            self.dense_optimizer.step()
         batch.loss = loss.detach()
         return batch
 

@@ -103,9 +103,63 @@ class DynamicEmbeddingTable:
         return {"keys": self.keys, "rows": self.rows_of_keys,
                 "values": self.store.values[: self.size], "state": self.store.state[: self.size]}
 
+    def export_rows(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(keys sorted, their values, their optimizer state): the table independent of its layout."""
+        return self.keys.clone(), self.store.values[self.rows_of_keys], self.store.state[self.rows_of_keys]
+
+    def import_rows(self, keys: Tensor, values: Tensor, state: Tensor) -> None:
+        """Add or overwrite the rows of ``keys`` (a checkpoint, or another run's parameters)."""
+        if not keys.numel():
+            return
+        rows = self.rows(keys)
+        self.store.values[rows] = values
+        self.store.state[rows] = state
+
     def load_tensors(self, tensors: dict[str, Tensor]) -> None:
         size = tensors["values"].shape[0]
         self.store = create_store(max(size, 1024), self.width, tensors["state"].shape[1])
         self.store.values[:size] = tensors["values"]
         self.store.state[:size] = tensors["state"]
         self.keys, self.rows_of_keys, self.size = tensors["keys"].clone(), tensors["rows"].clone(), size
+
+
+class FixedTable:
+    """The rows of a fixed key space 0..N-1 that one shard of ``shards`` owns (key % shards == shard),
+    with the verbs of ``DynamicEmbeddingTable``. Local row = key // shards; every row starts with the
+    value ``spec.initial_values`` gives its key, so any sharding starts from the same model."""
+
+    def __init__(self, spec, state_width: int, shard: int = 0, shards: int = 1):
+        self.spec = spec
+        self.width = spec.width
+        self.shard, self.shards = shard, shards
+        owned = torch.arange(shard, spec.rows, shards)
+        self.store = create_store(owned.shape[0], spec.width, state_width)
+        for start in range(0, owned.shape[0], 1 << 16):
+            chunk = owned[start:start + (1 << 16)]
+            self.store.values[start:start + chunk.shape[0]] = spec.initial_values(chunk)
+        self.added = 0  # a fixed key space never grows
+
+    def __len__(self) -> int:
+        return self.store.num_rows
+
+    def _local(self, keys: Tensor) -> Tensor:
+        return keys.div(self.shards, rounding_mode="floor")
+
+    def pull(self, keys: Tensor) -> RowBlock:
+        return self.store.pull(self._local(keys))
+
+    def set(self, keys: Tensor, block: RowBlock) -> None:
+        self.store.set(self._local(keys), block)
+
+    def peek(self, keys: Tensor) -> Tensor:
+        return self.store.values.index_select(0, self._local(keys))
+
+    def export_rows(self) -> tuple[Tensor, Tensor, Tensor]:
+        keys = torch.arange(self.shard, self.spec.rows, self.shards)
+        return keys, self.store.values.clone(), self.store.state.clone()
+
+    def import_rows(self, keys: Tensor, values: Tensor, state: Tensor) -> None:
+        mine = keys.remainder(self.shards) == self.shard
+        local = self._local(keys[mine])
+        self.store.values[local] = values[mine]
+        self.store.state[local] = state[mine]

@@ -9,17 +9,17 @@ import threading
 from cadence.registry import Registry
 from cadence.runtime.gates import NoGate
 from cadence.runtime.server import DataList
-from cadence.runtime.worker import CtrWorker
+from cadence.runtime.worker import Worker
 
 ENGINES: Registry[type["ThreadEngine"]] = Registry("engine")
 
 
 @ENGINES.register("threads")
 class ThreadEngine:
-    def run(self, workers: list[CtrWorker], data: DataList, gate: NoGate) -> None:
+    def run(self, workers: list[Worker], data: DataList, gate: NoGate) -> None:
         errors: list[BaseException] = []
 
-        def guarded(worker: CtrWorker) -> None:
+        def guarded(worker: Worker) -> None:
             try:
                 worker.run(data, gate)
             except BaseException as err:  # re-raised below, on the calling thread

@@ -2,19 +2,19 @@
 each living in a Ray actor, so that one epoch can run across the processes (and machines) of a Ray
 cluster. Nothing of a mode is re-implemented here: the actors hold the very objects the trainer
 built (``ServerShard`` with its ``Aggregation``, ``DataList``, ``StepBarrier``/``BoundedStaleness``,
-``CtrWorker``) and call their methods.
+``Worker``) and call their methods.
 
 One epoch (``RayEngine.run(workers, data, gate)``, the ``threads`` engine's signature):
 
 1. **Place.** Each object is pickled with its references to the others replaced by *links* (a
    pickle persistent id such as ``("shard", 0, width)``) and loaded into an actor of the pool:
-   shard i into ``ShardServer`` i, the data list into the ``Coordinator``, worker i's ``CtrWorker``
+   shard i into ``ShardServer`` i, the data list into the ``Coordinator``, worker i's task ``Worker``
    into ``Worker`` i. Unpickling there turns each link into the local object (a shard's own gate) or
    a proxy of the actor that holds it (a worker's ``ShardRouter`` gets one ``_RemoteShard`` per
    shard). Locks and conditions are recreated empty. A gate that waits on a shard (``StepBarrier``)
    is hosted by that shard's actor, so it blocks on the shard's own condition; any other stateful
    gate (``BoundedStaleness``) by the coordinator; ``NoGate`` is copied into every worker.
-2. **Run.** Every ``Worker`` actor runs ``CtrWorker.run(data, gate)`` against the proxies. Per batch
+2. **Run.** Every ``Worker`` actor runs the task worker's ``run(data, gate)`` against the proxies. Per batch
    and at the actor boundary, tensors travel as numpy arrays (faster than pickled tensors; the ones
    that arrive read-only are copied before torch may change them). The verbs that return nothing
    (``push``, ``drop``, ``close_token``) are sent without waiting; the caller's next call to that
@@ -31,7 +31,8 @@ One epoch (``RayEngine.run(workers, data, gate)``, the ``threads`` engine's sign
 The pool of actors (``num_cpus=0``, so they never wait for CPUs; dealt round-robin over the nodes
 that have CPUs, in the order shards, coordinator, workers) lives as long as the driver's connection
 and serves later epochs and runs: starting an actor that imports torch costs about a second of CPU.
-The training split is put into the object store once and read zero-copy by the workers of a node.
+The task (its data included) is put into the object store once per run and fetched once by each
+worker actor, which keeps it across epochs.
 A worker actor that dies unexpectedly fails the epoch at once (every actor is killed, so nobody is
 left blocked), without recovering its batch.
 """
@@ -55,7 +56,7 @@ from torch import Tensor, nn
 from cadence.errors import ConfigError
 from cadence.runtime.gates import NoGate
 from cadence.runtime.server import DataList
-from cadence.runtime.worker import CtrWorker
+from cadence.runtime.worker import Worker as TaskWorker
 
 try:
     import ray
@@ -100,7 +101,7 @@ def shutdown() -> None:
 class RayEngine:
     """``ENGINES.get("ray")()``: runs one epoch's workers and shards as Ray actors (module docstring)."""
 
-    def run(self, workers: list[CtrWorker], data: DataList, gate: NoGate) -> None:
+    def run(self, workers: list[TaskWorker], data: DataList, gate: NoGate) -> None:
         if not ray.is_initialized():
             connect(_settings["address"], _settings["threads"])
         with _RUN_LOCK:
@@ -320,7 +321,7 @@ class _Host:
         self.objects: dict[str, Any] = {}
         self.names: dict[tuple, str] = {}  # link key -> name of the object here that it stands for
         self.directory: dict[str, Any] = {}
-        self.examples: dict[int, Any] = {}  # key -> training examples (zero-copy), kept across epochs
+        self.examples: dict[int, Any] = {}  # key -> the task (with its data), kept across epochs
         self.proxies: list[_RemoteShard] = []
 
     def node_id(self) -> str:
@@ -388,7 +389,7 @@ class Coordinator(_Host):
 
 
 class Worker(_Host):
-    """One ``CtrWorker``."""
+    """One task ``Worker`` (``cadence.runtime.worker``)."""
 
 
 _ACTOR_CLASSES: dict[type, Any] = {}
@@ -492,7 +493,7 @@ def _pool(workers: int) -> _Pool:
 class _Epoch:
     """One epoch on the pool: place the objects, run the workers, bring the objects back."""
 
-    def __init__(self, pool: _Pool, workers: list[CtrWorker], data: DataList, gate: NoGate):
+    def __init__(self, pool: _Pool, workers: list[TaskWorker], data: DataList, gate: NoGate):
         self.pool = pool
         self.workers = workers
         self.data = data
@@ -503,7 +504,7 @@ class _Epoch:
         # link key -> the driver's object it stands for
         self.local: dict[tuple, Any] = {("shard", i, shard.table.width): shard for i, shard in enumerate(shards)}
         self.boxes = {}  # examples key -> [object ref], in a list so that Ray does not fetch it eagerly
-        for key, (examples, ref) in pool.share([worker.examples for worker in workers]).items():
+        for key, (examples, ref) in pool.share([worker.task for worker in workers]).items():
             self.local[("examples", key)] = examples
             self.boxes[key] = [ref]
         self.local[("data",)] = data

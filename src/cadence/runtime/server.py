@@ -13,11 +13,11 @@ from torch import Tensor, nn
 
 from cadence.optim import EntityOptimizer
 from cadence.runtime.aggregation import Aggregation, Gradient
-from cadence.runtime.embedding_table import DynamicEmbeddingTable
+from cadence.runtime.embedding_table import DynamicEmbeddingTable, FixedTable
 
 
 class ServerShard:
-    def __init__(self, table: DynamicEmbeddingTable, entity_optimizer: EntityOptimizer,
+    def __init__(self, table: DynamicEmbeddingTable | FixedTable, entity_optimizer: EntityOptimizer,
                  aggregation: Aggregation, dense: nn.Module | None = None,
                  dense_optimizer: torch.optim.Optimizer | None = None):
         self.table = table
@@ -108,6 +108,8 @@ class ServerShard:
         self.table.set(unique, block)
 
     def _apply_dense(self, gradients: list[Gradient], normalizer: float) -> None:
+        if self.dense_optimizer is None:  # a dense module without parameters (buffers only)
+            return
         for name, parameter in self.dense.named_parameters():
             total = torch.stack([g.dense[name] for g in gradients]).sum(0)
             parameter.grad = total.div_(normalizer)
@@ -125,7 +127,7 @@ class DataList:
     out or dropped (``close_token``), and of each drop.
     """
 
-    def __init__(self, batches: list[Tensor], per_token: int, first_token: int, shards: list[ServerShard],
+    def __init__(self, batches: list, per_token: int, first_token: int, shards: list[ServerShard],
                  workers: int = 1, per_worker: bool = False):
         self.batches = batches
         self.per_token = per_token
@@ -137,7 +139,7 @@ class DataList:
         self.settled: dict[int, int] = {}  # token -> batches handed out or dropped so far
         self.lock = threading.Lock()
 
-    def take(self, worker: int = 0) -> tuple[int, Tensor, int] | None:
+    def take(self, worker: int = 0) -> tuple[int, object, int] | None:
         with self.lock:
             if self.per_worker:
                 if not self.queues[worker]:

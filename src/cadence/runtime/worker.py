@@ -1,8 +1,9 @@
 """Workers of the parameter-server runtime: pull, compute, push (GBA, SPEC section 3).
 
-A worker repeatedly takes (batch, token) from the data list, waits at its mode's gate, pulls the
-dense parameters and the rows of the batch's feature keys, computes the gradient of the batch's
-mean loss, and pushes (gradient, token) to every shard without waiting for it to be applied.
+A worker repeatedly takes (batch plan, token) from the data list, waits at its mode's gate, pulls
+the dense parameters and the rows of the batch's keys, computes the gradient of the task's loss of
+the batch, and pushes (gradient, token) to every shard without waiting for it to be applied. The
+worker knows no task: ``task.prepare`` and ``task.loss`` are the only task-specific calls.
 Fault injection for experiments: a straggler sleeps so that each batch takes ``slowdown`` times as
 long; a killed worker takes one more batch and dies with it (its batch and token are dropped).
 """
@@ -13,12 +14,10 @@ import time
 from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cadence.data.ctr import CtrExamples
 from cadence.errors import ConfigError
-from cadence.models.ctr import pool_bags
+from cadence.pipeline.batch import BatchPlan
 from cadence.runtime.aggregation import Gradient
 from cadence.runtime.gates import NoGate
 from cadence.runtime.server import DataList, ServerShard
@@ -86,24 +85,28 @@ def _parse(items: list[str], key: str, kind: type, workers: int, minimum: float)
     return parsed
 
 
-class CtrWorker:
-    def __init__(self, index: int, router: ShardRouter, model: nn.Module, examples: CtrExamples,
+class Worker:
+    """One parameter-server worker of any task: ``task.prepare`` a plan, pull its rows and the dense
+    parameters, ``task.loss``, backward, push (gradient, token)."""
+
+    def __init__(self, index: int, router: ShardRouter, model: nn.Module, task,
                  slowdown: float = 1.0, kill_after: int | None = None, emulated_latency: float = 0.0):
         self.index = index
         self.router = router
         self.model = model  # a replica: its parameters are overwritten by every pull
-        self.examples = examples
+        self.task = task
         self.slowdown = slowdown
         self.kill_after = kill_after
         self.emulated_latency = emulated_latency
         self.pushed = 0
         self.examples_done = 0
+        self.loss_total = 0.0  # the epoch's summed loss (``task.loss_total`` of each batch)
         self.died = False
 
     def run(self, data: DataList, gate: NoGate) -> None:
         try:
             while (item := data.take(self.index)) is not None:
-                position, batch, token = item
+                position, plan, token = item
                 if self.kill_after is not None and self.pushed >= self.kill_after:
                     self.died = True
                     self.router.drop(token)  # the batch and its token are lost with the worker
@@ -111,46 +114,27 @@ class CtrWorker:
                     return
                 gate.wait(self.index, token)
                 started = time.perf_counter()
-                self.step(position, batch, token)
+                self.step(position, plan, token)
                 if self.emulated_latency:
                     time.sleep(self.emulated_latency)  # as if the batch ran on a machine of its own
                 elapsed = time.perf_counter() - started
                 if self.slowdown > 1.0:
                     time.sleep(elapsed * (self.slowdown - 1.0))
                 self.pushed += 1
-                self.examples_done += batch.shape[0]
+                self.examples_done += plan.size
                 gate.done(self.index)
         finally:
             gate.leave(self.index)
 
-    def step(self, position: int, batch: Tensor, token: int) -> None:
-        examples = self.examples.subset(batch)
-        keys, inverse = batch_keys(examples)
-        rows = self.router.pull_rows(keys).requires_grad_(True)
+    def step(self, position: int, plan: BatchPlan, token: int) -> None:
+        batch = self.task.prepare(plan)
+        rows = self.router.pull_rows(batch.ids).requires_grad_(True)
         dense_state, pulled_step = self.router.shards[0].pull_dense()
         self.model.load_state_dict(dense_state)
         self.model.zero_grad(set_to_none=True)
-        loss = F.binary_cross_entropy_with_logits(forward(self.model, examples, rows, inverse), examples.labels)
+        loss = self.task.loss(batch, rows, self.model)
         loss.backward()
+        self.loss_total += self.task.loss_total(float(loss.detach()), plan.size)
         dense = {name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
                  for name, p in self.model.named_parameters()}
-        self.router.push(Gradient(self.index, position, token, batch.shape[0], keys, rows.grad, dense, pulled_step))
-
-
-def batch_keys(examples: CtrExamples) -> tuple[Tensor, Tensor]:
-    """The batch's unique feature keys, and each key slot's index into them (single fields first,
-    then the valid bag entries in order)."""
-    present = examples.bags[examples.bags >= 0]
-    return torch.unique(torch.cat([examples.keys.flatten(), present]), return_inverse=True)
-
-
-def forward(model: nn.Module, examples: CtrExamples, rows: Tensor, inverse: Tensor) -> Tensor:
-    """Logits of a batch from its unique rows [U, W] (gathered per field, bags sum-pooled)."""
-    size, fields = examples.keys.shape
-    single = rows.index_select(0, inverse[: size * fields]).view(size, fields, -1)  # [B, F, W]
-    if examples.bags.shape[1]:
-        mask = examples.bags >= 0  # [B, Fb, L]
-        bag_rows = rows.new_zeros(*examples.bags.shape, rows.shape[1])
-        bag_rows = bag_rows.index_put((*mask.nonzero().unbind(1),), rows.index_select(0, inverse[size * fields:]))
-        single = torch.cat([single, pool_bags(bag_rows, mask)], dim=1)  # [B, F + Fb, W]
-    return model(single, examples.dense)
+        self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, rows.grad, dense, pulled_step))

@@ -21,7 +21,6 @@ tables may exceed RAM (the page cache holds the hot rows). Backends register by 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from torch import Tensor
 
 from cadence.errors import ConfigError
 from cadence.registry import Registry
+from cadence.seeding import derive_seed
 
 INIT_CHUNK_ROWS = 1 << 16  # rows initialised per generator: keeps init identical across backends
 
@@ -145,9 +145,7 @@ class EmbeddingStore:
         """Fill values with N(0, std^2), chunk by chunk, identically for every backend."""
         for chunk, start in enumerate(range(0, self.num_rows, INIT_CHUNK_ROWS)):
             stop = min(start + INIT_CHUNK_ROWS, self.num_rows)
-            generator = torch.Generator().manual_seed(derive_seed(seed, "store-init", chunk))
-            rows = torch.randn(stop - start, self.dim, generator=generator)
-            self.values[start:stop] = rows.mul_(std)
+            self.values[start:stop] = _initial_chunk(chunk, self.num_rows, self.dim, std, seed)
         self.state.zero_()
         self.versions.fill_(-1)
 
@@ -170,15 +168,28 @@ class EmbeddingStore:
             array.flush()
 
 
+def _initial_chunk(chunk: int, num_rows: int, dim: int, std: float, seed: int) -> Tensor:
+    start = chunk * INIT_CHUNK_ROWS
+    stop = min(start + INIT_CHUNK_ROWS, num_rows)
+    generator = torch.Generator().manual_seed(derive_seed(seed, "store-init", chunk))
+    return torch.randn(stop - start, dim, generator=generator).mul_(std)
+
+
+def initial_rows(rows: Tensor, num_rows: int, dim: int, std: float, seed: int) -> Tensor:
+    """The values ``initialize(std, seed)`` gives ``rows`` of a ``num_rows``-row table, computing only
+    the chunks they fall in (a parameter-server shard initialises just the rows it owns)."""
+    values = torch.empty(rows.shape[0], dim)
+    chunks = rows.div(INIT_CHUNK_ROWS, rounding_mode="floor")
+    for chunk in torch.unique(chunks).tolist():
+        mine = (chunks == chunk).nonzero().squeeze(1)
+        block = _initial_chunk(chunk, num_rows, dim, std, seed)
+        values[mine] = block.index_select(0, rows[mine] - chunk * INIT_CHUNK_ROWS)
+    return values
+
+
 def create_store(
     num_rows: int, dim: int, state_width: int, backend: str = "memory", path: str | None = None
 ) -> EmbeddingStore:
     allocate = STORE_BACKENDS.get(backend)
     values, state, versions, mapped = allocate(num_rows, dim, state_width, path)
     return EmbeddingStore(values, state, versions, backend, mapped)
-
-
-def derive_seed(seed: int, *parts: object) -> int:
-    """A 63-bit seed from a root seed and a path of names and numbers (stable across runs)."""
-    text = ":".join(str(p) for p in (seed, *parts)).encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") & ((1 << 63) - 1)

@@ -1,13 +1,14 @@
-"""The training loop, visible top to bottom.
+"""The training loop, visible top to bottom, for every task on every runtime.
 
     for each epoch:
-        plan the epoch's batches (a pure function of seed and epoch)
-        strategy.run_epoch(plans, stages)     <- the only place strategies differ
-        validate every eval.every epochs      -> metrics.jsonl, early stopping
+        plans = task.plan(epoch)                 a pure function of seed and epoch
+        runtime.run_epoch(plans)                 <- the only place strategies differ
+        validate when task.validation(epoch) says (metrics.jsonl, early stopping on the primary metric)
         checkpoint every checkpoint.every epochs
-    test, summary.json
+    restore the best model (early stopping), test, summary.json
 
-Hooks (``TrainerHook``) observe batches, epochs and evaluations without copying the loop.
+Hooks (``TrainerHook``) observe batches (pipeline runtime), epochs and evaluations without copying
+the loop.
 """
 
 from __future__ import annotations
@@ -15,24 +16,21 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch
 from tqdm.auto import tqdm
 
 from cadence.config import Config
-from cadence.data.triples import KnowledgeGraph
-from cadence.evaluation.ranking import FilteredRankingMetric
-from cadence.models.kge import KgeModel
-from cadence.pipeline.batch import Batch, plan_epoch
-from cadence.pipeline.stages import Stages
-from cadence.store.embedding_store import EmbeddingStore, derive_seed
-from cadence.strategies.base import Strategy
+from cadence.errors import CheckpointError
+from cadence.pipeline.batch import Batch
+from cadence.tasks.base import Task, Validation
 from cadence.training import checkpoint as ckpt
 from cadence.training.batch_order import BatchOrder, ComputationOrderRecorder
 from cadence.training.run_directory import RunDirectory
+from cadence.training.runtimes import Runtime
 
 log = logging.getLogger("cadence")
 
@@ -52,27 +50,30 @@ class Progress:
     """What the trainer has done so far: saved in every checkpoint, restored on resume."""
 
     epoch: int = 0  # epochs completed
-    triples_seen: int = 0  # training triples processed (reciprocal copies included)
+    batch_examples: int = 0  # training examples processed (KGE's reciprocal copies included)
     train_seconds: float = 0.0  # wall seconds inside run_epoch (evaluation, checkpoints excluded)
-    best_mrr: float = -1.0
+    best_value: float | None = None  # best validation value of the task's primary metric
     best_epoch: int = 0
     stale_validations: int = 0  # validations since the best one (early stopping)
     history: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl records
 
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "Progress":
+        state = dict(state)
+        if "triples_seen" in state:  # checkpoints of cadence 0.1 (knowledge graphs only)
+            state["batch_examples"] = state.pop("triples_seen")
+            best = state.pop("best_mrr")
+            state["best_value"] = best if best >= 0 else None
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in state.items() if k in known})
+
 
 class Trainer:
-    def __init__(self, config: Config, graph: KnowledgeGraph, train_triples: torch.Tensor,
-                 store: EmbeddingStore, model: KgeModel, dense_optimizer: torch.optim.Optimizer,
-                 stages: Stages, strategy: Strategy, run: RunDirectory, device: torch.device,
+    def __init__(self, config: Config, task: Task, runtime: Runtime, run: RunDirectory, device: torch.device,
                  hooks: Iterable[TrainerHook] = ()):
         self.config = config
-        self.graph = graph
-        self.train_triples = train_triples
-        self.store = store
-        self.model = model
-        self.dense_optimizer = dense_optimizer
-        self.stages = stages
-        self.strategy = strategy
+        self.task = task
+        self.runtime = runtime
         self.run = run
         self.device = device
         self.hooks = list(hooks)
@@ -80,91 +81,80 @@ class Trainer:
         if config.record_order:
             self.hooks.append(ComputationOrderRecorder(Path(config.record_order)))
         self.progress = Progress()
-        self.metric = FilteredRankingMetric(graph, config.train.reciprocal)
-        # a reciprocal run trains each edge twice per epoch; examples count edges, not copies
-        self.copies_per_edge = train_triples.shape[0] // max(1, graph.train.shape[0])
 
     # ---- the loop -------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        cfg = self.config
-        for epoch in range(self.progress.epoch, cfg.train.epochs):
-            plans = plan_epoch(self.train_triples.shape[0], cfg.train.batch_size, cfg.seed, epoch)
+        cfg, epochs = self.config, self.task.num_epochs()
+        loss = math.nan
+        for epoch in range(self.progress.epoch, epochs):
+            plans = self.task.plan(epoch)
             if self.batch_order is not None:
                 plans = self.batch_order.reorder(plans)
-            loss = self._run_epoch(epoch, plans)
+            loss = self._run_epoch(epoch, plans, epochs)
             self.progress.epoch = epoch + 1
             for hook in self.hooks:
                 hook.on_epoch_end(self, self.progress.epoch)
-            stop = False
-            if cfg.eval.every and self.progress.epoch % cfg.eval.every == 0:
-                stop = self._validate(loss)
-            last = stop or self.progress.epoch == cfg.train.epochs
+            validation = self.task.validation(self.progress.epoch)
+            stop = self._validate(validation, loss) if validation is not None else False
+            last = stop or self.progress.epoch == epochs
             if cfg.checkpoint.every and (self.progress.epoch % cfg.checkpoint.every == 0 or last):
                 self.save_checkpoint()
             if stop:
-                log.info("early stopping: valid MRR has not improved for %d validations", cfg.eval.patience)
+                log.info("early stopping: valid %s has not improved for %d validations",
+                         self.task.primary_metric, cfg.eval.patience)
                 break
         if cfg.eval.patience and self.progress.best_epoch:
             self._restore_best()
-        test = self._evaluate_split("test") if cfg.eval.test else {}
+        if cfg.checkpoint.every:
+            self.save_checkpoint(name="final")  # the model the run reports on (``--init-from``, eval, export)
+        test, extra = self.task.final_metrics(self.evaluate, self.progress.history)
         if test:
             self._record("test", test, loss=None)
         self.run.write_metrics(self.progress.history)
-        return self.summary(test)
+        return self.summary(test, extra)
 
-    def _run_epoch(self, epoch: int, plans) -> float:
-        total_loss = torch.zeros(())
-        bar = tqdm(total=len(plans), desc=f"epoch {epoch + 1}/{self.config.train.epochs}",
-                   unit="batch", leave=False, disable=self._bar_disabled())
+    def _run_epoch(self, epoch: int, plans, epochs: int) -> float:
+        bar = tqdm(total=len(plans), desc=f"epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
+                   disable=self._bar_disabled())
 
         def on_batch(batch: Batch) -> None:
-            nonlocal total_loss
-            self.progress.triples_seen += batch.size
-            total_loss += batch.loss.cpu() * batch.size
             bar.update(1)
             for hook in self.hooks:
                 hook.on_batch_end(self, batch)
 
         started = time.perf_counter()
-        self.strategy.run_epoch(plans, self.stages, on_batch)
+        total_loss, examples = self.runtime.run_epoch(plans, on_batch)
         self.progress.train_seconds += time.perf_counter() - started
+        self.progress.batch_examples += examples
+        bar.update(len(plans) - bar.n)
         bar.close()
-        return float(total_loss) / max(1, sum(p.triple_ids.shape[0] for p in plans))
+        return total_loss / max(1, examples)
 
     # ---- evaluation -----------------------------------------------------------------------------
-    def _validate(self, loss: float) -> bool:
-        metrics = self._evaluate_split("valid")
-        record = self._record("valid", metrics, loss)
-        mrr = metrics["mrr"]
-        if mrr > self.progress.best_mrr:
-            self.progress.best_mrr, self.progress.best_epoch = mrr, self.progress.epoch
+    def _validate(self, validation: Validation, loss: float) -> bool:
+        metrics = self.evaluate(validation.split)
+        record = self._record(validation.record, {**dict(validation.extra), **metrics}, loss)
+        name = self.task.primary_metric
+        log.info("epoch %d/%d  loss %.4f  %s %s %.4f  (%.1f s training)", self.progress.epoch,
+                 self.task.num_epochs(), loss, validation.split, name, metrics[name], record["wall_seconds"])
+        if not validation.early_stopping:
+            return False
+        if self.task.better(metrics[name], self.progress.best_value):
+            self.progress.best_value, self.progress.best_epoch = metrics[name], self.progress.epoch
             self.progress.stale_validations = 0
             if self.config.eval.patience:
                 self.save_checkpoint(name="best")
         else:
             self.progress.stale_validations += 1
-        log.info("epoch %d/%d  loss %.4f  valid mrr %.4f  hits@10 %.4f  (%.1f s training)",
-                 self.progress.epoch, self.config.train.epochs, loss, mrr, metrics["hits@10"],
-                 record["wall_seconds"])
         return bool(self.config.eval.patience) and self.progress.stale_validations >= self.config.eval.patience
 
-    def _evaluate_split(self, split: str) -> dict[str, float]:
-        triples = self.graph.split(split)
-        limit = self.config.eval.max_triples
-        if limit and triples.shape[0] > limit:
-            generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "eval-subset", split))
-            triples = triples[torch.randperm(triples.shape[0], generator=generator)[:limit]]
-        self.model.eval()
-        entities = self.store.values.to(self.device)
-
+    def evaluate(self, split: str) -> dict[str, float]:
         def progress(steps: Iterable) -> Iterable:
             return tqdm(steps, desc=f"eval {split}", unit="batch", leave=False, disable=self._bar_disabled())
 
-        metrics = self.metric(self.model, entities, triples.to(self.device), progress)
-        self.model.train()
-        return metrics
+        return self.task.evaluate(self.runtime.parameters(), self.runtime.dense(), split, self.device, progress)
 
-    def _record(self, split: str, metrics: dict[str, float], loss: float | None) -> dict[str, Any]:
+    def _record(self, split: str, metrics: dict[str, Any], loss: float | None) -> dict[str, Any]:
         record = {
             "epoch": self.progress.epoch,
             "split": split,
@@ -182,40 +172,38 @@ class Trainer:
     # ---- results --------------------------------------------------------------------------------
     @property
     def examples_seen(self) -> int:
-        return self.progress.triples_seen // self.copies_per_edge
+        return self.task.examples_of(self.progress.batch_examples)
 
-    def summary(self, test: dict[str, float]) -> dict[str, Any]:
+    def summary(self, test: dict[str, float], extra: dict[str, Any] | None = None) -> dict[str, Any]:
         seconds = self.progress.train_seconds
+        metric = self.task.primary_metric
+        best = self.progress.best_value if self.progress.best_epoch else None
         return {
+            **self.task.summary_fields(),
             "strategy": self.config.strategy,
-            "dataset": self.graph.name,
-            "model": self.config.model.name,
+            "runtime": self.runtime.name,
             "epochs": self.progress.epoch,
             "train_seconds": round(seconds, 4),
             "examples_seen": self.examples_seen,
             "examples_per_second": self.examples_seen / seconds if seconds > 0 else 0.0,
-            "best_valid_mrr": self.progress.best_mrr if self.progress.best_epoch else None,
+            "primary_metric": metric,
+            f"best_valid_{metric}": best,
             "best_epoch": self.progress.best_epoch or None,
-            **self.strategy.stats(),
+            **self.runtime.stats(),
             **test,
+            **(extra or {}),
         }
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, name: str | None = None) -> None:
-        optimizer_tensors, optimizer_meta = ckpt.flatten_optimizer(self.dense_optimizer)
-        tensors = {f"store.{k}": v for k, v in self.store.tensors().items()}
-        tensors["model.relations"] = self.model.relations.detach()
-        tensors.update(optimizer_tensors)
-        state = {"progress": self.progress.__dict__, "dense_optimizer": optimizer_meta}
+        tensors, meta = self.runtime.state()
+        state = {"progress": self.progress.__dict__, "runtime": self.runtime.name, **meta}
         keep = self.config.checkpoint.keep if name is None else None
         ckpt.save_checkpoint(self.run.path, name or ckpt.epoch_name(self.progress.epoch), tensors, state, keep=keep)
 
     def load_state(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-        self.store.load_tensors({k[len("store."):]: v for k, v in tensors.items() if k.startswith("store.")})
-        with torch.no_grad():
-            self.model.relations.copy_(tensors["model.relations"])
-        ckpt.restore_optimizer(self.dense_optimizer, tensors, state["dense_optimizer"])
-        self.progress = Progress(**state["progress"])
+        self.runtime.load_state(tensors, state)
+        self.progress = Progress.from_state(state["progress"])
 
     def resume(self) -> bool:
         """Continue from the newest valid checkpoint, if any; returns whether one was loaded."""
@@ -228,13 +216,19 @@ class Trainer:
         log.info("resumed from %s (epoch %d)", path, self.progress.epoch)
         return True
 
+    def init_from(self, run_dir: str | Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        """Start from another run's final parameters (a job switching strategy between periods)."""
+        try:
+            self.runtime.load_state(tensors, state, counters=False)
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise CheckpointError(f"{run_dir}: its model does not match this run's ({err})") from None
+        log.info("initialised from %s (%s)", run_dir, state.get("runtime", "?"))
+
     def _restore_best(self) -> None:
         tensors, state = ckpt.load_checkpoint(ckpt.checkpoint_root(self.run.path) / "best")
-        progress = self.progress
-        self.load_state(tensors, state)
-        self.progress = progress  # keep the full history and counters of the run
-        log.info("restored the best model (epoch %d, valid mrr %.4f)", progress.best_epoch, progress.best_mrr)
+        self.runtime.load_state(tensors, state, counters=False)
+        log.info("restored the best model (epoch %d, valid %s %.4f)", self.progress.best_epoch,
+                 self.task.primary_metric, self.progress.best_value)
 
     def _bar_disabled(self) -> bool | None:
         return None if self.config.progress else True  # None: tqdm shows bars only on a terminal
-

@@ -1,0 +1,221 @@
+"""The task interface: *what* is learned from a batch.
+
+A task owns everything specific to one kind of model: its data (a dataset registry, the splits), the
+embedding rows it learns (one key space, ``TableSpec``), its dense module, the plan of an epoch's
+batches (a pure function of seed and epoch), which rows a batch touches, the loss computed from the
+pulled rows and the dense module, its evaluation (one primary metric drives early stopping,
+``compare`` and the plots) and its export. Strategies, the pipeline and the parameter-server
+runtime know nothing task-specific: they move rows by key and call ``prepare`` and ``loss``.
+
+    task = TASKS.get(config.task)(config)       # reads and validates the data
+    for plan in task.plan(epoch):
+        batch = task.prepare(plan)              # batch.ids: the keys of the rows it touches
+        rows = <pull batch.ids>                 # wherever the runtime keeps them
+        loss = task.loss(batch, rows, dense)    # rows: a leaf tensor [U, width]
+        <backward, update rows and dense, write rows back>
+
+A task with several logical tables (matrix factorisation's users and items, word2vec's input and
+output vectors) lays them out as consecutive ranges (``TablePart``) of one key space, so every
+strategy's concurrency control (versions, OAC's validation cache, staleness accounting) works on a
+single index of rows.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterable, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from cadence.config import Config
+from cadence.pipeline.batch import Batch, BatchPlan
+from cadence.registry import Registry
+from cadence.runtime.embedding_table import hashed_normal
+from cadence.seeding import derive_seed
+from cadence.store.embedding_store import EmbeddingStore, initial_rows
+
+TASKS: Registry[type["Task"]] = Registry("task")
+
+Progress = Callable[[Iterable], Iterable]  # wraps an iterable of evaluation steps (a progress bar)
+
+
+@dataclass(frozen=True)
+class TablePart:
+    """A named range of keys ``[start, start + count)``; ``zero``: its rows start at 0."""
+
+    name: str
+    start: int
+    count: int
+    zero: bool = False
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """The embedding rows of a task.
+
+    ``rows`` = N: keys are 0..N-1, initialised like ``EmbeddingStore.initialize`` (chunked, seeded
+    normal draws), so every backend and every shard of a parameter server starts from the same rows.
+    ``rows`` = None: a growing vocabulary of int64 keys, each initialised from a hash of
+    (seed, key), so its value never depends on the order in which keys are first seen.
+    """
+
+    rows: int | None
+    width: int
+    init_std: float
+    seed: int
+    parts: tuple[TablePart, ...] = ()
+
+    @property
+    def fixed(self) -> bool:
+        return self.rows is not None
+
+    def initial_values(self, keys: Tensor) -> Tensor:
+        """[n, width] initial values of ``keys`` (any order, no duplicates needed)."""
+        if self.rows is None:
+            return hashed_normal(keys, self.width, self.init_std, self.seed & 0xFFFFFFFF)
+        values = initial_rows(keys, self.rows, self.width, self.init_std, self.seed)
+        for part in self.parts:
+            if part.zero:
+                values[(keys >= part.start) & (keys < part.start + part.count)] = 0.0
+        return values
+
+    def initialize(self, store: EmbeddingStore, keys: Tensor | None = None) -> None:
+        """Fill ``store`` with the initial rows of ``keys`` (row i holds keys[i]; default: row = key)."""
+        if keys is None:
+            store.initialize(self.init_std, self.seed)
+            for part in self.parts:
+                if part.zero:
+                    store.values[part.start:part.start + part.count] = 0.0
+            return
+        for start in range(0, keys.shape[0], 1 << 16):
+            chunk = keys[start:start + (1 << 16)]
+            store.values[start:start + chunk.shape[0]] = self.initial_values(chunk)
+        store.state.zero_()
+        store.versions.fill_(-1)
+
+    def part(self, name: str) -> TablePart:
+        return next(p for p in self.parts if p.name == name)
+
+
+class ParameterView(Protocol):
+    """Read access to the trained rows, wherever they live (store, server shards, checkpoint)."""
+
+    def values(self, keys: Tensor) -> Tensor:
+        """[n, width] rows of ``keys``; keys never trained read their initial values."""
+
+
+@dataclass(frozen=True)
+class Validation:
+    """What to evaluate after an epoch: ``split`` (a name ``task.evaluate`` knows), recorded in
+    metrics.jsonl as ``record`` with ``extra`` fields; ``early_stopping``: it counts for patience."""
+
+    split: str
+    record: str = "valid"
+    extra: tuple[tuple[str, Any], ...] = ()
+    early_stopping: bool = True
+
+
+class Task(ABC):
+    name: ClassVar[str]
+    primary_metric: ClassVar[str]
+    higher_is_better: ClassVar[bool] = True
+    # config sections and keys that belong to this task alone (a run of another task must not set them)
+    own_keys: ClassVar[tuple[str, ...]] = ()
+    # "mean": ``loss`` is a mean over the batch's examples; "sum": a sum (per-example SGD step sizes)
+    loss_reduction: ClassVar[str] = "mean"
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    # ---- what is learned ------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def dataset_name(self) -> str: ...
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model.name
+
+    @abstractmethod
+    def table(self, state_width: int) -> TableSpec:
+        """The task's rows (``state_width``: floats of optimizer state per row, for the caller)."""
+
+    @abstractmethod
+    def dense_module(self) -> nn.Module:
+        """A fresh dense module (seeded: every call returns the same initial parameters)."""
+
+    def known_keys(self) -> Tensor:
+        """Every key the task's data can touch (sorted): the pipeline sizes a growing vocabulary's
+        store from it. Fixed tables: all keys."""
+        spec = self.table(0)
+        assert spec.rows is not None, f"task {self.name} must list the keys of its growing vocabulary"
+        return torch.arange(spec.rows)
+
+    # ---- batches --------------------------------------------------------------------------------
+    def num_epochs(self) -> int:
+        return self.config.train.epochs
+
+    @abstractmethod
+    def plan(self, epoch: int) -> list[BatchPlan]:
+        """The batches of ``epoch``: a pure function of (seed, epoch)."""
+
+    @abstractmethod
+    def prepare(self, plan: BatchPlan) -> Batch:
+        """The batch of ``plan``: the keys it touches (``ids``, sorted, unique) and its inputs."""
+
+    @abstractmethod
+    def loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
+        """The batch's loss from its rows [U, width] (in ``batch.ids`` order) and the dense module."""
+
+    def loss_total(self, loss: float, size: int) -> float:
+        """A batch's contribution to the epoch's summed loss (reported per example)."""
+        return loss * size if self.loss_reduction == "mean" else loss
+
+    def examples_of(self, batch_examples: int) -> int:
+        """Examples a count of batch examples stands for (KGE's reciprocal copies count once)."""
+        return batch_examples
+
+    # ---- evaluation -----------------------------------------------------------------------------
+    def validation(self, epoch: int) -> Validation | None:
+        """What to evaluate after ``epoch`` epochs (default: ``valid`` every ``eval.every``)."""
+        every = self.config.eval.every
+        return Validation("valid") if every and epoch % every == 0 else None
+
+    @abstractmethod
+    def evaluate(self, params: ParameterView, dense: nn.Module, split: str, device: torch.device,
+                 progress: Progress) -> dict[str, float]:
+        """Metrics of the model on ``split``; the primary metric among them."""
+
+    def final_metrics(self, evaluate: Callable[[str], dict[str, float]],
+                      history: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, Any]]:
+        """(test metrics to record, extra summary fields) at the end of a run."""
+        return (evaluate("test") if self.config.eval.test else {}), {}
+
+    def better(self, value: float, best: float | None) -> bool:
+        if best is None:
+            return True
+        return value > best if self.higher_is_better else value < best
+
+    # ---- outputs --------------------------------------------------------------------------------
+    def write_metadata(self, run_dir: Path) -> None:
+        """Id maps and other files a run directory keeps beside its checkpoints."""
+
+    export_formats: ClassVar[tuple[str, ...]] = ("npy",)
+
+    @abstractmethod
+    def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
+        """Write the trained parameters in ``format``; return the files written."""
+
+    def summary_fields(self) -> dict[str, Any]:
+        return {"task": self.name, "dataset": self.dataset_name, "model": self.model_name}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Tasks travel to worker processes (the Ray engine): caches are rebuilt there if needed."""
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_cache")}
+
+
+def table_seed(config: Config, name: str) -> int:
+    return derive_seed(config.seed, name)

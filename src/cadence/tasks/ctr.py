@@ -1,0 +1,185 @@
+"""Click-through-rate prediction (``task: ctr``): LR, FM, Wide&Deep, DeepFM, DLRM on MovieLens-100k,
+Criteo TSV files or synthetic data.
+
+Rows: one per feature key, ``dim + 1`` floats (vector and linear weight), in a growing vocabulary
+of hashed keys (``(field << 40) | value``): a parameter server adds a key's row when a worker first
+pulls it; the pipeline sizes its store once from every key in the data (``known_keys``). Either
+way a key's initial row is a hash of (seed, key), so both runtimes start from the same model.
+Dense module: the CTR model. Loss: binary cross-entropy; metrics: AUC (primary) and logloss.
+
+Splits: a random 80/10/10 split, or time-ordered periods for continual training (``ctr.split:
+periods``, GBA's protocol): the run trains ``train.epochs`` epochs on each period d from
+``ctr.first_period`` to ``ctr.last_period`` and evaluates on period d + 1 after each (records
+``next_period``); the summary's ``auc`` is the mean next-period AUC.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from cadence.config import Config
+from cadence.data.ctr import CtrDataset, CtrExamples, load_ctr_dataset
+from cadence.errors import ConfigError
+from cadence.evaluation.classification import auc, logloss
+from cadence.models.ctr import CTR_MODELS, pool_bags
+from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch
+from cadence.seeding import derive_seed
+from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, Validation
+
+EVAL_BATCH = 4096
+
+
+@TASKS.register("ctr")
+class CtrTask(Task):
+    name = "ctr"
+    primary_metric = "auc"
+    own_keys = ("ctr",)
+
+    def __init__(self, config: Config, dataset: CtrDataset | None = None):
+        super().__init__(config)
+        CTR_MODELS.get(config.model.name)
+        self.dataset = dataset if dataset is not None else load_ctr_dataset(config.data.dataset, config.seed)
+        self.num_fields = len(self.dataset.field_names) + len(self.dataset.bag_names)
+        self.num_dense = len(self.dataset.dense_names)
+        if config.ctr.split == "random":
+            train, valid, test = self.dataset.random_split(config.seed)
+            self.splits = {"train": train, "valid": valid, "test": test}
+            self.periods: list[CtrExamples] | None = None
+        else:
+            self.periods = self.dataset.periods(config.ctr.num_periods)
+            self.first_period = config.ctr.first_period
+            self.last_period = config.ctr.last_period if config.ctr.last_period >= 0 else len(self.periods) - 2
+            if not 0 <= self.first_period <= self.last_period <= len(self.periods) - 2:
+                raise ConfigError(f"ctr.first_period..ctr.last_period must lie in 0..{len(self.periods) - 2} (each "
+                                  f"trained period is evaluated on the next of {len(self.periods)}); got "
+                                  f"{config.ctr.first_period}..{config.ctr.last_period}")
+            self.splits = {}
+
+    @property
+    def dataset_name(self) -> str:
+        return self.dataset.name
+
+    def table(self, state_width: int = 0) -> TableSpec:
+        return TableSpec(None, self.config.model.dim + 1, self.config.model.init_std,
+                         derive_seed(self.config.seed, "ctr-table"))
+
+    def dense_module(self) -> nn.Module:
+        torch.manual_seed(derive_seed(self.config.seed, "ctr-model"))
+        return CTR_MODELS.get(self.config.model.name)(self.num_fields, self.num_dense, self.config.model.dim,
+                                                      tuple(self.config.ctr.hidden), self.config.ctr.dropout)
+
+    def known_keys(self) -> Tensor:
+        examples = self.dataset.examples
+        return torch.unique(torch.cat([examples.keys.flatten(), examples.bags[examples.bags >= 0]]))
+
+    # ---- batches --------------------------------------------------------------------------------
+    def num_epochs(self) -> int:
+        if self.periods is None:
+            return self.config.train.epochs
+        return self.config.train.epochs * (self.last_period - self.first_period + 1)
+
+    def _period(self, epoch: int) -> int:
+        return -1 if self.periods is None else self.first_period + epoch // self.config.train.epochs
+
+    def training_examples(self, epoch: int) -> CtrExamples:
+        period = self._period(epoch)
+        return self.splits["train"] if period < 0 else self.periods[period]
+
+    def plan(self, epoch: int) -> list[BatchPlan]:
+        period = self._period(epoch)
+        local_epoch = epoch if period < 0 else epoch % self.config.train.epochs
+        plans = plan_epoch(len(self.training_examples(epoch)), self.config.train.batch_size, self.config.seed,
+                           local_epoch, "ctr-shuffle", period)
+        return [BatchPlan(epoch, plan.index, plan.examples) for plan in plans]
+
+    def prepare(self, plan: BatchPlan) -> Batch:
+        return examples_batch(plan, self.training_examples(plan.epoch).subset(plan.examples))
+
+    def loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
+        return F.binary_cross_entropy_with_logits(forward(dense, batch.inputs, rows), batch.inputs["labels"])
+
+    # ---- evaluation -----------------------------------------------------------------------------
+    def validation(self, epoch: int) -> Validation | None:
+        if self.periods is None:
+            return super().validation(epoch)
+        if epoch % self.config.train.epochs:
+            return None
+        period = self._period(epoch - 1)
+        return Validation(f"period:{period + 1}", "next_period", (("period", period),), early_stopping=False)
+
+    def _split(self, split: str) -> CtrExamples:
+        if split.startswith("period:") and self.periods is not None:
+            return self.periods[int(split.split(":")[1])]
+        if split not in self.splits:
+            choices = ", ".join(self.splits) or "period:N"
+            raise ConfigError(f"split {split!r} does not exist in this run (choose {choices})")
+        return self.splits[split]
+
+    @torch.no_grad()
+    def evaluate(self, params: ParameterView, dense: nn.Module, split: str, device: torch.device,
+                 progress: Progress) -> dict[str, float]:
+        examples = self._split(split)
+        dense.eval()
+        logits = []
+        for start in progress(range(0, len(examples), EVAL_BATCH)):
+            part = examples.subset(torch.arange(start, min(start + EVAL_BATCH, len(examples))))
+            batch = examples_batch(BatchPlan(-1, start, torch.empty(0, dtype=torch.int64)), part)
+            logits.append(forward(dense, batch.inputs, params.values(batch.ids)))
+        dense.train()
+        scores = torch.cat(logits)
+        return {"auc": auc(scores, examples.labels), "logloss": logloss(scores, examples.labels)}
+
+    def final_metrics(self, evaluate: Callable[[str], dict[str, float]],
+                      history: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, Any]]:
+        if self.periods is None:
+            return super().final_metrics(evaluate, history)
+        aucs = [r["auc"] for r in history if r["split"] == "next_period"]
+        return {}, {"auc": sum(aucs) / len(aucs) if aucs else None, "next_period_auc": aucs}
+
+    # ---- outputs --------------------------------------------------------------------------------
+    def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
+        """``feature_keys.npy`` [K] int64 (``(field << 40) | value``), ``embeddings.npy`` [K, dim] and
+        ``linear_weights.npy`` [K] of every key in the data, ``fields.tsv`` (field index and name),
+        and ``dense.safetensors`` (the model's dense parameters)."""
+        from safetensors.torch import save_file
+
+        keys = self.known_keys()
+        rows = params.values(keys)
+        files = {"feature_keys.npy": keys, "embeddings.npy": rows[:, :-1], "linear_weights.npy": rows[:, -1]}
+        written = []
+        for name, value in files.items():
+            np.save(out / name, value.detach().cpu().numpy())
+            written.append(out / name)
+        names = self.dataset.field_names + self.dataset.bag_names
+        (out / "fields.tsv").write_text("".join(f"{i}\t{n}\n" for i, n in enumerate(names)))
+        save_file({k: v.detach().cpu().contiguous() for k, v in dense.state_dict().items()}, out / "dense.safetensors")
+        return [*written, out / "fields.tsv", out / "dense.safetensors"]
+
+
+def examples_batch(plan: BatchPlan, examples: CtrExamples) -> Batch:
+    """A batch of CTR examples: its unique feature keys, and each key slot's index into them (single
+    fields first, then the valid bag entries in order)."""
+    present = examples.bags[examples.bags >= 0]
+    keys, inverse = torch.unique(torch.cat([examples.keys.flatten(), present]), return_inverse=True)
+    inputs = {"inverse": inverse, "slots": examples.keys, "bags": examples.bags, "dense": examples.dense,
+              "labels": examples.labels}
+    return Batch(plan, keys, inputs)
+
+
+def forward(model: nn.Module, inputs: dict[str, Tensor], rows: Tensor) -> Tensor:
+    """Logits of a batch from its unique rows [U, W] (gathered per field, bags sum-pooled)."""
+    size, fields = inputs["slots"].shape
+    inverse, bags = inputs["inverse"], inputs["bags"]
+    single = rows.index_select(0, inverse[: size * fields]).view(size, fields, -1)  # [B, F, W]
+    if bags.shape[1]:
+        mask = bags >= 0  # [B, Fb, L]
+        bag_rows = rows.new_zeros(*bags.shape, rows.shape[1])
+        bag_rows = bag_rows.index_put((*mask.nonzero().unbind(1),), rows.index_select(0, inverse[size * fields:]))
+        single = torch.cat([single, pool_bags(bag_rows, mask)], dim=1)  # [B, F + Fb, W]
+    return model(single, inputs["dense"])

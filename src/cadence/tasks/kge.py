@@ -1,0 +1,115 @@
+"""Knowledge-graph embeddings (``task: kge``): link prediction with DistMult, ComplEx, TransE, RotatE.
+
+Rows: one per entity (a fixed table). Dense module: ``KgeModel`` (the relation parameters). A batch
+is a slice of the shuffled training triples plus ``train.negatives`` shared negative entities,
+sampled from the batch's own generator (seed, epoch, index); with ``train.scoring: all`` it touches
+every entity. Evaluation: filtered MRR and Hits@k, both directions (primary metric ``mrr``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from cadence.config import Config
+from cadence.data.datasets import load_graph
+from cadence.data.triples import KnowledgeGraph, with_reciprocals, write_id_maps
+from cadence.errors import ConfigError
+from cadence.evaluation.ranking import FilteredRankingMetric
+from cadence.models.kge import KgeModel
+from cadence.models.scorers import SCORERS
+from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch
+from cadence.seeding import derive_seed
+from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task
+
+
+@TASKS.register("kge")
+class KgeTask(Task):
+    name = "kge"
+    primary_metric = "mrr"
+    own_keys = ("train.scoring", "train.negatives", "train.loss", "train.reciprocal", "train.regularizer",
+                "train.reg_weight", "eval.max_triples", "data.synthetic")
+
+    def __init__(self, config: Config, graph: KnowledgeGraph | None = None):
+        super().__init__(config)
+        SCORERS.get(config.model.name)(config.model)  # validates the name, dim parity and options
+        self.graph = graph if graph is not None else load_graph(config.data, config.seed)
+        self.num_relations = self.graph.num_relations * (2 if config.train.reciprocal else 1)
+        self.train_triples = (with_reciprocals(self.graph.train, self.graph.num_relations)
+                              if config.train.reciprocal else self.graph.train)
+        self.negatives = None if config.train.scoring == "all" else config.train.negatives
+        # a reciprocal run trains each edge twice per epoch; examples count edges, not copies
+        self.copies_per_edge = self.train_triples.shape[0] // max(1, self.graph.train.shape[0])
+
+    @property
+    def dataset_name(self) -> str:
+        return self.graph.name
+
+    def table(self, state_width: int = 0) -> TableSpec:
+        return TableSpec(self.graph.num_entities, self.config.model.dim, self.config.model.init_std,
+                         derive_seed(self.config.seed, "entities"))
+
+    def dense_module(self) -> nn.Module:
+        return KgeModel(self.config, self.num_relations)
+
+    # ---- batches --------------------------------------------------------------------------------
+    def plan(self, epoch: int) -> list[BatchPlan]:
+        return plan_epoch(self.train_triples.shape[0], self.config.train.batch_size, self.config.seed, epoch)
+
+    def prepare(self, plan: BatchPlan) -> Batch:
+        heads, relations, tails = self.train_triples.index_select(0, plan.examples).unbind(1)
+        num_entities = self.graph.num_entities
+        if self.negatives is None:
+            return Batch(plan, torch.arange(num_entities), {"heads": heads, "relations": relations, "tails": tails})
+        size = plan.size
+        sampled = torch.randint(num_entities, (self.negatives,), generator=plan.generator(self.config.seed))
+        ids, local = torch.unique(torch.cat([heads, tails, sampled]), return_inverse=True)
+        inputs = {"heads": local[:size], "relations": relations, "tails": local[size:2 * size],
+                  "candidates": local[2 * size:]}
+        return Batch(plan, ids, inputs)
+
+    def loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
+        inputs = batch.inputs
+        return dense.loss(rows, inputs["heads"], inputs["relations"], inputs["tails"], inputs.get("candidates"))
+
+    def examples_of(self, triples_seen: int) -> int:
+        return triples_seen // self.copies_per_edge
+
+    # ---- evaluation -----------------------------------------------------------------------------
+    def evaluate(self, params: ParameterView, dense: nn.Module, split: str, device: torch.device,
+                 progress: Progress) -> dict[str, float]:
+        if split not in ("train", "valid", "test"):
+            raise ConfigError(f"split must be train, valid or test, got {split!r}")
+        triples = self.graph.split(split)
+        limit = self.config.eval.max_triples
+        if limit and triples.shape[0] > limit:
+            generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "eval-subset", split))
+            triples = triples[torch.randperm(triples.shape[0], generator=generator)[:limit]]
+        if not hasattr(self, "_cache_metric"):
+            self._cache_metric = FilteredRankingMetric(self.graph, self.config.train.reciprocal)
+        entities = params.values(torch.arange(self.graph.num_entities)).to(device)
+        dense.eval()
+        try:
+            return self._cache_metric(dense, entities, triples.to(device), progress)
+        finally:
+            dense.train()
+
+    # ---- outputs --------------------------------------------------------------------------------
+    def write_metadata(self, run_dir: Path) -> None:
+        write_id_maps(self.graph, run_dir)
+
+    def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
+        entities = params.values(torch.arange(self.graph.num_entities))
+        written = []
+        for name, value in (("entity_embeddings.npy", entities), ("relation_embeddings.npy", dense.relations)):
+            np.save(out / name, value.detach().cpu().numpy())
+            written.append(out / name)
+        for name in ("entity_ids.tsv", "relation_ids.tsv"):
+            if (run_dir / name).exists():
+                shutil.copyfile(run_dir / name, out / name)
+                written.append(out / name)
+        return written

@@ -1,0 +1,139 @@
+"""Matrix factorisation (``task: mf``): biased MF on explicit ratings (Koren, Bell, Volinsky 2009,
+"Matrix Factorization Techniques for Recommender Systems", eq. 4-5; Surprise's ``SVD``).
+
+    prediction(u, i) = mu + b_u + b_i + <p_u, q_i>
+    loss = mean over the batch of (r - prediction)^2 + mf.reg (|p_u|^2 + |q_i|^2 + b_u^2 + b_i^2)
+
+Rows: one key space of ``users + items`` rows of ``dim + 1`` floats ``[factors | bias]``: users
+take keys 0..U-1, items U..U+I-1 (``TablePart``\\ s ``users`` and ``items``). Dense module: the
+global mean ``mu`` of the training ratings (a buffer: it is not learned, as in Surprise). Metrics:
+RMSE (primary, lower is better) and MAE, predictions clipped to the training ratings' range (as
+Surprise clips to its rating scale).
+
+Data (``data.dataset``): ``ml-100k`` (MovieLens-100k from the pinned recbole wheel), a user's file
+(``user<TAB>item<TAB>rating[<TAB>timestamp]``) or ``synthetic-zipf`` (``mf.synthetic.*``).
+Splits: random 80/10/10 by seed, or fold ``mf.fold`` of a ``mf.folds``-fold protocol.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from cadence.config import Config
+from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
+from cadence.errors import ConfigError
+from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch
+from cadence.seeding import derive_seed
+from cadence.tasks.base import TASKS, ParameterView, Progress, TablePart, TableSpec, Task
+
+EVAL_BATCH = 65536
+
+
+class GlobalMean(nn.Module):
+    """The dense part of biased MF: the training ratings' mean (and range, for clipping)."""
+
+    def __init__(self, mean: float, low: float, high: float):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32))
+        self.register_buffer("range", torch.tensor([low, high], dtype=torch.float32))
+
+
+@TASKS.register("mf")
+class MfTask(Task):
+    name = "mf"
+    primary_metric = "rmse"
+    higher_is_better = False
+    own_keys = ("mf",)
+
+    def __init__(self, config: Config, dataset: RatingDataset | None = None):
+        super().__init__(config)
+        if config.model.name != "biased":
+            raise ConfigError(f"model.name: the mf task has one model, biased; got {config.model.name!r}")
+        self.dataset = dataset if dataset is not None else load_rating_dataset(
+            config.data.dataset, config.seed, config.mf.synthetic, strict=config.data.strict)
+        if config.mf.split == "random":
+            parts = self.dataset.random_split(config.seed)
+        else:
+            parts = self.dataset.folds(config.mf.folds, config.mf.fold, config.seed)
+        self.splits: dict[str, Ratings] = dict(zip(("train", "valid", "test"), parts))
+        if not len(self.splits["train"]):
+            raise ConfigError(f"{self.dataset.name}: the training split is empty")
+        train = self.splits["train"].values
+        self.mean, self.low, self.high = float(train.double().mean()), float(train.min()), float(train.max())
+
+    @property
+    def dataset_name(self) -> str:
+        return self.dataset.name
+
+    def table(self, state_width: int = 0) -> TableSpec:
+        users, items = self.dataset.num_users, self.dataset.num_items
+        return TableSpec(users + items, self.config.model.dim + 1, self.config.model.init_std,
+                         derive_seed(self.config.seed, "mf-table"),
+                         (TablePart("users", 0, users), TablePart("items", users, items)))
+
+    def dense_module(self) -> nn.Module:
+        return GlobalMean(self.mean, self.low, self.high)
+
+    # ---- batches --------------------------------------------------------------------------------
+    def plan(self, epoch: int) -> list[BatchPlan]:
+        return plan_epoch(len(self.splits["train"]), self.config.train.batch_size, self.config.seed, epoch, "mf-shuffle")
+
+    def prepare(self, plan: BatchPlan) -> Batch:
+        return self._batch(plan, self.splits["train"].subset(plan.examples))
+
+    def _batch(self, plan: BatchPlan, ratings: Ratings) -> Batch:
+        keys = torch.cat([ratings.users, ratings.items + self.dataset.num_users])
+        ids, local = torch.unique(keys, return_inverse=True)
+        size = ratings.users.shape[0]
+        return Batch(plan, ids, {"users": local[:size], "items": local[size:], "ratings": ratings.values})
+
+    def loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
+        user, item = rows.index_select(0, batch.inputs["users"]), rows.index_select(0, batch.inputs["items"])
+        error = batch.inputs["ratings"] - self._predict(user, item, dense)
+        penalty = user.square().sum(1) + item.square().sum(1)
+        return (error.square() + self.config.mf.reg * penalty).mean()
+
+    @staticmethod
+    def _predict(user: Tensor, item: Tensor, dense: nn.Module) -> Tensor:
+        return dense.mean + user[:, -1] + item[:, -1] + (user[:, :-1] * item[:, :-1]).sum(1)
+
+    # ---- evaluation -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, params: ParameterView, dense: nn.Module, split: str, device: torch.device,
+                 progress: Progress) -> dict[str, float]:
+        if split not in self.splits:
+            raise ConfigError(f"split must be train, valid or test, got {split!r}")
+        ratings = self.splits[split]
+        squared, absolute = 0.0, 0.0
+        for start in progress(range(0, len(ratings), EVAL_BATCH)):
+            part = ratings.subset(torch.arange(start, min(start + EVAL_BATCH, len(ratings))))
+            user = params.values(part.users)
+            item = params.values(part.items + self.dataset.num_users)
+            low, high = dense.range.tolist()
+            error = part.values - self._predict(user, item, dense).clamp(low, high)
+            squared += float(error.double().square().sum())
+            absolute += float(error.double().abs().sum())
+        count = max(1, len(ratings))
+        return {"rmse": (squared / count) ** 0.5, "mae": absolute / count}
+
+    # ---- outputs --------------------------------------------------------------------------------
+    def write_metadata(self, run_dir: Path) -> None:
+        self.dataset.write_id_maps(run_dir)
+
+    def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
+        """``user_factors.npy`` [U, dim], ``user_biases.npy`` [U], ``item_factors.npy`` [I, dim],
+        ``item_biases.npy`` [I], ``global_mean.npy`` (scalar), and the id maps."""
+        users, items = self.dataset.num_users, self.dataset.num_items
+        user_rows = params.values(torch.arange(users))
+        item_rows = params.values(torch.arange(users, users + items))
+        files = {"user_factors.npy": user_rows[:, :-1], "user_biases.npy": user_rows[:, -1],
+                 "item_factors.npy": item_rows[:, :-1], "item_biases.npy": item_rows[:, -1],
+                 "global_mean.npy": dense.mean}
+        for name, value in files.items():
+            np.save(out / name, value.detach().cpu().numpy())
+        self.dataset.write_id_maps(out)
+        return [out / name for name in files] + [out / "user_ids.tsv", out / "item_ids.tsv"]

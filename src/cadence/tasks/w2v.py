@@ -1,0 +1,174 @@
+"""word2vec (``task: w2v``): skip-gram with negative sampling, as word2vec.c and gensim define it
+(Mikolov et al. 2013, "Distributed Representations of Words and Phrases and their
+Compositionality").
+
+Rows: one key space of ``2 V`` rows of ``dim`` floats: input vectors (keys 0..V-1, the word
+vectors evaluated and exported) and output vectors (keys V..2V-1, starting at zero as in
+word2vec). Input vectors start as N(0, ``model.init_std``^2) (word2vec draws uniform(-0.5/dim,
+0.5/dim): the configs set the same variance, ``init_std = 0.289 / dim``). No dense module.
+
+An epoch: each token is kept with word2vec's subsampling probability (``w2v.sample``, drawn per
+epoch from the run's seed) and the kept tokens of a sentence close up, as in word2vec; the kept
+positions are shuffled into batches of ``train.batch_size`` centre words. Per centre, the window is
+drawn from 1..``w2v.window`` (``w2v.shrink_window``) and stays inside the sentence. As in
+word2vec.c's skip-gram, each (centre, context) pair trains the *context* word's input vector to
+predict the centre word's output vector against ``w2v.negatives`` noise words drawn from the
+unigram^0.75 distribution.
+
+Loss and learning rate: the batch loss is the **sum** over its pairs of
+``-log s(u.v) - sum_k log s(-u.n_k)`` (word2vec's per-pair SGD step, applied for the whole batch at
+once), multiplied by ``alpha_t / optimizer.lr`` where ``alpha_t`` decays linearly from
+``optimizer.lr`` to ``w2v.min_lr`` over the run (as gensim's ``alpha`` -> ``min_alpha``). With the
+``sgd`` entity optimizer (the shipped config) this is exactly an SGD step of size ``alpha_t``; the
+factor is a function of (epoch, batch index), so every strategy and runtime sees the same rate.
+
+Evaluation (primary metric ``wordsim353``): Spearman correlation on WordSim353 and SimLex-999 and
+accuracy on the analogy questions, computed as gensim does (``cadence.evaluation.word_vectors``).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from cadence.config import Config
+from cadence.data.corpus import Corpus, keep_probabilities, load_corpus, noise_distribution
+from cadence.errors import ConfigError
+from cadence.evaluation.word_vectors import evaluate_word_vectors
+from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch
+from cadence.seeding import derive_seed
+from cadence.tasks.base import TASKS, ParameterView, Progress, TablePart, TableSpec, Task
+
+
+@TASKS.register("w2v")
+class Word2VecTask(Task):
+    name = "w2v"
+    primary_metric = "wordsim353"
+    own_keys = ("w2v",)
+    loss_reduction = "sum"
+    export_formats = ("npy", "word2vec")
+
+    def __init__(self, config: Config, corpus: Corpus | None = None):
+        super().__init__(config)
+        if config.model.name != "skipgram":
+            raise ConfigError(f"model.name: the w2v task has one model, skipgram; got {config.model.name!r}")
+        w2v = config.w2v
+        self.corpus = corpus if corpus is not None else load_corpus(config.data.dataset, w2v.min_count, w2v.max_vocab)
+        self.vocabulary = len(self.corpus.words)
+        if self.vocabulary < 2:
+            raise ConfigError(f"data.dataset: {self.vocabulary} words occur at least w2v.min_count="
+                              f"{w2v.min_count} times; nothing to train")
+        self.keep = keep_probabilities(self.corpus.counts, w2v.sample).float()
+        self.noise_cdf = torch.cumsum(noise_distribution(self.corpus.counts), 0)
+        self.noise_cdf[-1] = 1.0
+        starts = self.corpus.sentence_starts
+        lengths = starts[1:] - starts[:-1]
+        self.sentence_of = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)
+
+    @property
+    def dataset_name(self) -> str:
+        return self.corpus.name
+
+    def table(self, state_width: int = 0) -> TableSpec:
+        size = self.vocabulary
+        return TableSpec(2 * size, self.config.model.dim, self.config.model.init_std,
+                         derive_seed(self.config.seed, "w2v-table"),
+                         (TablePart("input", 0, size), TablePart("output", size, size, zero=True)))
+
+    def dense_module(self) -> nn.Module:
+        return nn.Module()  # no dense parameters
+
+    # ---- batches --------------------------------------------------------------------------------
+    def _stream(self, epoch: int) -> tuple[Tensor, Tensor]:
+        """The epoch's kept tokens and their sentence ids (subsampling drawn from (seed, epoch))."""
+        if not hasattr(self, "_cache_lock"):
+            self._cache_lock = threading.Lock()
+        with self._cache_lock:
+            cached = getattr(self, "_cache_stream", None)
+            if cached is None or cached[0] != epoch:
+                generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "w2v-subsample", epoch))
+                tokens = self.corpus.tokens
+                kept = torch.rand(tokens.shape[0], generator=generator) < self.keep[tokens]
+                cached = (epoch, tokens[kept], self.sentence_of[kept])
+                self._cache_stream = cached
+            return cached[1], cached[2]
+
+    def plan(self, epoch: int) -> list[BatchPlan]:
+        tokens, _ = self._stream(epoch)
+        return plan_epoch(tokens.shape[0], self.config.train.batch_size, self.config.seed, epoch, "w2v-shuffle")
+
+    def prepare(self, plan: BatchPlan) -> Batch:
+        tokens, sentences = self._stream(plan.epoch)
+        window = self.config.w2v.window
+        generator = plan.generator(self.config.seed)
+        centres = plan.examples  # positions in the epoch's stream
+        if self.config.w2v.shrink_window:
+            reach = torch.randint(1, window + 1, (centres.shape[0],), generator=generator)
+        else:
+            reach = torch.full((centres.shape[0],), window)
+        offsets = torch.cat([torch.arange(-window, 0), torch.arange(1, window + 1)])
+        positions = centres.unsqueeze(1) + offsets  # [B, 2W]
+        inside = (positions >= 0) & (positions < tokens.shape[0]) & (offsets.abs() <= reach.unsqueeze(1))
+        positions = positions.clamp(0, tokens.shape[0] - 1)
+        inside &= sentences[positions] == sentences[centres].unsqueeze(1)
+        pair_centre, pair_slot = inside.nonzero().unbind(1)
+        context_words = tokens[positions[pair_centre, pair_slot]]  # input vectors
+        centre_words = tokens[centres[pair_centre]]  # output vectors: the positive targets
+        pairs, negatives = context_words.shape[0], self.config.w2v.negatives
+        noise = torch.searchsorted(self.noise_cdf, torch.rand(pairs * negatives, generator=generator, dtype=torch.float64))
+        noise = noise.clamp(max=self.vocabulary - 1)
+        size = self.vocabulary
+        ids, local = torch.unique(torch.cat([context_words, centre_words + size, noise + size]), return_inverse=True)
+        inputs = {"inputs": local[:pairs], "targets": local[pairs:2 * pairs],
+                  "noise": local[2 * pairs:].view(pairs, negatives), "rate": self._rate(plan)}
+        return Batch(plan, ids, inputs)
+
+    def _rate(self, plan: BatchPlan) -> Tensor:
+        """alpha_t / optimizer.lr for this batch (the linear decay, a function of epoch and index)."""
+        batches = -(-self._stream(plan.epoch)[0].shape[0] // self.config.train.batch_size)
+        progress = (plan.epoch + plan.index / max(1, batches)) / max(1, self.num_epochs())
+        lr, final = self.config.optimizer.lr, self.config.w2v.min_lr
+        return torch.tensor(max(final, lr - (lr - final) * progress) / lr)
+
+    def loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
+        inputs = batch.inputs
+        u = rows.index_select(0, inputs["inputs"])  # [P, D]
+        positive = (u * rows.index_select(0, inputs["targets"])).sum(1)  # [P]
+        noise = rows.index_select(0, inputs["noise"].flatten()).view(*inputs["noise"].shape, -1)  # [P, K, D]
+        negative = torch.bmm(noise, u.unsqueeze(2)).squeeze(2)  # [P, K]
+        loss = F.softplus(-positive).sum() + F.softplus(negative).sum()
+        return loss * inputs["rate"]
+
+    # ---- evaluation -----------------------------------------------------------------------------
+    def vectors(self, params: ParameterView) -> Tensor:
+        return params.values(torch.arange(self.vocabulary))
+
+    def evaluate(self, params: ParameterView, dense: nn.Module, split: str, device: torch.device,
+                 progress: Progress) -> dict[str, float]:
+        if split not in ("valid", "test"):
+            raise ConfigError(f"split must be valid or test for the w2v task (both evaluate the word-vector "
+                              f"benchmarks), got {split!r}")
+        return evaluate_word_vectors(self.vectors(params), self.corpus.words)
+
+    # ---- outputs --------------------------------------------------------------------------------
+    def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
+        """``word2vec``: ``vectors.txt`` in word2vec's text format (``V dim``, then ``word v1 .. vdim``
+        per line), which ``gensim.models.KeyedVectors.load_word2vec_format`` reads; ``npy``:
+        ``vectors.npy`` [V, dim] and ``vocabulary.tsv`` (word and count, by row)."""
+        vectors = self.vectors(params).numpy()
+        words, counts = self.corpus.words, self.corpus.counts.tolist()
+        if format == "word2vec":
+            path = out / "vectors.txt"
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(f"{vectors.shape[0]} {vectors.shape[1]}\n")
+                for word, row in zip(words, vectors):
+                    handle.write(word + " " + " ".join(f"{x:.6g}" for x in row) + "\n")
+            return [path]
+        np.save(out / "vectors.npy", vectors)
+        (out / "vocabulary.tsv").write_text("".join(f"{w}\t{c}\n" for w, c in zip(words, counts)), encoding="utf-8")
+        return [out / "vectors.npy", out / "vocabulary.tsv"]

@@ -1,0 +1,334 @@
+"""Where a task's parameters live and how an epoch's batches run over them: the two runtimes.
+
+- ``PipelineRuntime``: one process; the rows in an ``EmbeddingStore`` (memory or mmap), the dense
+  module on the compute device, the stages scheduled by a pipeline strategy (``sync``, ``async``,
+  ``oac``).
+- ``ParameterServerRuntime``: server shards that own the rows (``key % shards``) and, on shard 0,
+  the dense module; workers pull, compute and push (gradient, token); a parameter-server mode
+  (``sync``, ``async``, ``bsp``, ``gba``, ``hop_bs``, ``hop_bw``) chooses the shards' aggregation
+  and the workers' gate; an engine (threads or Ray actors) runs the workers.
+
+Both expose the same verbs to the trainer: ``run_epoch``, ``parameters`` (a read view by key),
+``dense``, ``stats``, and ``state``/``load_state`` for checkpoints in one format::
+
+    table.keys [K] int64 (sorted), table.values [K, width], table.state [K, S],
+    (table.versions [K] on the pipeline), dense.<name>, dense_optimizer.*
+
+so resume, eval, export and ``--init-from`` are the same code whichever runtime wrote a run.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from abc import ABC, abstractmethod
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from cadence.config import Config
+from cadence.optim import ENTITY_OPTIMIZERS, dense_optimizer
+from cadence.pipeline.batch import Batch, BatchPlan
+from cadence.pipeline.stages import ComputeStage, KeyIndex, LoadStage, Stages, TransferStage, WriteStage
+from cadence.runtime.embedding_table import DynamicEmbeddingTable, FixedTable
+from cadence.runtime.engines import ENGINES
+from cadence.runtime.server import DataList, ServerShard
+from cadence.runtime.worker import Faults, ShardRouter, Worker
+from cadence.store.embedding_store import EmbeddingStore, create_store
+from cadence.tasks.base import TableSpec, Task
+from cadence.training import checkpoint as ckpt
+
+log = logging.getLogger("cadence")
+
+OnBatch = Callable[[Batch], None]
+
+
+def _dense_optimizer(config: Config, module: nn.Module) -> torch.optim.Optimizer | None:
+    parameters = list(module.parameters())
+    return dense_optimizer(config.optimizer, parameters) if parameters else None
+
+
+class Runtime(ABC):
+    name: str
+
+    def __init__(self, config: Config, task: Task):
+        self.config = config
+        self.task = task
+        self.entity_optimizer_class = ENTITY_OPTIMIZERS.get(config.optimizer.entity)
+        self.spec: TableSpec = task.table(0)
+
+    @abstractmethod
+    def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
+        """Train on every plan once; return (sum of loss x batch size, batch examples)."""
+
+    @abstractmethod
+    def parameters(self):
+        """A ``ParameterView`` of the current rows."""
+
+    @abstractmethod
+    def dense(self) -> nn.Module:
+        """The current dense module."""
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    @abstractmethod
+    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """Checkpoint tensors and JSON metadata (the module docstring's format)."""
+
+    @abstractmethod
+    def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any], counters: bool = True) -> None:
+        """Restore a checkpoint; ``counters=False`` (``--init-from``): parameters only."""
+
+    def close(self) -> None:
+        """Release threads or remote resources."""
+
+    def _dense_state(self, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        tensors = {f"dense.{k}": v.detach() for k, v in self.dense().state_dict().items()}
+        meta: dict[str, Any] = {}
+        if optimizer is not None:
+            optimizer_tensors, meta = ckpt.flatten_optimizer(optimizer)
+            tensors.update(optimizer_tensors)
+        return tensors, {"dense_optimizer": meta}
+
+    def _load_dense(self, tensors: dict[str, Tensor], meta: dict[str, Any],
+                    optimizer: torch.optim.Optimizer | None) -> None:
+        state = {k[len("dense."):]: v for k, v in tensors.items() if k.startswith("dense.")}
+        self.dense().load_state_dict(state)
+        if optimizer is not None:
+            ckpt.restore_optimizer(optimizer, tensors, meta["dense_optimizer"])
+
+
+class StoreView:
+    """``ParameterView`` of a pipeline store (keys are rows, or go through a ``KeyIndex``)."""
+
+    def __init__(self, store: EmbeddingStore, index: KeyIndex | None, spec: TableSpec):
+        self.store, self.index, self.spec = store, index, spec
+
+    def values(self, keys: Tensor) -> Tensor:
+        if self.index is None:
+            return self.store.values.index_select(0, keys)
+        known = self.index.keys
+        position = torch.searchsorted(known, keys).clamp(max=known.shape[0] - 1)
+        found = known[position] == keys
+        values = self.spec.initial_values(keys) if not bool(found.all()) else torch.empty(keys.shape[0], self.spec.width)
+        mine = found.nonzero().squeeze(1)
+        values[mine] = self.store.values.index_select(0, position[mine])
+        return values
+
+
+class TensorView:
+    """``ParameterView`` of checkpoint tensors (``table.keys`` sorted): eval and export."""
+
+    def __init__(self, keys: Tensor, values: Tensor, spec: TableSpec):
+        self.keys, self.rows, self.spec = keys, values, spec
+
+    def values(self, keys: Tensor) -> Tensor:
+        if not self.keys.numel():
+            return self.spec.initial_values(keys)
+        position = torch.searchsorted(self.keys, keys).clamp(max=self.keys.shape[0] - 1)
+        found = self.keys[position] == keys
+        values = self.spec.initial_values(keys) if not bool(found.all()) else torch.empty(keys.shape[0], self.spec.width)
+        mine = found.nonzero().squeeze(1)
+        values[mine] = self.rows.index_select(0, position[mine])
+        return values
+
+
+class PipelineRuntime(Runtime):
+    name = "pipeline"
+
+    def __init__(self, config: Config, task: Task, store_path: str, device: torch.device, strategy):
+        super().__init__(config, task)
+        spec, state_width = self.spec, self.entity_optimizer_class.state_width(self.spec.width)
+        self.index = None if spec.fixed else KeyIndex(task.known_keys())
+        rows = spec.rows if spec.fixed else self.index.keys.shape[0]
+        mapped = store_path if config.store.backend == "mmap" else None
+        self.store = create_store(rows, spec.width, state_width, config.store.backend, mapped)
+        spec.initialize(self.store, None if self.index is None else self.index.keys)
+        self.module = task.dense_module().to(device)
+        self.dense_optimizer = _dense_optimizer(config, self.module)
+        self.device = device
+        self.stages = Stages(
+            load=LoadStage(self.store, task, self.index),
+            to_device=TransferStage(device),
+            compute=ComputeStage(task, self.module, self.entity_optimizer_class(config.optimizer), self.dense_optimizer),
+            to_host=TransferStage(torch.device("cpu")),
+            write=WriteStage(self.store),
+        )
+        self.strategy = strategy
+
+    def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
+        total = torch.zeros((), dtype=torch.float64)
+        examples = 0
+        scale = self.task.loss_reduction == "mean"
+
+        def finished(batch: Batch) -> None:
+            nonlocal total, examples
+            total += batch.loss.cpu() * (batch.size if scale else 1)
+            examples += batch.size
+            on_batch(batch)
+
+        self.strategy.run_epoch(plans, self.stages, finished)
+        return float(total), examples
+
+    def parameters(self) -> StoreView:
+        return StoreView(self.store, self.index, self.spec)
+
+    def dense(self) -> nn.Module:
+        return self.module
+
+    def stats(self) -> dict[str, Any]:
+        return self.strategy.stats()
+
+    def keys(self) -> Tensor:
+        return torch.arange(self.store.num_rows) if self.index is None else self.index.keys
+
+    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        tensors = {"table.keys": self.keys(), **{f"table.{k}": v for k, v in self.store.tensors().items()}}
+        dense, meta = self._dense_state(self.dense_optimizer)
+        return {**tensors, **dense}, meta
+
+    def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any], counters: bool = True) -> None:
+        keys = tensors["table.keys"]
+        if torch.equal(keys, self.keys()):
+            versions = tensors.get("table.versions", torch.full((keys.shape[0],), -1, dtype=torch.int64))
+            self.store.load_tensors({"values": tensors["table.values"], "state": tensors["table.state"],
+                                     "versions": versions if counters else torch.full_like(versions, -1)})
+        else:  # another run's parameters (``--init-from``): the keys both know
+            rows, position = self._rows_of(keys)
+            self.store.values[rows] = tensors["table.values"][position]
+            self.store.state[rows] = tensors["table.state"][position]
+        self._load_dense(tensors, meta, self.dense_optimizer)
+
+    def _rows_of(self, keys: Tensor) -> tuple[Tensor, Tensor]:
+        mine = self.keys()
+        position = torch.searchsorted(mine, keys).clamp(max=mine.shape[0] - 1)
+        found = (mine[position] == keys).nonzero().squeeze(1)
+        return position[found], found
+
+    def close(self) -> None:
+        self.strategy.close()
+
+
+class ParameterServerRuntime(Runtime):
+    name = "parameter_server"
+
+    def __init__(self, config: Config, task: Task, mode):
+        super().__init__(config, task)
+        self.mode = mode
+        ps = config.ps
+        if ps.engine == "ray":  # join (or start) the cluster before the first epoch; imports ray
+            from cadence.runtime.ray_engine import connect
+
+            connect(ps.ray_address, config.threads)
+        state_width = self.entity_optimizer_class.state_width(self.spec.width)
+        self.model = task.dense_module()  # the dense parameters, held by shard 0
+        shards = []
+        for index in range(ps.shards):
+            if self.spec.fixed:
+                table = FixedTable(self.spec, state_width, index, ps.shards)
+            else:
+                table = DynamicEmbeddingTable(self.spec.width, state_width, self.spec.init_std,
+                                              self.spec.seed & 0xFFFFFFFF)
+            dense, optimizer = (self.model, _dense_optimizer(config, self.model)) if index == 0 else (None, None)
+            shards.append(ServerShard(table, self.entity_optimizer_class(config.optimizer),
+                                      mode.aggregation(ps), dense, optimizer))
+        self.router = ShardRouter(shards)
+        self.faults = Faults.parse(ps.stragglers, ps.kill_workers, ps.workers)
+        self.dead: set[int] = set()
+        self.worker_examples = [0] * ps.workers
+        self.train_seconds = 0.0
+
+    @property
+    def shards(self) -> list[ServerShard]:
+        return self.router.shards
+
+    def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
+        ps = self.config.ps
+        data = DataList(plans, self.mode.tokens_per_step(ps), self.shards[0].global_step, self.shards,
+                        ps.workers, self.mode.per_worker_batches)
+        workers = [self._worker(index) for index in range(ps.workers) if index not in self.dead]
+        gate = self.mode.gate(ps, self.shards)
+        for index in self.dead:
+            gate.leave(index)
+            data.abandon(index)
+        started = time.perf_counter()
+        ENGINES.get(ps.engine)().run(workers, data, gate)
+        for server in self.shards:
+            server.flush()
+        self.train_seconds += time.perf_counter() - started
+        loss, examples = 0.0, 0
+        for worker in workers:
+            loss += worker.loss_total
+            examples += worker.examples_done
+            self.worker_examples[worker.index] += worker.examples_done
+            if worker.died:
+                self.dead.add(worker.index)
+                log.warning("worker %d was killed after %d batches (fault injection); its batch was dropped",
+                            worker.index, worker.pushed)
+        return loss, examples
+
+    def _worker(self, index: int) -> Worker:
+        kill_after = self.faults.kill_after.get(index)
+        if kill_after is not None:
+            kill_after = max(0, kill_after - self.worker_examples[index] // self.config.train.batch_size)
+        return Worker(index, self.router, copy.deepcopy(self.model), self.task,
+                      self.faults.slowdown.get(index, 1.0), kill_after, self.config.ps.emulated_latency)
+
+    def parameters(self) -> "RouterView":
+        return RouterView(self.router)
+
+    def dense(self) -> nn.Module:
+        return self.model
+
+    def stats(self) -> dict[str, Any]:
+        seconds = self.train_seconds
+        shard_stats = self.shards[0].stats()
+        return {
+            "workers": self.config.ps.workers,
+            "worker_examples_per_second": [round(e / seconds, 1) if seconds > 0 else 0.0 for e in self.worker_examples],
+            "vocabulary_added": sum(s.table.added for s in self.shards),
+            **{k: v for k, v in shard_stats.items() if k != "vocabulary_added"},
+            "workers_killed": sorted(self.dead),
+        }
+
+    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        parts = [shard.table.export_rows() for shard in self.shards]
+        keys = torch.cat([p[0] for p in parts])
+        order = torch.argsort(keys)
+        tensors = {"table.keys": keys[order], "table.values": torch.cat([p[1] for p in parts])[order],
+                   "table.state": torch.cat([p[2] for p in parts])[order]}
+        dense, meta = self._dense_state(self.shards[0].dense_optimizer)
+        meta.update(global_steps=[s.global_step for s in self.shards], dead=sorted(self.dead),
+                    worker_examples=self.worker_examples, ps_seconds=self.train_seconds)
+        return {**tensors, **dense}, meta
+
+    def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any], counters: bool = True) -> None:
+        keys, values, state = tensors["table.keys"], tensors["table.values"], tensors["table.state"]
+        owner = keys.remainder(len(self.shards))
+        for index, shard in enumerate(self.shards):
+            mine = (owner == index).nonzero().squeeze(1)
+            if self.spec.fixed:
+                mine = mine[keys[mine] < self.spec.rows]
+            shard.table.import_rows(keys[mine], values[mine], state[mine])
+        self._load_dense(tensors, meta, self.shards[0].dense_optimizer)
+        steps = meta.get("global_steps")
+        if steps is not None and len(steps) == len(self.shards):  # a switched job continues the step count
+            for shard, step in zip(self.shards, steps):
+                shard.global_step = step
+        if counters:
+            self.dead = set(meta.get("dead", []))
+            self.worker_examples = list(meta.get("worker_examples", self.worker_examples))
+            self.train_seconds = meta.get("ps_seconds", 0.0)
+
+
+class RouterView:
+    """``ParameterView`` of the server shards (unseen keys read their initial rows, none is added)."""
+
+    def __init__(self, router: ShardRouter):
+        self.router = router
+
+    def values(self, keys: Tensor) -> Tensor:
+        return self.router.pull_rows(keys, create=False)

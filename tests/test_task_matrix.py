@@ -1,0 +1,92 @@
+"""The task x strategy matrix: every registered task trains under every strategy, and every
+asynchronous strategy in its degenerate setting equals ``sync`` bit for bit, on every task.
+
+A task or strategy registered without its row here fails the meta-tests, so nothing lands untested.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from cadence import api
+from cadence.strategies import strategy_names
+from cadence.tasks import TASKS
+from tests.conftest import make_config
+
+# strategy -> (settings for a normal run, settings that make it behave synchronously)
+STRATEGY_SETTINGS: dict[str, tuple[list[str], list[str]]] = {
+    "sync": ([], []),
+    "async": (["pipeline.staleness_bound=4"], ["pipeline.staleness_bound=1"]),
+    "oac": (["pipeline.staleness_bound=4"], ["pipeline.staleness_bound=1"]),
+    "bsp": (["ps.workers=2"], ["ps.workers=1", "ps.buffer=1"]),
+    "gba": (["ps.workers=2", "ps.tolerance=1"], ["ps.workers=1", "ps.buffer=1"]),
+    "hop_bs": (["ps.workers=2"], ["ps.workers=1"]),
+    "hop_bw": (["ps.workers=3"], ["ps.workers=1"]),
+}
+TASK_NAMES = ("kge", "ctr", "mf", "w2v")
+
+
+def test_every_registered_task_has_a_row() -> None:
+    assert set(TASKS.names()) == set(TASK_NAMES)
+
+
+def test_every_registered_strategy_has_a_row() -> None:
+    assert set(strategy_names()) == set(STRATEGY_SETTINGS)
+
+
+def run(task_data, tmp_path: Path, task: str, name: str, *overrides: str):
+    config = make_config(tmp_path / name, *task_data[task], "eval.every=1", *overrides)
+    return api.train(config)
+
+
+def final_model(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """(keys, their rows, the dense state) of a finished run, whichever runtime trained it; keys are
+    the union that any runtime may hold (a parameter server creates rows only when they are pulled)."""
+    _, task, view, dense = api.load_model(run_dir)
+    keys = task.known_keys()
+    return keys, view.values(keys), dense.state_dict()
+
+
+def assert_same_model(first: Path, second: Path) -> None:
+    (keys, rows, dense), (other_keys, other_rows, other_dense) = final_model(first), final_model(second)
+    assert torch.equal(keys, other_keys)
+    assert torch.equal(rows, other_rows), f"{int((rows != other_rows).any(1).sum())} rows differ"
+    assert dense.keys() == other_dense.keys()
+    for name, value in dense.items():
+        assert torch.equal(value, other_dense[name]), name
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+@pytest.mark.parametrize("strategy", sorted(STRATEGY_SETTINGS))
+def test_every_task_trains_under_every_strategy(task: str, strategy: str, task_data, tmp_path: Path) -> None:
+    result = run(task_data, tmp_path, task, strategy, f"strategy={strategy}", *STRATEGY_SETTINGS[strategy][0])
+    summary = result.summary
+    metric = summary["primary_metric"]
+    assert summary["task"] == task and summary["strategy"] == strategy
+    assert summary["runtime"] == ("pipeline" if strategy in ("sync", "async", "oac") else "parameter_server")
+    assert math.isfinite(summary[metric]) and math.isfinite(summary[f"best_valid_{metric}"])
+    assert summary["examples_per_second"] > 0
+    assert [r["epoch"] for r in result.metrics if r["split"] == "valid"] == [1, 2]
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+@pytest.mark.parametrize("strategy", sorted(set(STRATEGY_SETTINGS) - {"sync"}))
+def test_degenerate_setting_equals_sync(task: str, strategy: str, task_data, tmp_path: Path) -> None:
+    sync = run(task_data, tmp_path, task, "sync")
+    other = run(task_data, tmp_path, task, strategy, f"strategy={strategy}", *STRATEGY_SETTINGS[strategy][1])
+    assert other.summary["strategy"] == strategy
+    assert_same_model(sync.run_dir, other.run_dir)
+    assert other.summary[sync.summary["primary_metric"]] == sync.summary[sync.summary["primary_metric"]]
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_oac_equals_the_sync_replay_of_its_order(task: str, task_data, tmp_path: Path) -> None:
+    order = tmp_path / "order.jsonl"
+    oac = run(task_data, tmp_path, task, "oac", "strategy=oac", "pipeline.staleness_bound=8",
+              "pipeline.loader_threads=3", f"record_order={order}")
+    replay = run(task_data, tmp_path, task, "replay", f"batch_order={order}")
+    assert_same_model(oac.run_dir, replay.run_dir)
