@@ -169,3 +169,43 @@ def test_ctr_mistakes_exit_2(tmp_path: Path) -> None:
     done = run_cli("train", "--task", "ctr", "--dataset", "ml-100k", "--model", "deepfm", "--strategy", "gba",
                    "--straggler", "9:2", "--out", str(tmp_path / "z"))
     assert done.returncode == 2 and "worker 9 does not exist" in done.stderr
+
+
+def test_compare_without_matplotlib_writes_the_comparison_and_exits_0(tiny_graph: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    args = ["-q", "compare", "--strategies", "sync,oac", "--dataset", str(tiny_graph), "--dim", "8", "--epochs", "1",
+            "--batch-size", "32", "--out", str(out), "--no-progress", "--set", "train.negatives=8"]
+    code = ("import sys; sys.modules['matplotlib'] = None  # as if it were not installed\n"
+            f"from cadence.cli import main; sys.exit(main({args!r}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'cadence[plot]'" in done.stdout and "Traceback" not in done.stderr
+    assert json.loads((out / "comparison.json").read_text())["plots"] is None
+    assert not list(out.glob("*.png"))
+
+
+def test_compare_works_for_another_task(task_data, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "cmp"
+    sets = [arg for item in task_data["mf"] for arg in ("--set", item)]
+    code = main(["-q", "compare", "--strategies", "sync,gba,oac", "--epochs", "2", "--dim", "4", "--out", str(out),
+                 "--no-progress", *sets])
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "rmse" in table and "parameter_server" in table and "pipeline" in table
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert all(entry["summary"]["primary_metric"] == "rmse" for entry in comparison["strategies"].values())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task", "mf", "--set", "train.negatives=5"], "train.negatives belongs to the kge task; this run's task is mf"),
+    (["--init-from", "runs/x"], "ctr.init_from belongs to the ctr task; this run's task is kge"),
+    (["--task", "ctr", "--set", "w2v.window=3"], "w2v.window belongs to the w2v task; this run's task is ctr"),
+    (["--workers", "2", "--batch-order", "order.jsonl"], "batch_order applies to the one-process pipeline"),
+    (["--strategy", "gba", "--set", "device=cpu"], "device applies to the one-process pipeline"),
+    (["--strategy", "oac", "--workers", "2"], "strategy oac runs in one process"),
+    (["--strategy", "oac", "--engine", "ray"], "strategy oac runs in one process"),
+])
+def test_a_key_of_another_task_or_runtime_is_an_error_naming_it(args, message, tmp_path: Path) -> None:
+    done = run_cli("train", *args, "--out", str(tmp_path / "x"))
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "x").exists()

@@ -115,23 +115,20 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
         result = train(run_config, overwrite=overwrite)
         results[name] = {"summary": result.summary,
                          "curve": [r for r in result.metrics if r["split"] in ("valid", "next_period")]}
-    comparison = {"config": config.to_dict(), "strategies": results}
+    from cadence.report import plots
+
+    drawn = ["time_to_accuracy.png", "accuracy_per_epoch.png"] if plots.available() else None
+    comparison = {"config": config.to_dict(), "strategies": results, "plots": drawn}
     write_atomic(out / "comparison.json", json.dumps(comparison, indent=2) + "\n")
+    if drawn is None:
+        log.warning("plots skipped: matplotlib is not installed (pip install 'cadence[plot]')")
+        return comparison
     first = results[strategies[0]]["summary"]
     metric = first["primary_metric"]
     curves = {name: entry["curve"] for name, entry in results.items()}
     title = f"{first['dataset']}, {first['model']}"
-    try:
-        from cadence.report.plots import plot_curves
-    except ModuleNotFoundError as err:
-        if err.name != "matplotlib":
-            raise
-        comparison["plots"] = None
-        log.warning("plots skipped: matplotlib is not installed (pip install 'cadence[plot]')")
-        return comparison
-    plot_curves(curves, metric, "wall_seconds", "training wall seconds", title, out / "time_to_accuracy.png")
-    plot_curves(curves, metric, "epoch", "epoch", title, out / "accuracy_per_epoch.png")
-    comparison["plots"] = ["time_to_accuracy.png", "accuracy_per_epoch.png"]
+    plots.plot_curves(curves, metric, "wall_seconds", "training wall seconds", title, out / "time_to_accuracy.png")
+    plots.plot_curves(curves, metric, "epoch", "epoch", title, out / "accuracy_per_epoch.png")
     return comparison
 
 

@@ -9,6 +9,15 @@ from typing import Any
 from cadence.errors import CadenceError
 
 
+def available() -> bool:
+    """Whether matplotlib can be imported (``compare`` writes its plots only then)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _pyplot():
     try:
         import matplotlib
