@@ -292,14 +292,15 @@ class PykeenProtocolMRR(TrainerHook):
         self.curve: list[tuple[float, float, int]] = []
 
     def on_epoch_end(self, trainer, epoch: int) -> None:
-        graph = trainer.graph
+        graph = trainer.task.graph
         if self.metric is None:
             self.metric = FilteredRankingMetric(dataclasses.replace(graph, test=graph.test[:0]),
                                                 trainer.config.train.reciprocal)
-        trainer.model.eval()
+        model = trainer.runtime.dense()
+        model.eval()
         with torch.no_grad():
-            mrr = self.metric(trainer.model, trainer.store.values, graph.valid)["mrr"]
-        trainer.model.train()
+            mrr = self.metric(model, trainer.runtime.store.values, graph.valid)["mrr"]
+        model.train()
         self.curve.append((trainer.progress.train_seconds, mrr, epoch))
 
 
