@@ -12,7 +12,7 @@ from cadence import api
 from cadence.api import build_trainer, prepare_config
 from cadence.config import load_config
 from cadence.models.ctr import CTR_MODELS
-from cadence.runtime.embedding_table import hashed_normal
+from cadence.store.initial import hashed_normal
 from cadence.seeding import derive_seed
 from cadence.strategies.parameter_server import PS_MODES
 from cadence.tasks.ctr import CtrTask

@@ -110,3 +110,28 @@ def test_early_stopping_restores_the_best_model(tiny_graph: Path, tmp_path: Path
     assert result.summary["best_epoch"] == best["epoch"]
     assert result.summary["epochs"] == len(valid) < 40
     assert api.evaluate(result.run_dir, "valid")["mrr"] == pytest.approx(best["mrr"])
+
+
+CTR_ARGS = ["--task", "ctr", "--dataset", "ml-100k", "--model", "fm", "--dim", "8", "--epochs", "5",
+            "--batch-size", "512", "--strategy", "sync", "--workers", "3", "--no-progress",
+            "--set", "threads=1", "--set", "eval.every=0", "--set", "checkpoint.keep=5"]
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run_on_the_parameter_server(tmp_path: Path) -> None:
+    killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
+    process = subprocess.Popen(cli("train", *CTR_ARGS, "--out", str(killed_dir)))
+    deadline = time.time() + 300
+    while not (killed_dir / "checkpoints" / ckpt.epoch_name(2)).exists():
+        assert process.poll() is None, "the run ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.005)
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL
+    subprocess.run(cli("train", "--resume", str(killed_dir)), check=True)
+    subprocess.run(cli("train", *CTR_ARGS, "--out", str(whole_dir)), check=True)
+    killed, whole = (RunDirectory(d).read_summary() for d in (killed_dir, whole_dir))
+    assert killed["runtime"] == "parameter_server" and killed["epochs"] == 5
+    assert killed["auc"] == whole["auc"] and killed["global_steps"] == whole["global_steps"]
+    tensors = [api.final_checkpoint(RunDirectory(d))[0] for d in (killed_dir, whole_dir)]
+    for key in ("table.keys", "table.values", "table.state"):
+        assert torch.equal(tensors[0][key], tensors[1][key]), key

@@ -8,30 +8,11 @@ workers first see keys, which keeps runs reproducible across engines and worker 
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from cadence.store.embedding_store import RowBlock, create_store
-
-_MASK = (1 << 63) - 1
-
-
-def _mix(x: Tensor) -> Tensor:
-    """A 63-bit integer hash (splitmix64's finaliser, kept non-negative), elementwise."""
-    x = (x ^ (x >> 31)) * 0x7FB5D329728EA185 & _MASK
-    x = (x ^ (x >> 27)) * 0x01B69B4BA5A5B7D7 & _MASK  # multipliers below 2^63: int64 wraps, masked
-    return (x ^ (x >> 33)) & _MASK
-
-
-def hashed_normal(keys: Tensor, width: int, std: float, seed: int) -> Tensor:
-    """[n, width] N(0, std^2) values that depend only on (seed, key, column)."""
-    cells = keys.unsqueeze(1) * (2 * width) + torch.arange(2 * width) + seed * 0x9E3779B1
-    uniform = (_mix(cells & _MASK) >> 11).double() / float(1 << 52)  # [n, 2w] in [0, 1)
-    u1, u2 = uniform[:, :width].clamp_min(1e-12), uniform[:, width:]
-    return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2 * math.pi * u2) * std).float()
-
+from cadence.store.initial import hashed_normal
 
 class DynamicEmbeddingTable:
     def __init__(self, width: int, state_width: int, init_std: float, seed: int, capacity: int = 1024):

@@ -33,9 +33,8 @@ from torch import Tensor
 
 from cadence.errors import ConfigError
 from cadence.registry import Registry
-from cadence.seeding import derive_seed
+from cadence.store.initial import INIT_CHUNK_ROWS, initial_chunk
 
-INIT_CHUNK_ROWS = 1 << 16  # rows initialised per generator: keeps init identical across backends
 
 
 @dataclass
@@ -145,7 +144,7 @@ class EmbeddingStore:
         """Fill values with N(0, std^2), chunk by chunk, identically for every backend."""
         for chunk, start in enumerate(range(0, self.num_rows, INIT_CHUNK_ROWS)):
             stop = min(start + INIT_CHUNK_ROWS, self.num_rows)
-            self.values[start:stop] = _initial_chunk(chunk, self.num_rows, self.dim, std, seed)
+            self.values[start:stop] = initial_chunk(chunk, self.num_rows, self.dim, std, seed)
         self.state.zero_()
         self.versions.fill_(-1)
 
@@ -166,25 +165,6 @@ class EmbeddingStore:
         """Write mapped pages to disk (a no-op in memory)."""
         for array in self._mapped:
             array.flush()
-
-
-def _initial_chunk(chunk: int, num_rows: int, dim: int, std: float, seed: int) -> Tensor:
-    start = chunk * INIT_CHUNK_ROWS
-    stop = min(start + INIT_CHUNK_ROWS, num_rows)
-    generator = torch.Generator().manual_seed(derive_seed(seed, "store-init", chunk))
-    return torch.randn(stop - start, dim, generator=generator).mul_(std)
-
-
-def initial_rows(rows: Tensor, num_rows: int, dim: int, std: float, seed: int) -> Tensor:
-    """The values ``initialize(std, seed)`` gives ``rows`` of a ``num_rows``-row table, computing only
-    the chunks they fall in (a parameter-server shard initialises just the rows it owns)."""
-    values = torch.empty(rows.shape[0], dim)
-    chunks = rows.div(INIT_CHUNK_ROWS, rounding_mode="floor")
-    for chunk in torch.unique(chunks).tolist():
-        mine = (chunks == chunk).nonzero().squeeze(1)
-        block = _initial_chunk(chunk, num_rows, dim, std, seed)
-        values[mine] = block.index_select(0, rows[mine] - chunk * INIT_CHUNK_ROWS)
-    return values
 
 
 def create_store(

@@ -33,9 +33,9 @@ from torch import Tensor, nn
 from cadence.config import Config
 from cadence.pipeline.batch import Batch, BatchPlan
 from cadence.registry import Registry
-from cadence.runtime.embedding_table import hashed_normal
 from cadence.seeding import derive_seed
-from cadence.store.embedding_store import EmbeddingStore, initial_rows
+from cadence.store.embedding_store import EmbeddingStore
+from cadence.store.initial import hashed_normal, initial_rows
 
 TASKS: Registry[type["Task"]] = Registry("task")
 
