@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 import torch
 
-from cadence.config import Config, load_config
+from cadence.config import Config, flatten, load_config
 from cadence.device import resolve_device
 from cadence.errors import CadenceError, CheckpointError, ConfigError
 from cadence.optim import ENTITY_OPTIMIZERS
@@ -153,21 +153,11 @@ def prepare_config(config: Config) -> Config:
     return config
 
 
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _check_foreign_keys(config: Config, runtime: str) -> None:
     """A key set away from its default that belongs to another task, or to the other runtime, is a
     mistake (it would be silently ignored): an error naming it."""
-    defaults = _flatten(Config().to_dict())
-    changed = {k for k, v in _flatten(config.to_dict()).items() if defaults.get(k) != v}
+    defaults = flatten(Config().to_dict())
+    changed = {k for k, v in flatten(config.to_dict()).items() if defaults.get(k) != v}
     for name in TASKS.names():
         if name == config.task:
             continue

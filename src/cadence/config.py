@@ -356,7 +356,7 @@ def _convert(tp: Any, value: Any, key: str, where: dict[str, str]) -> Any:
 
 
 def _check_ranges(config: Config, where: dict[str, str]) -> None:
-    flat = _flatten(config.to_dict())
+    flat = flatten(config.to_dict())
     for key in _POSITIVE:
         if flat[key] <= 0:
             raise ConfigError(f"{_locate(key, where)}{key} must be positive, got {flat[key]}")
@@ -370,11 +370,11 @@ def _check_ranges(config: Config, where: dict[str, str]) -> None:
         raise ConfigError(f"{_locate('optimizer.dense_lr', where)}optimizer.dense_lr must be positive")
 
 
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in data.items():
         if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat

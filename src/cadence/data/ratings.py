@@ -36,6 +36,8 @@ from torch import Tensor
 from cadence.data import fetch as fetching
 from cadence.data import movielens
 from cadence.data.synthetic_ctr import zipf_ranks
+from cadence.data.text import numbered_lines
+from cadence.config import SyntheticRatingsConfig
 from cadence.errors import ConfigError, DataError
 from cadence.registry import Registry
 from cadence.seeding import derive_seed
@@ -131,22 +133,16 @@ def read_ratings_file(path: str | Path, strict: bool = False) -> RatingDataset:
 
 
 def _read_rows(path: Path) -> list[Row]:
-    if not path.is_file():
-        raise DataError("file not found (a ratings file holds user<TAB>item<TAB>rating[<TAB>timestamp] lines)", path)
     rows: list[Row] = []
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as err:
-                raise DataError(f"not UTF-8 text (byte {err.start} of the line)", path, number) from None
-            if not line.strip() or line.startswith("#"):
-                continue
-            values = line.split("\t")
-            if len(values) not in (3, 4):
-                raise DataError("expected 3 or 4 tab-separated fields (user, item, rating[, timestamp]), "
-                                f"found {len(values)}", path, number)
-            rows.append((number, values))
+    missing = "file not found (a ratings file holds user<TAB>item<TAB>rating[<TAB>timestamp] lines)"
+    for number, line in numbered_lines(path, missing):
+        if not line.strip() or line.startswith("#"):
+            continue
+        values = line.split("\t")
+        if len(values) not in (3, 4):
+            raise DataError("expected 3 or 4 tab-separated fields (user, item, rating[, timestamp]), "
+                            f"found {len(values)}", path, number)
+        rows.append((number, values))
     if not rows:
         raise DataError("file is empty: it holds no ratings", path)
     return rows
@@ -218,14 +214,6 @@ INTERACTION_STD = 0.7  # of <p_u, q_i>
 NOISE_STD = 0.5
 MAX_ROUNDS = 64
 CHUNK = 1 << 20
-
-
-@dataclass
-class SyntheticRatingsConfig:
-    users: int = 100_000
-    items: int = 10_000
-    ratings: int = 1_000_000  # distinct (user, item) cells
-    exponent: float = 1.1     # Zipf exponent of user and item popularity
 
 
 def synthetic_zipf(users: int, items: int, ratings: int, exponent: float, seed: int) -> RatingDataset:

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from cadence.data.text import numbered_lines
 from cadence.errors import DataError
 
 log = logging.getLogger("cadence")
@@ -49,28 +50,18 @@ class KnowledgeGraph:
 
 def read_triple_file(path: Path) -> list[tuple[str, str, str, int]]:
     """Read ``(head, relation, tail, line_number)`` rows, rejecting malformed input."""
-    if not path.is_file():
-        raise DataError("file not found (a graph directory needs train.txt, valid.txt, test.txt)", path)
     rows: list[tuple[str, str, str, int]] = []
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise DataError(f"not UTF-8 text (byte {err.start} of the line)", path, number) from None
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            if len(fields) != 3:
-                raise DataError(
-                    f"expected 3 tab-separated fields (head, relation, tail), found {len(fields)}",
-                    path, number,
-                )
-            head, relation, tail = (f.strip() for f in fields)
-            if not head or not relation or not tail:
-                raise DataError("empty field (head, relation and tail must all be non-empty)", path, number)
-            rows.append((head, relation, tail, number))
+    for number, line in numbered_lines(path, "file not found (a graph directory needs train.txt, valid.txt, test.txt)"):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != 3:
+            raise DataError(f"expected 3 tab-separated fields (head, relation, tail), found {len(fields)}",
+                            path, number)
+        head, relation, tail = (f.strip() for f in fields)
+        if not head or not relation or not tail:
+            raise DataError("empty field (head, relation and tail must all be non-empty)", path, number)
+        rows.append((head, relation, tail, number))
     if not rows:
         raise DataError("file is empty: it holds no triples", path)
     return rows
