@@ -204,6 +204,7 @@ def test_compare_works_for_another_task(task_data, tmp_path: Path, capsys) -> No
     (["--strategy", "gba", "--set", "device=cpu"], "device applies to the one-process pipeline"),
     (["--strategy", "oac", "--workers", "2"], "strategy oac runs in one process"),
     (["--strategy", "oac", "--engine", "ray"], "strategy oac runs in one process"),
+    (["--straggler", "0:4"], "ps.stragglers applies to the parameter-server runtime"),
 ])
 def test_a_key_of_another_task_or_runtime_is_an_error_naming_it(args, message, tmp_path: Path) -> None:
     done = run_cli("train", *args, "--out", str(tmp_path / "x"))

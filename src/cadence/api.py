@@ -39,8 +39,11 @@ log = logging.getLogger("cadence")
 
 RESUMABLE_KEYS = {"train.epochs", "progress", "threads", "device"}
 DEFAULT_MODELS = {"kge": "complex", "ctr": "deepfm", "mf": "biased", "w2v": "skipgram"}
-# keys that only the pipeline runtime reads (a parameter-server run must not set them)
+# keys that only the pipeline runtime reads (a parameter-server run must not set them), and keys that
+# shape the parameter-server runtime itself (a pipeline run must not set them; a mode's own keys,
+# such as ps.tolerance, are ignored by the other modes on either runtime, as by design)
 PIPELINE_KEYS = ("record_order", "batch_order", "device", "store", "pipeline")
+SERVER_KEYS = ("ps.shards", "ps.stragglers", "ps.kill_workers", "ps.emulated_latency", "ps.ray_address")
 
 
 @dataclass
@@ -164,12 +167,14 @@ def _check_foreign_keys(config: Config, runtime: str) -> None:
         for key in sorted(changed):
             if any(key == own or key.startswith(own + ".") for own in TASKS.get(name).own_keys):
                 raise ConfigError(f"{key} belongs to the {name} task; this run's task is {config.task}")
-    if runtime != PIPELINE:
-        for key in sorted(changed):
-            if any(key == own or key.startswith(own + ".") for own in PIPELINE_KEYS):
-                raise ConfigError(f"{key} applies to the one-process pipeline; this run (strategy "
-                                  f"{config.strategy}, ps.workers={config.ps.workers}, ps.engine={config.ps.engine}) "
-                                  "runs on the parameter server")
+    where = (f"(strategy {config.strategy}, ps.workers={config.ps.workers}, ps.engine={config.ps.engine})")
+    for key in sorted(changed):
+        if runtime != PIPELINE and any(key == own or key.startswith(own + ".") for own in PIPELINE_KEYS):
+            raise ConfigError(f"{key} applies to the one-process pipeline; this run {where} runs on the "
+                              "parameter server")
+        if runtime == PIPELINE and key in SERVER_KEYS:
+            raise ConfigError(f"{key} applies to the parameter-server runtime; this run {where} runs on the "
+                              "one-process pipeline (use --workers N > 1 or a parameter-server strategy)")
 
 
 def _init_checkpoint(config: Config) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
