@@ -1,0 +1,315 @@
+#!/usr/bin/env python
+"""cadence's biased MF vs scikit-surprise 1.1.5 ``SVD`` on MovieLens-100k, side by side in one invocation.
+
+    .venv/bin/python benchmarks/mf_vs_surprise.py [--quick] [--seeds N] [--max-wait S] [--out FILE]
+
+For each seed, cadence's own split (``RatingDataset.random_split(seed)``: train 80% / valid 10% /
+test 10%) is written to TSV files, and every contender trains on that train part and is scored on
+that test part, each in a fresh process:
+
+- ``cadence``: ``configs/ml100k-mf.yaml`` with that seed and ``threads=2``, through the CLI of
+  ``.venv`` (cadence trains on the same ``random_split(seed)`` of ml-100k; checkpoints off, which
+  changes neither the model nor the timing: ``train_seconds`` excludes evaluation and checkpoints);
+- ``cadence_1_thread``: the same with ``threads=1``, Surprise's thread count;
+- ``surprise_default``: ``SVD()`` defaults (100 factors, 20 epochs, lr 0.005, reg 0.02, init std 0.1)
+  through ``benchmarks/surprise_contender.py`` in ``.venv-bench-surprise``;
+- ``surprise_tuned``: ``SVD`` with cadence-like capacity (128 factors, heavier L2, more epochs): lr,
+  reg and epochs picked by RMSE on the *validation* part of the first seed (never on test), then
+  kept for every seed. ``--quick`` skips the search and uses ``TUNED_FALLBACK``.
+
+Contenders run interleaved (the order reverses every other seed), so a speed ratio compares runs made
+seconds apart on the same machine. The machine is shared: before each run the script waits (within
+``--max-wait`` seconds in all) for other processes to leave the CPUs idle, records the share of the
+CPUs other processes used *during* the run, and calls a seed uncontended when that share stayed
+under ``CLEAN_OTHERS_SHARE`` for all its runs; ratios are given over all seeds and over those.
+
+Speed is ratings/s of training alone: cadence's
+``examples_per_second`` (ratings x epochs / seconds in the epochs), Surprise's ratings x epochs /
+seconds in ``fit``. Results: per seed, mean with a 95% t-interval over seeds, the per-seed ratios
+of cadence's ratings/s to Surprise's and their median, in ``benchmarks/results/mf_vs_surprise.json``
+(``mf_vs_surprise_quick.json`` with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
+
+from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "benchmarks" / "results"
+CONFIG = REPO / "configs" / "ml100k-mf.yaml"
+CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
+SURPRISE_PYTHON = REPO / ".venv-bench-surprise" / "bin" / "python"
+SURPRISE_CONTENDER = REPO / "benchmarks" / "surprise_contender.py"
+
+SURPRISE_DEFAULT = {"factors": 100, "epochs": 20, "lr": 0.005, "reg": 0.02, "init_std": 0.1}
+TUNED_GRID = {"factors": [128], "epochs": [40, 80], "lr": [0.005, 0.01], "reg": [0.05, 0.1, 0.15], "init_std": [0.1]}
+TUNED_FALLBACK = {"factors": 128, "epochs": 80, "lr": 0.005, "reg": 0.1, "init_std": 0.1}
+CLEAN_OTHERS_SHARE = 0.15  # a run during which other processes used more of the CPUs counts as contended
+QUICK_EPOCHS = {"cadence": 4, "surprise_default": 5, "surprise_tuned": 10}
+# two-sided 95% quantiles of Student's t by degrees of freedom (no scipy in .venv)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+        10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def t975(df: int) -> float:
+    return T975[max(k for k in T975 if k <= df)] if df <= 30 else 1.96  # rounds df down: a wider interval
+
+
+def mean_ci(values: list[float]) -> dict[str, Any]:
+    """Mean and 95% t-interval over seeds (no interval from one value)."""
+    n, mean = len(values), statistics.fmean(values)
+    half = t975(n - 1) * statistics.stdev(values) / n ** 0.5 if n > 1 else None
+    return {"mean": mean, "ci95": [mean - half, mean + half] if half is not None else None,
+            "half_width": half, "n": n, "median": statistics.median(values)}
+
+
+class OthersMeter:
+    """The share of all CPUs that *other* processes used while a child ran: CPU time busy on the
+    machine (/proc/stat) minus the CPU time of our finished children, over wall time x CPUs.
+
+    A 2-thread torch run loses far more than half its speed when another process takes a core
+    (threads wait on each other at every parallel region), so a ratio is only read from clean runs."""
+
+    def __enter__(self) -> "OthersMeter":
+        self.children = _children_cpu()
+        self.busy, self.total = _machine_jiffies()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy, total = _machine_jiffies()
+        children = (_children_cpu() - self.children) * os.sysconf("SC_CLK_TCK")
+        self.share = max(0.0, (busy - self.busy - children) / max(1, total - self.total))
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _machine_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies summed over all CPUs since boot."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+# ---- data ----------------------------------------------------------------------------------------
+def write_tsv(path: Path, dataset: RatingDataset, part: Ratings) -> None:
+    """``raw user id<TAB>raw item id<TAB>rating`` lines: Surprise maps raw ids itself."""
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.writelines(f"{dataset.user_ids[u]}\t{dataset.item_ids[i]}\t{r:g}\n" for u, i, r in
+                          zip(part.users.tolist(), part.items.tolist(), part.values.tolist()))
+
+
+def write_split(dataset: RatingDataset, seed: int, directory: Path) -> dict[str, Any]:
+    directory.mkdir(parents=True)
+    train, valid, test = dataset.random_split(seed)
+    info: dict[str, Any] = {}
+    for name, part in (("train", train), ("valid", valid), ("test", test)):
+        write_tsv(directory / f"{name}.tsv", dataset, part)
+        info[f"{name}_ratings"] = len(part)
+        info[f"{name}_sha256"] = hashlib.sha256((directory / f"{name}.tsv").read_bytes()).hexdigest()[:16]
+    seen_users, seen_items = set(train.users.tolist()), set(train.items.tolist())
+    # Surprise predicts these from the global mean and the known side's bias; cadence from rows
+    # that kept their random initialization
+    info["test_ratings_with_user_or_item_unseen_in_train"] = sum(
+        u not in seen_users or i not in seen_items for u, i in zip(test.users.tolist(), test.items.tolist()))
+    return info
+
+
+# ---- contenders ----------------------------------------------------------------------------------
+def cadence_command(seed: int | str, threads: int, out: Path, quick: bool) -> list[str]:
+    command = [str(CADENCE_CLI), "train", "--config", str(CONFIG), "--seed", str(seed), "--set", f"threads={threads}",
+               "--set", "checkpoint.every=0", "--no-progress", "--out", str(out), "--overwrite"]
+    if quick:
+        command += ["--epochs", str(QUICK_EPOCHS["cadence"]), "--set", f"eval.every={QUICK_EPOCHS['cadence']}"]
+    return command
+
+
+def run_cadence(seed: int, threads: int, out: Path, quick: bool) -> dict[str, Any]:
+    subprocess.run(cadence_command(seed, threads, out, quick), check=True, capture_output=True, text=True)
+    summary = json.loads((out / "summary.json").read_text())
+    return {"rmse": summary["rmse"], "mae": summary["mae"], "ratings_per_second": summary["examples_per_second"],
+            "train_seconds": summary["train_seconds"], "epochs": summary["epochs"], "threads": threads,
+            "best_valid_rmse": summary["best_valid_rmse"]}
+
+
+def surprise_command(split: Path, test: str, seed: int, settings: dict[str, Any]) -> list[str]:
+    return [str(SURPRISE_PYTHON), str(SURPRISE_CONTENDER), "--train", str(split / "train.tsv"),
+            "--test", str(split / f"{test}.tsv"), "--seed", str(seed),
+            "--factors", str(settings["factors"]), "--epochs", str(settings["epochs"]), "--lr", str(settings["lr"]),
+            "--reg", str(settings["reg"]), "--init-std", str(settings["init_std"])]
+
+
+def run_surprise(split: Path, seed: int, settings: dict[str, Any], test: str = "test") -> dict[str, Any]:
+    done = subprocess.run(surprise_command(split, test, seed, settings), check=True, capture_output=True, text=True)
+    result = json.loads(done.stdout)
+    return {"rmse": result["rmse"], "mae": result["mae"], "ratings_per_second": result["ratings_per_second"],
+            "train_seconds": result["fit_seconds"], "epochs": result["epochs"], "threads": 1,
+            "settings": settings, "versions": result["versions"]}
+
+
+def tune_surprise(split: Path, seed: int) -> dict[str, Any]:
+    """The grid point with the lowest validation RMSE on ``split`` (the first seed's)."""
+    keys = list(TUNED_GRID)
+    points = [dict(zip(keys, values)) for values in _product([TUNED_GRID[k] for k in keys])]
+    scan = []
+    for settings in points:
+        scan.append({**settings, "valid_rmse": run_surprise(split, seed, settings, test="valid")["rmse"]})
+        say(f"  tune {settings}: valid rmse {scan[-1]['valid_rmse']:.4f}")
+    best = min(scan, key=lambda row: row["valid_rmse"])
+    return {"chosen": {k: best[k] for k in keys}, "chosen_on": f"valid part of seed {seed}", "scan": scan}
+
+
+def _product(lists: list[list[Any]]) -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = [()]
+    for values in lists:
+        out = [prefix + (v,) for prefix in out for v in values]
+    return out
+
+
+# ---- driver --------------------------------------------------------------------------------------
+def summarize(per_seed: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for name in names:
+        table[name] = {metric: mean_ci([seed["contenders"][name][metric] for seed in per_seed])
+                       for metric in ("rmse", "mae", "ratings_per_second")}
+    for name in names:
+        if name.startswith("surprise"):
+            # paired by seed: the split's own difficulty (it moves RMSE by ~0.03) cancels out
+            for metric in ("rmse", "mae"):
+                gaps = [seed["contenders"]["cadence"][metric] - seed["contenders"][name][metric] for seed in per_seed]
+                table[f"{metric}_cadence_minus_{name}"] = {**mean_ci(gaps), "per_seed": gaps}
+            for who in ("cadence", "cadence_1_thread"):
+                ratios = [seed["ratios"][f"{who}_over_{name}"] for seed in per_seed]
+                clean = [r for r, seed in zip(ratios, per_seed) if seed["uncontended"]]
+                table[f"speed_ratio_{who}_over_{name}"] = {
+                    **mean_ci(ratios), "per_seed": ratios, "median": statistics.median(ratios),
+                    "median_uncontended": statistics.median(clean) if clean else None,
+                    "uncontended_seeds": len(clean)}
+    return table
+
+
+def run_seed(seed: int, order: list[str], contenders: dict[str, Any], gate_keeper: QuietGate) -> dict[str, Any]:
+    """One seed: every contender in ``order``, each after the quiet gate, then the speed ratios."""
+    record: dict[str, Any] = {"seed": seed, "order": order, "contenders": {}}
+    for name in order:
+        gate, load = gate_keeper.wait(), loadavg()
+        with OthersMeter() as meter:
+            result = contenders[name](seed)
+        result.update(gate=gate, loadavg_before=load, others_cpu_share_during=round(meter.share, 3))
+        record["contenders"][name] = result
+        say(f"seed {seed} {name}: rmse {result['rmse']:.4f}  mae {result['mae']:.4f}  "
+            f"{result['ratings_per_second']:,.0f} ratings/s  (others used {meter.share:.0%} of the CPUs)")
+    speeds = {name: result["ratings_per_second"] for name, result in record["contenders"].items()}
+    record["uncontended"] = all(result["others_cpu_share_during"] < CLEAN_OTHERS_SHARE
+                                for result in record["contenders"].values())
+    record["ratios"] = {f"{who}_over_{name}": speeds[who] / speeds[name]
+                        for who in ("cadence", "cadence_1_thread") for name in speeds if name.startswith("surprise")}
+    return record
+
+
+def print_summary(summary: dict[str, Any], names: list[str]) -> None:
+    def pm(entry: dict[str, Any], digits: str) -> str:
+        half = entry["half_width"]
+        return f"{entry['mean']:{digits}}" + (f" ± {half:.2g}" if half is not None else "")
+
+    for name in names:
+        say(f"{name:18s} " + "  ".join(f"{metric} {pm(summary[name][metric], '.4g')}" for metric in summary[name]))
+    for key, value in summary.items():
+        if key.startswith(("rmse_", "mae_")):
+            say(f"{key}: {pm(value, '+.4f')}  per seed {[round(g, 4) for g in value['per_seed']]}")
+        if key.startswith("speed_ratio"):
+            say(f"{key}: median {value['median']:.3f} (uncontended: {value['median_uncontended']})  "
+                f"per seed {[round(r, 3) for r in value['per_seed']]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="1 seed, a few epochs, no tuning search")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds 0 .. N-1 (default 3, 1 with --quick)")
+    parser.add_argument("--max-wait", type=float, default=None,
+                        help="total seconds to wait for other processes to go idle before runs "
+                             "(default 300, 0 with --quick)")
+    parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/...)")
+    args = parser.parse_args(argv)
+    seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
+    out_path = Path(args.out) if args.out else RESULTS_DIR / (
+        "mf_vs_surprise_quick.json" if args.quick else "mf_vs_surprise.json")
+    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/mf_vs_surprise.py", *sys.argv[1:]])
+    if not SURPRISE_PYTHON.exists():
+        raise SystemExit(f"{SURPRISE_PYTHON} is missing: see benchmarks/requirements-surprise.txt")
+    gate_keeper = QuietGate(args.max_wait if args.max_wait is not None else (0.0 if args.quick else 300.0))
+    started_all = time.perf_counter()
+    report: dict[str, Any] = {"benchmark": "cadence biased MF vs scikit-surprise SVD on MovieLens-100k "
+                                           "(benchmarks/mf_vs_surprise.py)",
+                              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                              "command": command, "quick": args.quick, "machine": machine_info(), "seeds": seeds}
+    dataset = load_rating_dataset("ml-100k", 0)
+    with tempfile.TemporaryDirectory(prefix="cadence-mf-bench-") as scratch:
+        work = Path(scratch)
+        splits = {seed: work / f"split-{seed}" for seed in seeds}
+        report["splits"] = {seed: write_split(dataset, seed, path) for seed, path in splits.items()}
+        default = dict(SURPRISE_DEFAULT)
+        if args.quick:
+            default["epochs"] = QUICK_EPOCHS["surprise_default"]
+            tuning = {"chosen": {**TUNED_FALLBACK, "epochs": QUICK_EPOCHS["surprise_tuned"]},
+                      "chosen_on": "fixed (--quick: no search)"}
+        else:
+            say(f"tuning surprise_tuned on the valid part of seed {seeds[0]}")
+            tuning = tune_surprise(splits[seeds[0]], seeds[0])
+        report["surprise_tuned_selection"] = tuning
+        contenders = {
+            "cadence": lambda seed: run_cadence(seed, 2, work / f"cadence-{seed}", args.quick),
+            "cadence_1_thread": lambda seed: run_cadence(seed, 1, work / f"cadence1-{seed}", args.quick),
+            "surprise_default": lambda seed: run_surprise(splits[seed], seed, default),
+            "surprise_tuned": lambda seed: run_surprise(splits[seed], seed, tuning["chosen"]),
+        }
+        names = list(contenders)
+        per_seed = [run_seed(seed, names if index % 2 == 0 else names[::-1], contenders, gate_keeper)
+                    for index, seed in enumerate(seeds)]
+    report["versions"] = {"scikit-surprise": per_seed[0]["contenders"]["surprise_default"]["versions"],
+                          "cadence": report["machine"].get("cadence_version"),
+                          "torch": report["machine"].get("torch_version")}
+    report["settings"] = {
+        "cadence": {"config": str(CONFIG.relative_to(REPO)), "threads": 2, "checkpoint.every": 0,
+                    "command": " ".join(shlex.quote(a) for a in cadence_command("SEED", 2, Path("RUN_DIR"), args.quick))
+                    .replace(str(REPO) + "/", "")},
+        "surprise_default": default, "surprise_tuned": tuning["chosen"],
+        "speed": "ratings/s of training only (cadence examples_per_second; Surprise ratings x epochs / fit seconds); "
+                 "Surprise SVD is single-threaded",
+    }
+    report["summary"] = summarize(per_seed, names)
+    report["per_seed"] = per_seed
+    report["wall_seconds"] = time.perf_counter() - started_all
+    report["waited_for_quiet_seconds"] = round(gate_keeper.waited_s, 1)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(report, indent=2) + "\n")
+    say(f"wrote {out_path}")
+    print_summary(report["summary"], names)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
