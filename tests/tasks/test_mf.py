@@ -80,3 +80,35 @@ def test_the_mf_task_has_one_model(tmp_path: Path) -> None:
     path = write_ratings(tmp_path / "r.tsv", 12, 9, 70, 1)
     with pytest.raises(ConfigError, match="the mf task has one model, biased"):
         api.train(make_config(tmp_path / "run", "task=mf", f"data.dataset={path}", "model.name=complex"))
+
+
+def test_the_written_out_gradient_equals_autograd_through_the_formula() -> None:
+    from cadence.tasks.mf import BiasedMfLoss
+
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(30, 6, generator=generator, dtype=torch.float64)
+    users = torch.randint(0, 12, (50,), generator=generator)
+    items = torch.randint(12, 30, (50,), generator=generator)  # repeats: gradients add up per row
+    ratings = torch.randint(1, 6, (50,), generator=generator).double()
+    mean = torch.tensor(3.2, dtype=torch.float64)
+
+    def plain(rows):
+        user, item = rows[users], rows[items]
+        error = ratings - (mean + user[:, -1] + item[:, -1] + (user[:, :-1] * item[:, :-1]).sum(1))
+        return (error.square() + 0.07 * (user.square().sum(1) + item.square().sum(1))).mean()
+
+    first, second = rows.clone().requires_grad_(True), rows.clone().requires_grad_(True)
+    expected, fused = plain(first), BiasedMfLoss.apply(second, users, items, ratings, mean, 0.07)
+    (3.0 * expected).backward()
+    (3.0 * fused).backward()
+    assert torch.allclose(fused, expected) and torch.allclose(second.grad, first.grad)
+
+
+def test_unique_keys_equals_torch_unique() -> None:
+    from cadence.pipeline.batch import unique_keys
+
+    for num_keys, size in ((50, 200), (10_000, 20)):
+        keys = torch.randint(0, num_keys, (size,), generator=torch.Generator().manual_seed(num_keys))
+        ids, inverse = unique_keys(keys, num_keys)
+        expected_ids, expected_inverse = torch.unique(keys, return_inverse=True)
+        assert torch.equal(ids, expected_ids) and torch.equal(inverse, expected_inverse)

@@ -52,6 +52,18 @@ class Batch:
         self.inputs = {name: value.to(device, non_blocking=True) for name, value in self.inputs.items()}
 
 
+def unique_keys(keys: Tensor, num_keys: int) -> tuple[Tensor, Tensor]:
+    """``torch.unique(keys, return_inverse=True)`` for keys in ``[0, num_keys)``: a bitmap and a
+    cumulative sum (linear, multi-threaded) when the key space is small next to the batch, else a
+    sort. Same result either way."""
+    if num_keys > 32 * keys.shape[0]:
+        return torch.unique(keys, return_inverse=True)
+    present = torch.zeros(num_keys, dtype=torch.bool)
+    present[keys] = True
+    position = torch.cumsum(present, 0) - 1
+    return present.nonzero().squeeze(1), position.index_select(0, keys)
+
+
 def plan_epoch(num_examples: int, batch_size: int, seed: int, epoch: int, *scope: object) -> list[BatchPlan]:
     """Shuffle ``num_examples`` by (seed, ``scope``, epoch) and cut them into batches."""
     generator = torch.Generator().manual_seed(derive_seed(seed, *(scope or ("shuffle",)), epoch))
