@@ -40,7 +40,7 @@ def epoch_pairs(task: Word2VecTask, epoch: int = 0) -> Counter:
     for plan in task.plan(epoch):
         batch = task.prepare(plan)
         inputs = batch.ids[batch.inputs["inputs"]].tolist()
-        targets = (batch.ids[batch.inputs["targets"]] - size).tolist()
+        targets = (batch.ids[batch.inputs["outputs"][:, 0]] - size).tolist()
         pairs.update(zip(inputs, targets))
     return pairs
 
@@ -84,7 +84,7 @@ def test_noise_words_follow_the_unigram_three_quarters_distribution() -> None:
     drawn = Counter()
     for plan in task.plan(0):
         batch = task.prepare(plan)
-        drawn.update((batch.ids[batch.inputs["noise"]].flatten() - task.vocabulary).tolist())
+        drawn.update((batch.ids[batch.inputs["outputs"][:, 1:]].flatten() - task.vocabulary).tolist())
     total = sum(drawn.values())
     weights = corpus.counts.double() ** 0.75
     for word, weight in enumerate((weights / weights.sum()).tolist()):
@@ -96,17 +96,39 @@ def test_the_loss_is_the_summed_negative_sampling_objective_scaled_by_the_decaye
     task = task_for(corpus, "optimizer.lr=0.5", "w2v.min_lr=0.1", "train.epochs=2")
     plans = task.plan(1)
     batch = task.prepare(plans[-1])
-    rows = torch.randn(batch.ids.shape[0], 4)
+    rows = torch.randn(batch.ids.shape[0], 4, dtype=torch.float64)
     expected = 0.0
     for p in range(batch.inputs["inputs"].shape[0]):
         u = rows[batch.inputs["inputs"][p]]
-        expected -= math.log(torch.sigmoid(u @ rows[batch.inputs["targets"][p]]).item())
-        for n in batch.inputs["noise"][p].tolist():
+        target, *noise = batch.inputs["outputs"][p].tolist()
+        expected -= math.log(torch.sigmoid(u @ rows[target]).item())
+        for n in noise:
             expected -= math.log(torch.sigmoid(-(u @ rows[n])).item())
     progress = (1 + (len(plans) - 1) / len(plans)) / 2
     rate = (0.5 - (0.5 - 0.1) * progress) / 0.5
-    assert float(task.loss(batch, rows, None)) == pytest.approx(expected * rate, rel=1e-5)
+    assert float(task.loss(batch, rows, None)) == pytest.approx(expected * rate, rel=1e-6)
     assert float(task._rate(task.plan(0)[0])) == 1.0
+
+
+def test_the_written_out_gradient_equals_autograd_through_the_formula() -> None:
+    from cadence.tasks.w2v import SkipGramLoss
+
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(20, 5, generator=generator, dtype=torch.float64)
+    inputs = torch.randint(0, 8, (40,), generator=generator)  # repeats: gradients add up per row
+    outputs = torch.randint(8, 20, (40, 4), generator=generator)
+    rate = torch.tensor(0.7, dtype=torch.float64)
+
+    def plain(rows):
+        u, v = rows[inputs], rows[outputs]
+        scores = (v * u.unsqueeze(1)).sum(2)
+        return (torch.nn.functional.softplus(-scores[:, 0]).sum() + torch.nn.functional.softplus(scores[:, 1:]).sum()) * rate
+
+    first, second = rows.clone().requires_grad_(True), rows.clone().requires_grad_(True)
+    expected, fused = plain(first), SkipGramLoss.apply(second, inputs, outputs, rate)
+    (2.0 * expected).backward()
+    (2.0 * fused).backward()
+    assert torch.allclose(fused, expected) and torch.allclose(second.grad, first.grad)
 
 
 def test_output_vectors_start_at_zero_and_input_vectors_do_not() -> None:
