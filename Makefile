@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow bench clean
+.PHONY: install demo test test-slow bench bench-peers clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,17 @@ test-slow: install
 bench: install
 	$(PY) benchmarks/kge_throughput.py
 	$(PY) benchmarks/pipeline_throughput.py
+
+# Each task against the library its users use today; the peers live in their own virtualenvs.
+PEERS := surprise gensim deepctr
+.venv-bench-%/bin/python: benchmarks/requirements-%.txt
+	$(PYTHON) -m venv .venv-bench-$*
+	.venv-bench-$*/bin/pip install -q --no-deps -r benchmarks/requirements-$*.txt
+
+bench-peers: install $(PEERS:%=.venv-bench-%/bin/python)
+	$(PY) benchmarks/mf_vs_surprise.py
+	$(PY) benchmarks/w2v_vs_gensim.py
+	$(PY) benchmarks/ctr_vs_deepctr.py
 
 clean:
 	rm -rf $(VENV) runs build dist src/*.egg-info
