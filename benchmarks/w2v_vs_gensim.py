@@ -1,0 +1,251 @@
+#!/usr/bin/env python
+"""cadence's word2vec (skip-gram, negative sampling) vs gensim 4.4.0 ``Word2Vec(sg=1)``, side by side.
+
+    .venv/bin/python benchmarks/w2v_vs_gensim.py [--quick] [--seeds N] [--max-wait S] [--out FILE]
+
+Both contenders train on the same file, the registered corpus's ``corpus.txt`` in the cadence cache
+(``gcide``: 5.4M tokens, one sentence per line; ``--quick``: ``enwiki-excerpt``, 1 seed, 1 epoch),
+with one setting (``configs/w2v.yaml``, gensim's reference run): d100, window 5, 5 negatives,
+3 epochs, min_count 5, sample 1e-3, alpha 0.025 -> 1e-4, 2 threads. For each seed, each contender
+runs in a fresh process:
+
+- ``cadence``: ``configs/w2v.yaml`` with ``--seed s --set threads=2`` through the CLI of ``.venv``
+  (checkpoints off, which changes neither the model nor the timing);
+- ``gensim``: ``benchmarks/gensim_contender.py`` in ``.venv-bench-gensim``, ``--seed s --workers 2``
+  (gensim with 2 workers is not deterministic even with a seed).
+
+Quality: WordSim353 and SimLex-999 (Spearman) and analogy accuracy, gensim's own evaluation for
+gensim, cadence's summary for cadence (``cadence.evaluation.word_vectors`` computes what gensim
+computes: the two agree to 1e-16 on the same vectors). Speed: *effective* words per second: tokens
+that are in the vocabulary and kept by subsampling, over all epochs, per second of training alone
+(gensim's own count over ``train()``; cadence's ``examples_per_second``, whose examples are exactly
+the centre words kept by subsampling, over the seconds inside the epochs).
+
+The machine is shared (2 cores): runs alternate cadence, gensim, cadence, gensim; before each run the
+script waits (at most ``--max-wait`` seconds) until the 1-minute load average is below
+``LOAD_THRESHOLD`` and records the load seen, and the share of the CPUs other processes used during
+the run. A speed claim is the per-seed ratio cadence/gensim of runs made seconds apart, and its median.
+Results: ``benchmarks/results/w2v_vs_gensim.json`` (``w2v_vs_gensim_quick.json`` with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from kge_throughput import loadavg, machine_info, others_busy  # same folder: the shared machine record
+from mf_vs_surprise import OthersMeter
+
+from cadence.config import load_config
+from cadence.data.corpus import CORPORA, CORPUS_FILE
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "benchmarks" / "results"
+CONFIG = REPO / "configs" / "w2v.yaml"
+CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
+GENSIM_PYTHON = REPO / ".venv-bench-gensim" / "bin" / "python"
+GENSIM_CONTENDER = REPO / "benchmarks" / "gensim_contender.py"
+
+THREADS = 2
+LOAD_THRESHOLD = 1.5  # 1-minute load average below which a run may start
+QUALITY = ("wordsim353", "simlex999", "analogy")
+# configs/w2v.yaml's setting, in the contender's flags (checked against the config in main)
+GENSIM_SETTING = {"dim": 100, "window": 5, "negatives": 5, "epochs": 3, "min-count": 5, "sample": 1e-3,
+                  "alpha": 0.025, "min-alpha": 1e-4, "workers": THREADS}
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class LoadGate:
+    """Wait (at most ``max_wait`` seconds per run) for the 1-minute load average to drop below the
+    threshold; report what was seen. The load average lags by about a minute, so each run also
+    records the instantaneous share of the CPUs others used just before it and during it."""
+
+    def __init__(self, max_wait: float, threshold: float = LOAD_THRESHOLD):
+        self.max_wait, self.threshold = max_wait, threshold
+        self.waited_s = 0.0
+
+    def wait(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        while os.getloadavg()[0] >= self.threshold and time.perf_counter() - started < self.max_wait:
+            time.sleep(2.0)
+        waited = time.perf_counter() - started
+        self.waited_s += waited
+        load = loadavg()
+        return {"waited_s": round(waited, 1), "loadavg_1_5_15": load, "below_threshold": load[0] < self.threshold,
+                "others_busy_before": others_busy(0.5)}
+
+
+def check_setting() -> None:
+    """gensim's flags say what configs/w2v.yaml says (a drifted config would compare two settings)."""
+    config = load_config(CONFIG)
+    w2v = config.w2v
+    cadence = {"dim": config.model.dim, "window": w2v.window, "negatives": w2v.negatives,
+               "epochs": config.train.epochs, "min-count": w2v.min_count, "sample": w2v.sample,
+               "alpha": config.optimizer.lr, "min-alpha": w2v.min_lr, "workers": THREADS}
+    if cadence != GENSIM_SETTING or not w2v.shrink_window or config.optimizer.entity != "sgd":
+        raise SystemExit(f"{CONFIG.name} no longer matches GENSIM_SETTING: {cadence} vs {GENSIM_SETTING}")
+
+
+# ---- contenders ----------------------------------------------------------------------------------
+def cadence_command(seed: int | str, out: Path, dataset: str, epochs: int) -> list[str]:
+    command = [str(CADENCE_CLI), "train", "--config", str(CONFIG), "--set", f"seed={seed}",
+               "--set", f"threads={THREADS}", "--set", "checkpoint.every=0", "--no-progress",
+               "--out", str(out), "--overwrite"]
+    if dataset != "gcide":
+        command += ["--set", f"data.dataset={dataset}"]
+    if epochs != GENSIM_SETTING["epochs"]:
+        command += ["--epochs", str(epochs)]
+    return command
+
+
+def run_cadence(seed: int, out: Path, dataset: str, epochs: int) -> dict[str, Any]:
+    subprocess.run(cadence_command(seed, out, dataset, epochs), check=True, capture_output=True, text=True)
+    summary = json.loads((out / "summary.json").read_text())
+    return {**{k: summary[k] for k in QUALITY},
+            "wordsim353_pairs": summary["wordsim353_pairs"], "simlex999_pairs": summary["simlex999_pairs"],
+            "analogy_questions": summary["analogy_questions"],
+            "effective_words": summary["examples_seen"], "train_seconds": summary["train_seconds"],
+            "words_per_second": summary["examples_per_second"], "epochs": summary["epochs"]}
+
+
+def gensim_command(seed: int | str, corpus: Path, epochs: int) -> list[str]:
+    flags = [f"--{k}={v}" for k, v in {**GENSIM_SETTING, "epochs": epochs}.items()]
+    return [str(GENSIM_PYTHON), str(GENSIM_CONTENDER), "--corpus", str(corpus), "--seed", str(seed), *flags]
+
+
+def run_gensim(seed: int, corpus: Path, epochs: int) -> dict[str, Any]:
+    done = subprocess.run(gensim_command(seed, corpus, epochs), check=True, capture_output=True, text=True)
+    result = json.loads(done.stdout)
+    return {**{k: result[k] for k in QUALITY},
+            "wordsim353_oov_percent": result["wordsim353_oov_percent"],
+            "simlex999_oov_percent": result["simlex999_oov_percent"], "analogy_questions": result["analogy_questions"],
+            "effective_words": result["effective_words"], "train_seconds": result["train_seconds"],
+            "words_per_second": result["words_per_second"], "epochs": result["settings"]["epochs"],
+            "vocabulary": result["vocabulary"], "raw_words_per_second": result["raw_words_per_second"],
+            "versions": result["versions"]}
+
+
+# ---- driver --------------------------------------------------------------------------------------
+def run_seed(seed: int, contenders: dict[str, Callable[[int], dict[str, Any]]], gate: LoadGate) -> dict[str, Any]:
+    record: dict[str, Any] = {"seed": seed, "order": list(contenders), "contenders": {}}
+    for name, contender in contenders.items():
+        seen = gate.wait()
+        with OthersMeter() as meter:
+            result = contender(seed)
+        result.update(load=seen, loadavg_after=loadavg(), others_cpu_share_during=round(meter.share, 3))
+        record["contenders"][name] = result
+        say(f"seed {seed} {name:7s}: wordsim353 {result['wordsim353']:.4f}  simlex999 {result['simlex999']:.4f}  "
+            f"analogy {result['analogy']:.4f}  {result['words_per_second']:,.0f} effective words/s "
+            f"({result['train_seconds']:.1f} s; load {seen['loadavg_1_5_15'][0]:.2f} before, "
+            f"others used {meter.share:.0%} of the CPUs during)")
+    speeds = {name: result["words_per_second"] for name, result in record["contenders"].items()}
+    record["speed_ratio_cadence_over_gensim"] = speeds["cadence"] / speeds["gensim"]
+    return record
+
+
+def summarize(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for name in ("cadence", "gensim"):
+        runs = [seed["contenders"][name] for seed in per_seed]
+        table[name] = {metric: {"mean": statistics.fmean(r[metric] for r in runs),
+                                "per_seed": [r[metric] for r in runs]}
+                       for metric in (*QUALITY, "words_per_second", "train_seconds", "effective_words")}
+        table[name]["words_per_second"]["median"] = statistics.median(r["words_per_second"] for r in runs)
+    ratios = [seed["speed_ratio_cadence_over_gensim"] for seed in per_seed]
+    table["speed_ratio_cadence_over_gensim"] = {"per_seed": ratios, "median": statistics.median(ratios)}
+    table["quality_cadence_minus_gensim"] = {metric: table["cadence"][metric]["mean"] - table["gensim"][metric]["mean"]
+                                             for metric in QUALITY}
+    return table
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    say(f"{'':8s} {'wordsim353':>10s} {'simlex999':>10s} {'analogy':>8s} {'eff. words/s':>13s}  (means; speed: median)")
+    for name in ("cadence", "gensim"):
+        row = summary[name]
+        say(f"{name:8s} {row['wordsim353']['mean']:10.4f} {row['simlex999']['mean']:10.4f} "
+            f"{row['analogy']['mean']:8.4f} {row['words_per_second']['median']:13,.0f}")
+    ratio = summary["speed_ratio_cadence_over_gensim"]
+    say(f"speed ratio cadence/gensim: median {ratio['median']:.3f}, per seed {[round(r, 3) for r in ratio['per_seed']]}")
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="enwiki-excerpt, 1 seed, 1 epoch")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds 0 .. N-1 (default 2, 1 with --quick)")
+    parser.add_argument("--max-wait", type=float, default=120.0,
+                        help="seconds to wait, before each run, for the load average to drop (default 120)")
+    parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/...)")
+    args = parser.parse_args(argv)
+    seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 2)))
+    dataset, epochs = ("enwiki-excerpt", 1) if args.quick else ("gcide", GENSIM_SETTING["epochs"])
+    out_path = Path(args.out) if args.out else RESULTS_DIR / (
+        "w2v_vs_gensim_quick.json" if args.quick else "w2v_vs_gensim.json")
+    if not GENSIM_PYTHON.exists():
+        raise SystemExit(f"{GENSIM_PYTHON} is missing: see benchmarks/gensim_contender.py")
+    check_setting()
+    corpus = CORPORA.get(dataset).fetch() / CORPUS_FILE
+    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/w2v_vs_gensim.py", *sys.argv[1:]])
+    gate = LoadGate(args.max_wait)
+    started_all = time.perf_counter()
+    report: dict[str, Any] = {
+        "benchmark": "cadence w2v (skip-gram, negative sampling) vs gensim 4.4.0 Word2Vec(sg=1) "
+                     "(benchmarks/w2v_vs_gensim.py)",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "command": command,
+        "quick": args.quick, "machine": machine_info(), "seeds": seeds,
+        "corpus": {"dataset": dataset, "file": str(corpus).replace(str(Path.home()), "~"),
+                   "sha256": file_sha256(corpus), "bytes": corpus.stat().st_size},
+        "settings": {
+            "shared": {**GENSIM_SETTING, "epochs": epochs, "threads": THREADS},
+            "cadence": " ".join(shlex.quote(a) for a in cadence_command("SEED", Path("RUN_DIR"), dataset, epochs))
+                          .replace(str(REPO) + "/", ""),
+            "gensim": " ".join(shlex.quote(a) for a in gensim_command("SEED", corpus, epochs))
+                         .replace(str(REPO) + "/", "").replace(str(Path.home()), "~"),
+            "speed": "effective words/s: in-vocabulary tokens kept by subsampling, over all epochs, per second of "
+                     "training alone (gensim: its own count over train(); cadence: examples_per_second, the centre "
+                     "words kept by subsampling over the seconds inside the epochs)",
+            "quality": "gensim: its own evaluate_word_pairs / evaluate_word_analogies; cadence: its summary "
+                       "(cadence.evaluation.word_vectors, the same computation)",
+            "gate": f"before each run, wait up to {args.max_wait:g} s for the 1-minute load average < {LOAD_THRESHOLD}",
+        },
+    }
+    say(f"corpus {corpus} ({dataset}), seeds {seeds}, {epochs} epoch(s)")
+    with tempfile.TemporaryDirectory(prefix="cadence-w2v-bench-") as scratch:
+        work = Path(scratch)
+        contenders = {"cadence": lambda seed: run_cadence(seed, work / f"cadence-{seed}", dataset, epochs),
+                      "gensim": lambda seed: run_gensim(seed, corpus, epochs)}
+        per_seed = [run_seed(seed, contenders, gate) for seed in seeds]
+    report["versions"] = {"gensim": per_seed[0]["contenders"]["gensim"]["versions"],
+                          "cadence": report["machine"].get("cadence_version"),
+                          "torch": report["machine"].get("torch_version")}
+    report["summary"] = summarize(per_seed)
+    report["per_seed"] = per_seed
+    report["wall_seconds"] = round(time.perf_counter() - started_all, 1)
+    report["waited_for_load_seconds"] = round(gate.waited_s, 1)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(report, indent=2) + "\n")
+    say(f"wrote {out_path}")
+    print_table(report["summary"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
