@@ -40,7 +40,7 @@ from cadence.config import Config
 from cadence.data.corpus import Corpus, keep_probabilities, load_corpus, noise_distribution
 from cadence.errors import ConfigError
 from cadence.evaluation.word_vectors import evaluate_word_vectors
-from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch
+from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch, unique_keys
 from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TablePart, TableSpec, Task
 
@@ -58,26 +58,28 @@ class SkipGramLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, rows: Tensor, inputs: Tensor, outputs: Tensor, rate: Tensor) -> Tensor:
+        # column by column: [P, D] temporaries stay in cache, where one [P, 1 + K, D] gather did not
         u = rows.index_select(0, inputs)  # [P, D]
-        v = rows.index_select(0, outputs.flatten()).view(*outputs.shape, rows.shape[1])  # [P, 1 + K, D]
-        scores = (v * u.unsqueeze(1)).sum(2)  # [P, 1 + K] (measured 3x faster than bmm of [1 + K, D] x [D, 1])
+        scores = torch.stack([(rows.index_select(0, column) * u).sum(1) for column in outputs.unbind(1)], 1)
         signs = torch.ones_like(scores[:1])
         signs[0, 0] = -1.0
-        ctx.save_for_backward(u, v, scores, inputs, outputs, rate)
-        ctx.rows = rows.shape[0]
+        ctx.save_for_backward(rows, u, scores, inputs, outputs, rate)
         return F.softplus(scores * signs).sum() * rate
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        u, v, scores, inputs, outputs, rate = ctx.saved_tensors
+        rows, u, scores, inputs, outputs, rate = ctx.saved_tensors
         coefficients = torch.sigmoid(scores)
         coefficients[:, 0] -= 1.0
         coefficients.mul_(grad * rate)
-        grad_u = torch.bmm(coefficients.unsqueeze(1), v).squeeze(1)  # [P, D]
-        grad_v = coefficients.unsqueeze(2) * u.unsqueeze(1)  # [P, 1 + K, D]
-        rows = torch.zeros(ctx.rows, u.shape[1], dtype=u.dtype, device=u.device)
-        rows.index_add_(0, inputs, grad_u).index_add_(0, outputs.flatten(), grad_v.view(-1, u.shape[1]))
-        return rows, None, None, None
+        gradient = torch.zeros_like(rows)
+        grad_u = torch.zeros_like(u)
+        for k, column in enumerate(outputs.unbind(1)):
+            weight = coefficients[:, k:k + 1]
+            grad_u.addcmul_(weight, rows.index_select(0, column))
+            gradient.index_add_(0, column, weight * u)
+        gradient.index_add_(0, inputs, grad_u)
+        return gradient, None, None, None
 
 
 class AliasTable:
@@ -180,7 +182,7 @@ class Word2VecTask(Task):
         pairs, negatives = context_words.shape[0], self.config.w2v.negatives
         noise = self.noise.sample(pairs * negatives, generator)
         size = self.vocabulary
-        ids, local = torch.unique(torch.cat([context_words, centre_words + size, noise + size]), return_inverse=True)
+        ids, local = unique_keys(torch.cat([context_words, centre_words + size, noise + size]), 2 * size)
         outputs = torch.cat([local[pairs:2 * pairs].unsqueeze(1), local[2 * pairs:].view(pairs, negatives)], 1)
         return Batch(plan, ids, {"inputs": local[:pairs], "outputs": outputs, "rate": self._rate(plan)})
 
