@@ -41,8 +41,6 @@ import argparse
 import datetime as dt
 import hashlib
 import json
-import os
-import resource
 import shlex
 import statistics
 import subprocess
@@ -53,6 +51,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
+from peer_stats import OthersMeter, mean_ci
 
 from cadence.config import load_config
 
@@ -70,8 +69,6 @@ QUICK_EPOCHS = 2
 RUN_TIMEOUT_S = 3600
 CLEAN_OTHERS_SHARE = 0.15  # a run during which other processes used more of the CPUs counts as contended
 # two-sided 95% quantiles of Student's t by degrees of freedom (no scipy in .venv)
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-        10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
 METRICS = ("auc", "logloss", "examples_per_second")
 
 
@@ -81,45 +78,6 @@ def say(message: str) -> None:
 
 def relative(text: str) -> str:
     return text.replace(str(REPO) + "/", "")
-
-
-def t975(df: int) -> float:
-    return T975[max(k for k in T975 if k <= df)] if df <= 30 else 1.96  # rounds df down: a wider interval
-
-
-def mean_ci(values: list[float]) -> dict[str, Any]:
-    """Mean and 95% t-interval over seeds (no interval from one value)."""
-    n, mean = len(values), statistics.fmean(values)
-    half = t975(n - 1) * statistics.stdev(values) / n ** 0.5 if n > 1 else None
-    return {"mean": mean, "ci95": [mean - half, mean + half] if half is not None else None,
-            "half_width": half, "n": n, "median": statistics.median(values), "per_seed": values}
-
-
-class OthersMeter:
-    """The share of all CPUs that *other* processes used while a child ran: CPU time busy on the
-    machine (/proc/stat) minus the CPU time of our finished children, over wall time x CPUs."""
-
-    def __enter__(self) -> "OthersMeter":
-        self.children = _children_cpu()
-        self.busy, self.total = _machine_jiffies()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        busy, total = _machine_jiffies()
-        children = (_children_cpu() - self.children) * os.sysconf("SC_CLK_TCK")
-        self.share = max(0.0, (busy - self.busy - children) / max(1, total - self.total))
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _machine_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies summed over all CPUs since boot."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
 
 
 def run(command: list[str]) -> subprocess.CompletedProcess:

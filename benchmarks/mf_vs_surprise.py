@@ -36,8 +36,6 @@ import argparse
 import datetime as dt
 import hashlib
 import json
-import os
-import resource
 import shlex
 import statistics
 import subprocess
@@ -48,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
+from peer_stats import OthersMeter, mean_ci
 
 from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
 
@@ -64,57 +63,12 @@ TUNED_FALLBACK = {"factors": 128, "epochs": 80, "lr": 0.005, "reg": 0.1, "init_s
 CLEAN_OTHERS_SHARE = 0.15  # a run during which other processes used more of the CPUs counts as contended
 QUICK_EPOCHS = {"cadence": 4, "surprise_default": 5, "surprise_tuned": 10}
 # two-sided 95% quantiles of Student's t by degrees of freedom (no scipy in .venv)
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-        10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
 
 
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def t975(df: int) -> float:
-    return T975[max(k for k in T975 if k <= df)] if df <= 30 else 1.96  # rounds df down: a wider interval
-
-
-def mean_ci(values: list[float]) -> dict[str, Any]:
-    """Mean and 95% t-interval over seeds (no interval from one value)."""
-    n, mean = len(values), statistics.fmean(values)
-    half = t975(n - 1) * statistics.stdev(values) / n ** 0.5 if n > 1 else None
-    return {"mean": mean, "ci95": [mean - half, mean + half] if half is not None else None,
-            "half_width": half, "n": n, "median": statistics.median(values)}
-
-
-class OthersMeter:
-    """The share of all CPUs that *other* processes used while a child ran: CPU time busy on the
-    machine (/proc/stat) minus the CPU time of our finished children, over wall time x CPUs.
-
-    A 2-thread torch run loses far more than half its speed when another process takes a core
-    (threads wait on each other at every parallel region), so a ratio is only read from clean runs."""
-
-    def __enter__(self) -> "OthersMeter":
-        self.children = _children_cpu()
-        self.busy, self.total = _machine_jiffies()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        busy, total = _machine_jiffies()
-        children = (_children_cpu() - self.children) * os.sysconf("SC_CLK_TCK")
-        self.share = max(0.0, (busy - self.busy - children) / max(1, total - self.total))
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _machine_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies summed over all CPUs since boot."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-# ---- data ----------------------------------------------------------------------------------------
 def write_tsv(path: Path, dataset: RatingDataset, part: Ratings) -> None:
     """``raw user id<TAB>raw item id<TAB>rating`` lines: Surprise maps raw ids itself."""
     with open(path, "w", encoding="utf-8") as handle:

@@ -1,0 +1,60 @@
+"""What the peer benchmarks share: confidence intervals over seeds, and how much CPU other processes
+took while a contender ran (a ratio is only read from undisturbed runs)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+# two-sided 95% quantiles of Student's t by degrees of freedom
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+        10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def t975(df: int) -> float:
+    return T975[max(k for k in T975 if k <= df)] if df <= 30 else 1.96  # rounds df down: a wider interval
+
+
+def mean_ci(values: list[float]) -> dict[str, Any]:
+    """Mean and 95% t-interval over seeds (no interval from one value)."""
+    n, mean = len(values), statistics.fmean(values)
+    half = t975(n - 1) * statistics.stdev(values) / n ** 0.5 if n > 1 else None
+    return {"mean": mean, "ci95": [mean - half, mean + half] if half is not None else None,
+            "half_width": half, "n": n, "median": statistics.median(values), "per_seed": values}
+
+
+class OthersMeter:
+    """The share of all CPUs that *other* processes used while a child ran: CPU time busy on the
+    machine (/proc/stat) minus the CPU time of our finished children, over wall time x CPUs.
+
+    A 2-thread torch run loses far more than half its speed when another process takes a core
+    (threads wait on each other at every parallel region), so a ratio is only read from clean runs."""
+
+    def __enter__(self) -> "OthersMeter":
+        self.children = _children_cpu()
+        self.busy, self.total = _machine_jiffies()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy, total = _machine_jiffies()
+        children = (_children_cpu() - self.children) * os.sysconf("SC_CLK_TCK")
+        self.share = max(0.0, (busy - self.busy - children) / max(1, total - self.total))
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _machine_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies summed over all CPUs since boot."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+# ---- data ----------------------------------------------------------------------------------------
