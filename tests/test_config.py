@@ -55,3 +55,14 @@ def test_shipped_configs_load() -> None:
     assert configs, "the repository ships experiment configs"
     for path in configs:
         assert isinstance(load_config(path), Config)
+
+
+@pytest.mark.parametrize("task, model, optimizer", [("kge", "complex", "rowwise_adagrad"), ("ctr", "deepfm", "rowwise_adagrad"),
+                                                    ("mf", "biased", "adagrad"), ("w2v", "skipgram", "sgd")])
+def test_each_task_resolves_its_default_model_and_optimizer(task: str, model: str, optimizer: str) -> None:
+    from cadence.api import prepare_config
+
+    config = prepare_config(load_config(None, [f"task={task}"]))
+    assert (config.model.name, config.optimizer.entity) == (model, optimizer)
+    explicit = prepare_config(load_config(None, [f"task={task}", "optimizer.entity=adagrad"]))
+    assert explicit.optimizer.entity == "adagrad"

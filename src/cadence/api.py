@@ -39,6 +39,7 @@ log = logging.getLogger("cadence")
 
 RESUMABLE_KEYS = {"train.epochs", "progress", "threads", "device"}
 DEFAULT_MODELS = {"kge": "complex", "ctr": "deepfm", "mf": "biased", "w2v": "skipgram"}
+DEFAULT_ENTITY_OPTIMIZERS = {"kge": "rowwise_adagrad", "ctr": "rowwise_adagrad", "mf": "adagrad", "w2v": "sgd"}
 # keys that only the pipeline runtime reads (a parameter-server run must not set them), and keys that
 # shape the parameter-server runtime itself (a pipeline run must not set them; a mode's own keys,
 # such as ps.tolerance, are ignored by the other modes on either runtime, as by design)
@@ -137,10 +138,12 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
 
 # ---- configuration checks ------------------------------------------------------------------------------
 def prepare_config(config: Config) -> Config:
-    """Resolve defaults that depend on the task and reject what does not fit this run; no side effects
-    but ``config.model.name``."""
+    """Resolve defaults that depend on the task (``model.name``, ``optimizer.entity``) and reject what
+    does not fit this run; no other side effect."""
     if config.model.name is None:
         config.model.name = DEFAULT_MODELS[config.task]
+    if config.optimizer.entity is None:
+        config.optimizer.entity = DEFAULT_ENTITY_OPTIMIZERS[config.task]
     check_strategy(config.strategy)
     runtime = runtime_of(config)
     ENTITY_OPTIMIZERS.get(config.optimizer.entity)

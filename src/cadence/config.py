@@ -66,7 +66,9 @@ class TrainConfig:
 @dataclass
 class OptimizerConfig:
     lr: float = 0.1
-    entity: Literal["rowwise_adagrad", "adagrad", "sgd"] = "rowwise_adagrad"  # state kept in the store
+    # embedding rows, state kept in the store. None: the task's default (rowwise_adagrad for kge and ctr,
+    # adagrad for mf, sgd for w2v: word2vec's update, which its learning-rate decay assumes)
+    entity: Literal["rowwise_adagrad", "adagrad", "sgd"] | None = None
     dense: Literal["adagrad", "adam"] = "adagrad"  # relation parameters
     dense_lr: float | None = None  # defaults to lr
     eps: float = 1e-10
