@@ -40,7 +40,8 @@ def plot_curves(curves: dict[str, list[dict[str, Any]]], metric: str, x_key: str
             xs, ys = zip(*points)
             axis.plot(xs, ys, marker="o", markersize=3, label=name)
     axis.set_xlabel(x_label)
-    axis.set_ylabel(f"validation {metric.upper() if len(metric) <= 4 else metric}")
+    lower = " (lower is better)" if metric in ("rmse", "mae", "logloss") else ""
+    axis.set_ylabel(f"validation {metric.upper() if len(metric) <= 4 else metric}{lower}")
     axis.set_title(title)
     axis.grid(alpha=0.3)
     axis.legend()
