@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kge_throughput import loadavg, machine_info, others_busy  # same folder: the shared machine record
-from mf_vs_surprise import OthersMeter
+from peer_stats import OthersMeter
 
 from cadence.config import load_config
 from cadence.data.corpus import CORPORA, CORPUS_FILE

@@ -47,17 +47,22 @@ TRAIN_ARGS = ["--dataset", "synthetic", "--model", "distmult", "--dim", "32", "-
               "--set", "checkpoint.keep=3", "--set", "train.negatives=64"]
 
 
-def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
-    killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
-    process = subprocess.Popen(cli("train", *TRAIN_ARGS, "--out", str(killed_dir)))
+def kill_after_checkpoint(args: list[str], out: Path, epoch: int) -> None:
+    """Start ``cadence train`` and SIGKILL it as soon as its checkpoint of ``epoch`` exists."""
+    process = subprocess.Popen(cli("train", *args, "--out", str(out)))
     deadline = time.time() + 300
-    while not (killed_dir / "checkpoints" / ckpt.epoch_name(3)).exists():
+    while not (out / "checkpoints" / ckpt.epoch_name(epoch)).exists():
         assert process.poll() is None, "the run ended before it could be killed"
         assert time.time() < deadline
         time.sleep(0.005)
     os.kill(process.pid, signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL
-    assert not (killed_dir / "summary.json").exists()
+    assert not (out / "summary.json").exists()
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
+    kill_after_checkpoint(TRAIN_ARGS, killed_dir, 3)
     subprocess.run(cli("train", "--resume", str(killed_dir)), check=True)
     subprocess.run(cli("train", *TRAIN_ARGS, "--out", str(whole_dir)), check=True)
     assert torch.equal(final_entities(killed_dir), final_entities(whole_dir))
@@ -119,14 +124,7 @@ CTR_ARGS = ["--task", "ctr", "--dataset", "ml-100k", "--model", "fm", "--dim", "
 
 def test_sigkill_then_resume_equals_an_uninterrupted_run_on_the_parameter_server(tmp_path: Path) -> None:
     killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
-    process = subprocess.Popen(cli("train", *CTR_ARGS, "--out", str(killed_dir)))
-    deadline = time.time() + 300
-    while not (killed_dir / "checkpoints" / ckpt.epoch_name(2)).exists():
-        assert process.poll() is None, "the run ended before it could be killed"
-        assert time.time() < deadline
-        time.sleep(0.005)
-    os.kill(process.pid, signal.SIGKILL)
-    assert process.wait() == -signal.SIGKILL
+    kill_after_checkpoint(CTR_ARGS, killed_dir, 2)
     subprocess.run(cli("train", "--resume", str(killed_dir)), check=True)
     subprocess.run(cli("train", *CTR_ARGS, "--out", str(whole_dir)), check=True)
     killed, whole = (RunDirectory(d).read_summary() for d in (killed_dir, whole_dir))
