@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any, Sequence
 
@@ -262,5 +263,18 @@ def _version() -> str:
     return f"cadence {__version__}"
 
 
+def entry() -> None:
+    """The ``cadence`` command. After Ctrl-C it exits at once with 130, without the interpreter's
+    teardown: worker threads may be inside torch kernels, and tearing the runtime down under them
+    aborts the process. Nothing is lost: every file a run writes is written whole or not at all,
+    and ``--resume`` continues from the newest checkpoint."""
+    code = main()
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -47,16 +47,17 @@ TRAIN_ARGS = ["--dataset", "synthetic", "--model", "distmult", "--dim", "32", "-
               "--set", "checkpoint.keep=3", "--set", "train.negatives=64"]
 
 
-def kill_after_checkpoint(args: list[str], out: Path, epoch: int) -> None:
-    """Start ``cadence train`` and SIGKILL it as soon as its checkpoint of ``epoch`` exists."""
+def kill_after_checkpoint(args: list[str], out: Path, epoch: int, sign: int = signal.SIGKILL) -> None:
+    """Start ``cadence train`` and send it ``sign`` as soon as its checkpoint of ``epoch`` exists."""
     process = subprocess.Popen(cli("train", *args, "--out", str(out)))
     deadline = time.time() + 300
     while not (out / "checkpoints" / ckpt.epoch_name(epoch)).exists():
         assert process.poll() is None, "the run ended before it could be killed"
         assert time.time() < deadline
         time.sleep(0.005)
-    os.kill(process.pid, signal.SIGKILL)
-    assert process.wait() == -signal.SIGKILL
+    os.kill(process.pid, sign)
+    expected = -signal.SIGKILL if sign == signal.SIGKILL else 130  # Ctrl-C: the CLI's own exit code
+    assert process.wait(timeout=60) == expected
     assert not (out / "summary.json").exists()
 
 
@@ -122,9 +123,11 @@ CTR_ARGS = ["--task", "ctr", "--dataset", "ml-100k", "--model", "fm", "--dim", "
             "--set", "threads=1", "--set", "eval.every=0", "--set", "checkpoint.keep=5"]
 
 
-def test_sigkill_then_resume_equals_an_uninterrupted_run_on_the_parameter_server(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sign", [signal.SIGKILL, signal.SIGINT])
+def test_killed_or_interrupted_then_resumed_equals_an_uninterrupted_run_on_the_parameter_server(
+        sign: int, tmp_path: Path) -> None:
     killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
-    kill_after_checkpoint(CTR_ARGS, killed_dir, 2)
+    kill_after_checkpoint(CTR_ARGS, killed_dir, 2, sign)
     subprocess.run(cli("train", "--resume", str(killed_dir)), check=True)
     subprocess.run(cli("train", *CTR_ARGS, "--out", str(whole_dir)), check=True)
     killed, whole = (RunDirectory(d).read_summary() for d in (killed_dir, whole_dir))
