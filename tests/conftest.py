@@ -54,11 +54,12 @@ def umls_dir() -> Path:
 
 
 def write_criteo(path: Path, rows: int, seed: int) -> Path:
-    """A tiny Criteo-format TSV file whose label depends on two categorical columns."""
+    """A tiny Criteo-format TSV file whose label depends on two categorical columns; a tail of rare
+    values leaves some keys of valid and test unseen in training."""
     rng = random.Random(seed)
     lines = []
     for _ in range(rows):
-        cats = [f"{rng.randrange(6):08x}" for _ in range(26)]
+        cats = [f"{rng.randrange(6) if rng.random() < 0.9 else rng.randrange(6, 1000):08x}" for _ in range(26)]
         label = int((int(cats[0], 16) + int(cats[1], 16)) % 3 == 0) if rng.random() < 0.9 else rng.randrange(2)
         ints = [str(rng.randrange(20)) if rng.random() < 0.8 else "" for _ in range(13)]
         lines.append("\t".join([str(label), *ints, *cats]))

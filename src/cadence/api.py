@@ -32,7 +32,8 @@ from cadence.tasks import TASKS, Task
 from cadence.training import checkpoint as ckpt
 from cadence.training.batch_order import BatchOrder
 from cadence.training.run_directory import RunDirectory, default_run_dir, write_atomic  # noqa: F401  (re-exported)
-from cadence.training.runtimes import ParameterServerRuntime, PipelineRuntime, Runtime, TensorView
+from cadence.pipeline.stages import KeyIndex
+from cadence.training.runtimes import ParameterServerRuntime, PipelineRuntime, RowsView, Runtime
 from cadence.training.trainer import Trainer, TrainerHook
 
 log = logging.getLogger("cadence")
@@ -245,13 +246,13 @@ def _upgrade(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return upgraded
 
 
-def load_model(run_dir: str | Path) -> tuple[Config, Task, TensorView, torch.nn.Module]:
+def load_model(run_dir: str | Path) -> tuple[Config, Task, RowsView, torch.nn.Module]:
     """A finished run's config, task, trained rows (a ``ParameterView``) and dense module."""
     run = RunDirectory(run_dir)
     config = prepare_config(run.load_config())
     task = TASKS.get(config.task)(config)
     tensors, _ = final_checkpoint(run)
-    view = TensorView(tensors["table.keys"], tensors["table.values"], task.table(0))
+    view = RowsView(tensors["table.values"], task.table(), KeyIndex(tensors["table.keys"]))
     dense = task.dense_module()
     dense.load_state_dict({k[len("dense."):]: v for k, v in tensors.items() if k.startswith("dense.")})
     return config, task, view, dense

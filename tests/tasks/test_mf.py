@@ -39,7 +39,7 @@ def test_sync_mf_equals_the_naive_per_rating_reference(tmp_path: Path) -> None:
                          "eval.every=0")
     result = api.train(config)
     _, task, view, dense = api.load_model(result.run_dir)
-    spec = task.table(0)
+    spec = task.table()
     keys = torch.arange(spec.rows)
     initial = spec.initial_values(keys)
     plans = [p.examples for epoch in range(2) for p in task.plan(epoch)]

@@ -134,7 +134,7 @@ def test_the_written_out_gradient_equals_autograd_through_the_formula() -> None:
 def test_output_vectors_start_at_zero_and_input_vectors_do_not() -> None:
     _, corpus = tiny_corpus()
     task = task_for(corpus, "model.init_std=0.1")
-    spec = task.table(0)
+    spec = task.table()
     values = spec.initial_values(torch.arange(spec.rows))
     assert bool((values[task.vocabulary:] == 0).all()) and bool((values[: task.vocabulary] != 0).all())
 

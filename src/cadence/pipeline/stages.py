@@ -28,9 +28,15 @@ class KeyIndex:
     def __init__(self, keys: Tensor):
         self.keys = keys  # sorted, unique
 
+    def locate(self, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """(row of each key, whether it is known); the row of an unknown key is meaningless."""
+        if not self.keys.numel():
+            return torch.zeros_like(keys), torch.zeros_like(keys, dtype=torch.bool)
+        position = torch.searchsorted(self.keys, keys).clamp(max=self.keys.shape[0] - 1)
+        return position, self.keys[position] == keys
+
     def rows(self, keys: Tensor) -> Tensor:
-        position = torch.searchsorted(self.keys, keys)
-        found = self.keys[position.clamp(max=self.keys.shape[0] - 1)] == keys
+        position, found = self.locate(keys)
         if not bool(found.all()):
             raise KeyError(f"{int((~found).sum())} keys are not in the data this store was sized from")
         return position

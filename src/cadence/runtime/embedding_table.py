@@ -80,10 +80,6 @@ class DynamicEmbeddingTable:
         self.store.values[: self.size] = old.values[: self.size]
         self.store.state[: self.size] = old.state[: self.size]
 
-    def tensors(self) -> dict[str, Tensor]:
-        return {"keys": self.keys, "rows": self.rows_of_keys,
-                "values": self.store.values[: self.size], "state": self.store.state[: self.size]}
-
     def export_rows(self) -> tuple[Tensor, Tensor, Tensor]:
         """(keys sorted, their values, their optimizer state): the table independent of its layout."""
         return self.keys.clone(), self.store.values[self.rows_of_keys], self.store.state[self.rows_of_keys]
@@ -95,13 +91,6 @@ class DynamicEmbeddingTable:
         rows = self.rows(keys)
         self.store.values[rows] = values
         self.store.state[rows] = state
-
-    def load_tensors(self, tensors: dict[str, Tensor]) -> None:
-        size = tensors["values"].shape[0]
-        self.store = create_store(max(size, 1024), self.width, tensors["state"].shape[1])
-        self.store.values[:size] = tensors["values"]
-        self.store.state[:size] = tensors["state"]
-        self.keys, self.rows_of_keys, self.size = tensors["keys"].clone(), tensors["rows"].clone(), size
 
 
 class FixedTable:
@@ -140,7 +129,7 @@ class FixedTable:
         return keys, self.store.values.clone(), self.store.state.clone()
 
     def import_rows(self, keys: Tensor, values: Tensor, state: Tensor) -> None:
-        mine = keys.remainder(self.shards) == self.shard
-        local = self._local(keys[mine])
-        self.store.values[local] = values[mine]
-        self.store.state[local] = state[mine]
+        """Overwrite the rows of ``keys`` (keys this shard owns: the runtime routes them)."""
+        local = self._local(keys)
+        self.store.values[local] = values
+        self.store.state[local] = state

@@ -33,7 +33,6 @@ from torch import Tensor, nn
 from cadence.config import Config
 from cadence.pipeline.batch import Batch, BatchPlan
 from cadence.registry import Registry
-from cadence.seeding import derive_seed
 from cadence.store.embedding_store import EmbeddingStore
 from cadence.store.initial import hashed_normal, initial_rows
 
@@ -140,8 +139,8 @@ class Task(ABC):
         return self.config.model.name
 
     @abstractmethod
-    def table(self, state_width: int) -> TableSpec:
-        """The task's rows (``state_width``: floats of optimizer state per row, for the caller)."""
+    def table(self) -> TableSpec:
+        """The task's rows: one key space, fixed or growing."""
 
     @abstractmethod
     def dense_module(self) -> nn.Module:
@@ -150,7 +149,7 @@ class Task(ABC):
     def known_keys(self) -> Tensor:
         """Every key the task's data can touch (sorted): the pipeline sizes a growing vocabulary's
         store from it. Fixed tables: all keys."""
-        spec = self.table(0)
+        spec = self.table()
         assert spec.rows is not None, f"task {self.name} must list the keys of its growing vocabulary"
         return torch.arange(spec.rows)
 
@@ -171,7 +170,8 @@ class Task(ABC):
         """The batch's loss from its rows [U, width] (in ``batch.ids`` order) and the dense module."""
 
     def loss_total(self, loss: float, size: int) -> float:
-        """A batch's contribution to the epoch's summed loss (reported per example)."""
+        """A batch's contribution to the epoch's summed loss (reported per example); a float or a
+        tensor, so the pipeline sums on the device without a synchronisation per batch."""
         return loss * size if self.loss_reduction == "mean" else loss
 
     def examples_of(self, batch_examples: int) -> int:
@@ -215,7 +215,3 @@ class Task(ABC):
     def __getstate__(self) -> dict[str, Any]:
         """Tasks travel to worker processes (the Ray engine): caches are rebuilt there if needed."""
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_cache")}
-
-
-def table_seed(config: Config, name: str) -> int:
-    return derive_seed(config.seed, name)

@@ -65,7 +65,7 @@ class CtrTask(Task):
     def dataset_name(self) -> str:
         return self.dataset.name
 
-    def table(self, state_width: int = 0) -> TableSpec:
+    def table(self) -> TableSpec:
         return TableSpec(None, self.config.model.dim + 1, self.config.model.init_std,
                          derive_seed(self.config.seed, "ctr-table"))
 

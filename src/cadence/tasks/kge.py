@@ -49,7 +49,7 @@ class KgeTask(Task):
     def dataset_name(self) -> str:
         return self.graph.name
 
-    def table(self, state_width: int = 0) -> TableSpec:
+    def table(self) -> TableSpec:
         return TableSpec(self.graph.num_entities, self.config.model.dim, self.config.model.init_std,
                          derive_seed(self.config.seed, "entities"))
 

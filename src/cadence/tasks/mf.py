@@ -105,7 +105,7 @@ class MfTask(Task):
     def dataset_name(self) -> str:
         return self.dataset.name
 
-    def table(self, state_width: int = 0) -> TableSpec:
+    def table(self) -> TableSpec:
         users, items = self.dataset.num_users, self.dataset.num_items
         return TableSpec(users + items, self.config.model.dim + 1, self.config.model.init_std,
                          derive_seed(self.config.seed, "mf-table"),

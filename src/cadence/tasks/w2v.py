@@ -134,7 +134,7 @@ class Word2VecTask(Task):
     def dataset_name(self) -> str:
         return self.corpus.name
 
-    def table(self, state_width: int = 0) -> TableSpec:
+    def table(self) -> TableSpec:
         size = self.vocabulary
         return TableSpec(2 * size, self.config.model.dim, self.config.model.init_std,
                          derive_seed(self.config.seed, "w2v-table"),

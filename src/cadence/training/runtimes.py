@@ -36,7 +36,7 @@ from cadence.runtime.embedding_table import DynamicEmbeddingTable, FixedTable
 from cadence.runtime.engines import ENGINES
 from cadence.runtime.server import DataList, ServerShard
 from cadence.runtime.worker import Faults, ShardRouter, Worker
-from cadence.store.embedding_store import EmbeddingStore, create_store
+from cadence.store.embedding_store import create_store
 from cadence.tasks.base import TableSpec, Task
 from cadence.training import checkpoint as ckpt
 
@@ -57,7 +57,7 @@ class Runtime(ABC):
         self.config = config
         self.task = task
         self.entity_optimizer_class = ENTITY_OPTIMIZERS.get(config.optimizer.entity)
-        self.spec: TableSpec = task.table(0)
+        self.spec: TableSpec = task.table()
 
     @abstractmethod
     def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
@@ -101,36 +101,21 @@ class Runtime(ABC):
             ckpt.restore_optimizer(optimizer, tensors, meta["dense_optimizer"])
 
 
-class StoreView:
-    """``ParameterView`` of a pipeline store (keys are rows, or go through a ``KeyIndex``)."""
+class RowsView:
+    """``ParameterView`` of a block of rows: row = key (``index`` None), or the keys of ``index`` in
+    order (a growing vocabulary's store, a checkpoint's ``table.keys``); unknown keys read their
+    initial values."""
 
-    def __init__(self, store: EmbeddingStore, index: KeyIndex | None, spec: TableSpec):
-        self.store, self.index, self.spec = store, index, spec
+    def __init__(self, rows: Tensor, spec: TableSpec, index: KeyIndex | None = None):
+        self.rows, self.spec, self.index = rows, spec, index
 
     def values(self, keys: Tensor) -> Tensor:
         if self.index is None:
-            return self.store.values.index_select(0, keys)
-        known = self.index.keys
-        position = torch.searchsorted(known, keys).clamp(max=known.shape[0] - 1)
-        found = known[position] == keys
-        values = self.spec.initial_values(keys) if not bool(found.all()) else torch.empty(keys.shape[0], self.spec.width)
-        mine = found.nonzero().squeeze(1)
-        values[mine] = self.store.values.index_select(0, position[mine])
-        return values
-
-
-class TensorView:
-    """``ParameterView`` of checkpoint tensors (``table.keys`` sorted): eval and export."""
-
-    def __init__(self, keys: Tensor, values: Tensor, spec: TableSpec):
-        self.keys, self.rows, self.spec = keys, values, spec
-
-    def values(self, keys: Tensor) -> Tensor:
-        if not self.keys.numel():
-            return self.spec.initial_values(keys)
-        position = torch.searchsorted(self.keys, keys).clamp(max=self.keys.shape[0] - 1)
-        found = self.keys[position] == keys
-        values = self.spec.initial_values(keys) if not bool(found.all()) else torch.empty(keys.shape[0], self.spec.width)
+            return self.rows.index_select(0, keys)
+        position, found = self.index.locate(keys)
+        if bool(found.all()):
+            return self.rows.index_select(0, position)
+        values = self.spec.initial_values(keys)
         mine = found.nonzero().squeeze(1)
         values[mine] = self.rows.index_select(0, position[mine])
         return values
@@ -162,19 +147,18 @@ class PipelineRuntime(Runtime):
     def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
         total = torch.zeros((), dtype=torch.float64)
         examples = 0
-        scale = self.task.loss_reduction == "mean"
 
         def finished(batch: Batch) -> None:
             nonlocal total, examples
-            total += batch.loss.cpu() * (batch.size if scale else 1)
+            total += self.task.loss_total(batch.loss.cpu(), batch.size)
             examples += batch.size
             on_batch(batch)
 
         self.strategy.run_epoch(plans, self.stages, finished)
         return float(total), examples
 
-    def parameters(self) -> StoreView:
-        return StoreView(self.store, self.index, self.spec)
+    def parameters(self) -> RowsView:
+        return RowsView(self.store.values, self.spec, self.index)
 
     def dense(self) -> nn.Module:
         return self.module
@@ -197,16 +181,11 @@ class PipelineRuntime(Runtime):
             self.store.load_tensors({"values": tensors["table.values"], "state": tensors["table.state"],
                                      "versions": versions if counters else torch.full_like(versions, -1)})
         else:  # another run's parameters (``--init-from``): the keys both know
-            rows, position = self._rows_of(keys)
-            self.store.values[rows] = tensors["table.values"][position]
-            self.store.state[rows] = tensors["table.state"][position]
+            position, found = KeyIndex(self.keys()).locate(keys)
+            both = found.nonzero().squeeze(1)
+            self.store.values[position[both]] = tensors["table.values"][both]
+            self.store.state[position[both]] = tensors["table.state"][both]
         self._load_dense(tensors, meta, self.dense_optimizer)
-
-    def _rows_of(self, keys: Tensor) -> tuple[Tensor, Tensor]:
-        mine = self.keys()
-        position = torch.searchsorted(mine, keys).clamp(max=mine.shape[0] - 1)
-        found = (mine[position] == keys).nonzero().squeeze(1)
-        return position[found], found
 
     def close(self) -> None:
         self.strategy.close()
