@@ -32,7 +32,7 @@ def naive_mlp(layers: nn.Sequential, x: list) -> list:
 
 
 def naive_linear(model: CtrModel, row: Tensor, dense: Tensor) -> Tensor:
-    logit = model.linear.bias[0] + sum(row[f, DIM] for f in range(FIELDS))
+    logit = model.linear.bias[0] + sum(row[f, -1] for f in range(FIELDS))  # the last column: w
     if model.linear.dense is not None:
         logit = logit + dot(model.linear.dense.weight[0], dense)
     return logit
@@ -83,9 +83,9 @@ def build(name: str, num_dense: int, seed: int = 0, **kwargs) -> CtrModel:
     return CTR_MODELS.get(name)(FIELDS, num_dense, DIM, hidden=HIDDEN, **kwargs).double().eval()
 
 
-def sample(num_dense: int, seed: int = 1) -> tuple[Tensor, Tensor]:
+def sample(num_dense: int, seed: int = 1, width: int = DIM + 1) -> tuple[Tensor, Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    rows = torch.randn(BATCH, FIELDS, DIM + 1, generator=generator, dtype=torch.float64)
+    rows = torch.randn(BATCH, FIELDS, width, generator=generator, dtype=torch.float64)
     dense = torch.randn(BATCH, num_dense, generator=generator, dtype=torch.float64)
     return rows.requires_grad_(), dense
 
@@ -94,7 +94,7 @@ def sample(num_dense: int, seed: int = 1) -> tuple[Tensor, Tensor]:
 @pytest.mark.parametrize("name", CTR_MODELS.names())
 def test_forward_and_gradients_match_naive_reference(name: str, num_dense: int) -> None:
     model = build(name, num_dense, dropout=0.3)  # eval mode: dropout is the identity
-    rows, dense = sample(num_dense)
+    rows, dense = sample(num_dense, width=model.row_width(DIM))  # LR: the linear weight alone
     got = model(rows, dense)
     assert got.shape == (BATCH,)
     expected = torch.stack([REFERENCES[name](model, rows[b], dense[b]) for b in range(BATCH)])
@@ -112,7 +112,7 @@ def test_forward_and_gradients_match_naive_reference(name: str, num_dense: int) 
 @pytest.mark.parametrize("name", CTR_MODELS.names())
 def test_gradients_reach_rows_and_every_dense_parameter(name: str) -> None:
     model = build(name, num_dense=2)
-    rows, dense = sample(2)
+    rows, dense = sample(2, width=model.row_width(DIM))
     labels = torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)
     nn.functional.binary_cross_entropy_with_logits(model(rows, dense), labels).backward()
     assert rows.grad is not None and rows.grad.abs().sum() > 0
@@ -202,11 +202,11 @@ def test_each_model_learns_a_planted_problem(name: str, one_thread) -> None:
     torch.manual_seed(0)
     dim = 4
     model = CTR_MODELS.get(name)(keys.shape[1], dense.shape[1], dim, hidden=(16,))
-    table = nn.Parameter(0.01 * torch.randn(num_keys, dim + 1))  # stands in for the store's rows
+    table = nn.Parameter(0.01 * torch.randn(num_keys, model.row_width(dim)))  # stands in for the store's rows
     optimizer = torch.optim.Adam([table, *model.parameters()], lr=0.02)
     for _ in range(150):
         optimizer.zero_grad()
-        logits = model(table[keys[train]], dense[train])  # rows [N, F, dim+1]
+        logits = model(table[keys[train]], dense[train])  # rows [N, F, row width]
         nn.functional.binary_cross_entropy_with_logits(logits, labels[train]).backward()
         optimizer.step()
     with torch.no_grad():

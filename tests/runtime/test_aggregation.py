@@ -101,3 +101,18 @@ def test_backup_workers_apply_the_first_quorum_and_drop_late_gradients() -> None
     rule.push(shard, grad(4, 1))
     rule.close_token(shard, 1, 1)  # the data ended after one batch of step 1
     assert shard.steps[-1] == ([4], 1.0)
+
+
+def test_an_exponential_decay_weighs_gradients_by_their_token_staleness() -> None:
+    shard, rule = RecordingShard(), Buffered(capacity=4, tolerance=2, decay="exponential")
+    shard.global_step = 5
+    gradients = [grad(j, token) for j, token in [(0, 5), (1, 4), (2, 3), (3, 2)]]  # staleness 0, 1, 2, 3
+    for gradient in gradients:
+        rule.push(shard, gradient)
+    assert shard.steps == [([0, 1, 2], 4.0)] and shard.dropped == 1  # staleness 3 > iota = 2
+    assert [g.weight for g in gradients[:3]] == [1.0, 0.5, 0.25]
+    cutoff = [grad(j, token) for j, token in [(0, 5), (1, 4)]]
+    rule = Buffered(capacity=2, tolerance=2)
+    for gradient in cutoff:
+        rule.push(shard, gradient)
+    assert [g.weight for g in cutoff] == [1.0, 1.0]

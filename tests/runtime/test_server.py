@@ -1,5 +1,6 @@
 """A shard's optimizer step against a naive reference, and the token list's hand-out rule."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -48,3 +49,57 @@ def test_data_list_hands_out_tokens_and_closes_them() -> None:
         taken.append((item[0], item[2]))
     assert taken == [(0, 4), (1, 4), (2, 4), (3, 5), (4, 5), (5, 5), (6, 6)]
     assert closed == [(4, 3), (5, 3), (6, 1)]
+
+
+def test_a_decay_weight_scales_the_gradient_it_applies() -> None:
+    from cadence.config import OptimizerConfig as Opt
+    from cadence.optim import Sgd
+
+    results = []
+    for weight, rows in ((0.5, torch.tensor([[2.0, 2, 2]])), (1.0, torch.tensor([[1.0, 1, 1]]))):
+        table = DynamicEmbeddingTable(width=3, state_width=0, init_std=0.1, seed=0)
+        torch.manual_seed(0)
+        dense = nn.Linear(1, 1, bias=False)
+        shard = ServerShard(table, Sgd(Opt(lr=0.1)), Buffered(capacity=1),
+                            dense, torch.optim.SGD(dense.parameters(), lr=0.1))
+        g = Gradient(0, 0, 0, 1, torch.tensor([7]), rows, {"weight": rows[:, :1].clone()})
+        g.weight = weight
+        with shard.changed:
+            shard.apply([g], 1.0)
+        results.append((shard.pull_rows(torch.tensor([7])).clone(), dense.weight.detach().clone()))
+    assert torch.allclose(results[0][0], results[1][0]) and torch.allclose(results[0][1], results[1][1])
+
+
+class SteppingShard:
+    """What a fresh-token data list reads of a shard: its global step; close_token recorded."""
+
+    def __init__(self):
+        self.global_step = 0
+        self.closed = []
+
+    def wait_for_step(self, step):
+        assert self.global_step >= step, "would block"
+
+    def close_token(self, token, handed_out):
+        self.closed.append((token, handed_out))
+
+    def drop(self, token):
+        pass
+
+
+def test_fresh_tokens_give_each_worker_one_batch_of_the_current_step() -> None:
+    shard = SteppingShard()
+    data = DataList(list(range(8)), per_token=3, first_token=0, shards=[shard], workers=3, fresh_tokens=True)
+    assert [data.take(w)[2] for w in range(3)] == [0, 0, 0]
+    assert shard.closed == [(0, 3)]  # every live worker holds a batch of step 0
+    with pytest.raises(AssertionError, match="would block"):
+        data.take(0)  # its next batch waits until step 0 is applied
+    shard.global_step = 1  # step 0 applied with the first two gradients; worker 2 is late
+    assert data.take(0)[2] == 1 and data.take(1)[2] == 1
+    shard.global_step = 2  # step 1 applied: the late worker 2 takes a batch of step 2, not of step 1
+    assert data.take(2)[2] == 2
+    data.abandon(1)  # worker 1 dies holding nothing: step 2 waits for workers 0 and 2 only
+    assert data.take(0)[2] == 2 and shard.closed[-1] == (2, 2)
+    shard.global_step = 3
+    assert data.take(0)[2] == 3  # the last batch
+    assert data.take(2) is None and shard.closed[-1] == (3, 1)  # the data ran out: close with what was handed out

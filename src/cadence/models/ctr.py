@@ -115,6 +115,12 @@ class CtrModel(nn.Module, ABC):
 
     has_linear = False
     has_deep = False
+    has_vectors = True  # False: rows are the linear weight alone (width 1; ``dim`` is unused)
+
+    @classmethod
+    def row_width(cls, dim: int) -> int:
+        """Floats per feature key's row: the vector and the linear weight, or the weight alone."""
+        return dim + 1 if cls.has_vectors else 1
 
     def __init__(self, num_fields: int, num_dense: int, dim: int, hidden: tuple[int, ...] = (64, 32),
                  dropout: float = 0.0):
@@ -129,9 +135,10 @@ class CtrModel(nn.Module, ABC):
             self.deep = DeepTower(num_fields, num_dense, dim, hidden, dropout)
 
     def forward(self, rows: Tensor, dense: Tensor) -> Tensor:
-        """rows: [B, F, dim+1] per-field rows; dense: [B, D] numeric features -> logits [B]."""
-        if rows.dim() != 3 or rows.shape[1:] != (self.num_fields, self.dim + 1):
-            raise ValueError(f"rows must be [B, {self.num_fields}, {self.dim + 1}], got {list(rows.shape)}")
+        """rows: [B, F, row_width] per-field rows; dense: [B, D] numeric features -> logits [B]."""
+        width = self.row_width(self.dim)
+        if rows.dim() != 3 or rows.shape[1:] != (self.num_fields, width):
+            raise ValueError(f"rows must be [B, {self.num_fields}, {width}], got {list(rows.shape)}")
         if dense.shape != (rows.shape[0], self.num_dense):
             raise ValueError(f"dense must be [{rows.shape[0]}, {self.num_dense}], got {list(dense.shape)}")
         vectors, weights = split_rows(rows)
@@ -144,9 +151,13 @@ class CtrModel(nn.Module, ABC):
 
 @CTR_MODELS.register("lr")
 class LogisticRegression(CtrModel):
-    """logit = b + sum_f w_f + <a, dense>; ``hidden`` and ``dropout`` are unused."""
+    """logit = b + sum_f w_f + <a, dense>; rows hold w alone (width 1, whatever ``dim``: a wider row
+    would be pulled, stored and shipped for nothing, and a row-wise optimizer's state would average
+    the weight's squared gradient with unused zeros, so ``dim`` would change the learning rate);
+    ``hidden`` and ``dropout`` are unused."""
 
     has_linear = True
+    has_vectors = False
 
     def logit(self, vectors, weights, dense):
         return self.linear(weights, dense)

@@ -9,11 +9,15 @@ Every mode of the parameter-server family is one ``Aggregation`` over the same s
 | ``bsp``   | buffer M gradients, apply them together whatever their staleness (GBA, iota = inf)|
 | ``gba``   | buffer M gradients, drop those with step - token > iota (``decay``), apply once    |
 | ``hop_bw``| per step, apply the first N - b gradients of that step; later ones are dropped     |
+|           | (tokens are handed out fresh: a late worker's next batch belongs to the current step) |
 | ``sync``  | per step, apply exactly the gradients of that step's batches (a barrier)          |
 
 Buffered gradients are aggregated in batch order, not arrival order, so a step's result does not
 depend on which worker was faster. ``decay`` and ``normalizer`` are pluggable (SPEC: eq. 1 of the
-paper is lost; reconstructed as a hard cut-off, the default).
+paper is lost; reconstructed as a hard cut-off, the default). A decay's weight multiplies the
+gradient (``exponential``: 2^-staleness within the tolerance, 0 beyond), so a decay is more than a
+keep-or-drop rule. Staleness here is the paper's *token staleness*: the shard's global step when
+the gradient is aggregated minus the token its batch was handed out with.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Gradient:
     rows: Tensor  # [U, width] gradients of those rows (mean over the batch's examples)
     dense: dict[str, Tensor] | None = None  # dense gradients, on the shard that owns them
     pulled_step: int | None = None  # the server's global step when the worker pulled (for staleness)
+    weight: float = 1.0  # the decay's weight, set when the gradient is aggregated
 
 
 class StepTarget(Protocol):
@@ -50,7 +55,7 @@ class StepTarget(Protocol):
     def apply(self, gradients: list[Gradient], normalizer: float) -> None: ...
 
     def record_applied(self, gradient: Gradient) -> None:
-        """Counts the gradient's staleness: steps applied between its pull and its application."""
+        """Counts the gradient's token staleness (and steps applied since its pull)."""
 
     def record_dropped(self, count: int) -> None: ...
 
@@ -58,6 +63,7 @@ class StepTarget(Protocol):
 # decay f(staleness, tolerance) -> weight; 0 drops the gradient
 DECAYS: Registry[Callable[[int, float], float]] = Registry("gba decay")
 DECAYS.register("cutoff")(lambda staleness, tolerance: 0.0 if staleness > tolerance else 1.0)
+DECAYS.register("exponential")(lambda staleness, tolerance: 0.0 if staleness > tolerance else 0.5 ** max(staleness, 0))
 # normalizer(buffer capacity, gradients kept) -> divisor of the summed gradients
 NORMALIZERS: Registry[Callable[[int, int], float]] = Registry("gba normalizer")
 NORMALIZERS.register("buffer")(lambda capacity, kept: float(capacity))
@@ -110,7 +116,9 @@ class Buffered(Aggregation):
         kept = []
         for gradient in sorted(self.buffer, key=lambda g: g.batch):
             staleness = shard.global_step - gradient.token  # the paper's token staleness
-            if self.decay(staleness, self.tolerance) > 0.0:
+            weight = self.decay(staleness, self.tolerance)
+            if weight > 0.0:
+                gradient.weight = weight
                 kept.append(gradient)
                 shard.record_applied(gradient)
         shard.record_dropped(len(self.buffer) - len(kept))
@@ -137,12 +145,14 @@ class PerStep(Aggregation):
         self._advance(shard)
 
     def drop(self, shard, token):
-        self.dropped[token] = self.dropped.get(token, 0) + 1
-        self._advance(shard)
+        if token >= shard.global_step:
+            self.dropped[token] = self.dropped.get(token, 0) + 1
+            self._advance(shard)
 
     def close_token(self, shard, token, handed_out):
-        self.handed_out[token] = handed_out
-        self._advance(shard)
+        if token >= shard.global_step:  # (a step applied by its quorum needs no closing)
+            self.handed_out[token] = handed_out
+            self._advance(shard)
 
     def flush(self, shard):
         for token in sorted(self.pending):

@@ -17,13 +17,14 @@ ENGINES: Registry[type["ThreadEngine"]] = Registry("engine")
 @ENGINES.register("threads")
 class ThreadEngine:
     def run(self, workers: list[Worker], data: DataList, gate: NoGate) -> None:
-        errors: list[BaseException] = []
+        errors: list[tuple[int, BaseException]] = []
 
         def guarded(worker: Worker) -> None:
             try:
                 worker.run(data, gate)
             except BaseException as err:  # re-raised below, on the calling thread
-                errors.append(err)
+                errors.append((worker.index, err))
+                abandon(data, f"worker {worker.index} failed: {err!r}")
 
         threads = [threading.Thread(target=guarded, args=(w,), name=f"cadence-worker-{w.index}", daemon=True)
                    for w in workers]
@@ -32,7 +33,20 @@ class ThreadEngine:
         for thread in threads:
             thread.join()
         if errors:
-            raise errors[0]
+            index, err = errors[0]
+            raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
+
+
+class WorkerFailed(RuntimeError):
+    """A worker raised: every other worker was released and the epoch abandoned."""
+
+
+def abandon(data: DataList, reason: str) -> None:
+    """A worker failed: hand out no more batches and release everyone waiting on a shard (sync's
+    barrier, backup workers' next step), so the epoch ends within a batch instead of hanging."""
+    data.stop()
+    for shard in data.shards:
+        shard.abort(reason)
 
 
 @ENGINES.register("ray")

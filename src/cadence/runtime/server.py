@@ -16,6 +16,10 @@ from cadence.runtime.aggregation import Aggregation, Gradient
 from cadence.runtime.embedding_table import DynamicEmbeddingTable, FixedTable
 
 
+class Aborted(RuntimeError):
+    """The epoch was abandoned while this call waited (another worker failed)."""
+
+
 class ServerShard:
     def __init__(self, table: DynamicEmbeddingTable | FixedTable, entity_optimizer: EntityOptimizer,
                  aggregation: Aggregation, dense: nn.Module | None = None,
@@ -29,8 +33,11 @@ class ServerShard:
         self.global_step = 0
         self.applied_gradients = 0
         self.dropped_gradients = 0
-        self.staleness_total = 0
+        self.staleness_total = 0  # steps applied between a kept gradient's pull and its application
         self.staleness_max = 0
+        self.token_staleness_total = 0  # step at aggregation - token: what GBA's decay sees
+        self.token_staleness_max = 0
+        self.aborted: str | None = None  # why the epoch was abandoned (a worker failed): nobody waits
 
     # ---- worker verbs ---------------------------------------------------------------------------
     def pull_rows(self, keys: Tensor) -> Tensor:
@@ -65,9 +72,21 @@ class ServerShard:
             self.aggregation.flush(self)
 
     def wait_for_step(self, step: int) -> None:
-        """Block until this shard has applied ``step`` global steps."""
+        """Block until this shard has applied ``step`` global steps (``Aborted`` if the epoch is)."""
         with self.changed:
-            self.changed.wait_for(lambda: self.global_step >= step)
+            self.changed.wait_for(lambda: self.global_step >= step or self.aborted is not None)
+            if self.aborted is not None and self.global_step < step:
+                raise Aborted(self.aborted)
+
+    def abort(self, reason: str) -> None:
+        """Release every waiter: the epoch is abandoned (a worker failed)."""
+        with self.changed:
+            self.aborted = reason
+            self.changed.notify_all()
+
+    def resume(self) -> None:
+        with self.changed:
+            self.aborted = None
 
     # ---- what the aggregation drives (called with the lock held) --------------------------------
     def apply(self, gradients: list[Gradient], normalizer: float) -> None:
@@ -80,6 +99,9 @@ class ServerShard:
         self.changed.notify_all()
 
     def record_applied(self, gradient: Gradient) -> None:
+        token_staleness = self.global_step - gradient.token
+        self.token_staleness_total += token_staleness
+        self.token_staleness_max = max(self.token_staleness_max, token_staleness)
         if gradient.pulled_step is None:
             return
         staleness = self.global_step - gradient.pulled_step
@@ -94,7 +116,8 @@ class ServerShard:
         return {"global_steps": self.global_step, "gradients_applied": self.applied_gradients,
                 "gradients_dropped": self.dropped_gradients,
                 "staleness_mean": self.staleness_total / kept, "staleness_max": self.staleness_max,
-                "vocabulary_added": self.table.added}
+                "token_staleness_mean": self.token_staleness_total / kept,
+                "token_staleness_max": self.token_staleness_max, "vocabulary_added": self.table.added}
 
     def _apply_rows(self, gradients: list[Gradient], normalizer: float) -> None:
         keys = torch.cat([g.keys for g in gradients])
@@ -102,7 +125,7 @@ class ServerShard:
             return
         unique, inverse = torch.unique(keys, return_inverse=True)
         summed = torch.zeros(unique.shape[0], self.table.width).index_add_(
-            0, inverse, torch.cat([g.rows for g in gradients]))
+            0, inverse, torch.cat([g.rows if g.weight == 1.0 else g.rows * g.weight for g in gradients]))
         block = self.table.pull(unique)
         self.entity_optimizer.step(block.values, block.state, summed.div_(normalizer))
         self.table.set(unique, block)
@@ -111,70 +134,124 @@ class ServerShard:
         if self.dense_optimizer is None:  # a dense module without parameters (buffers only)
             return
         for name, parameter in self.dense.named_parameters():
-            total = torch.stack([g.dense[name] for g in gradients]).sum(0)
+            total = torch.stack([g.dense[name] * g.weight for g in gradients]).sum(0)
             parameter.grad = total.div_(normalizer)
         self.dense_optimizer.step()
         self.dense_optimizer.zero_grad(set_to_none=True)
 
 
 class DataList:
-    """Hands out (batch position j, batch, token) with token = first_token + floor(j / M).
+    """Hands out (batch position j, batch, token).
 
-    ``shared``: any worker takes the next batch, so fast workers take more (async, bsp, gba,
-    hop_bs: the paper's data list). ``per_worker``: worker i computes batches i, i + N, i + 2N, ...:
-    exactly one local batch per worker per step, as synchronous training does (sync, hop_bw); the
-    share of a dead worker is dropped. Shards are told when every batch of a token has been handed
-    out or dropped (``close_token``), and of each drop.
+    Tokens: ``fixed``, the paper's token list: token = first_token + floor(j / M); ``fresh``
+    (backup workers, hop_bw): the shards' current global step when the batch is taken. With fresh
+    tokens a worker takes its next batch only once the step of its previous batch has been applied,
+    so it computes at most one batch per step, and a late worker's next batch belongs to the
+    current step (it is not left behind for the rest of the epoch).
+
+    Order: ``shared``, any worker takes the next batch, so fast workers take more (async, bsp, gba,
+    hop_bs, hop_bw: the paper's data list); ``per_worker``, worker i computes batches i, i + N,
+    i + 2N, ...: exactly one local batch per worker per step, as synchronous training does (sync);
+    the share of a dead worker is dropped.
+
+    Shards are told when every batch of a token has been handed out or dropped (``close_token``), and
+    of each drop. ``stop`` ends the hand-out at once (a worker failed).
     """
 
-    def __init__(self, batches: list, per_token: int, first_token: int, shards: list[ServerShard],
-                 workers: int = 1, per_worker: bool = False):
+    def __init__(self, batches: list, per_token: int, first_token: int, shards: list,
+                 workers: int = 1, per_worker: bool = False, fresh_tokens: bool = False):
         self.batches = batches
         self.per_token = per_token
         self.first_token = first_token
         self.shards = shards
         self.per_worker = per_worker
+        self.fresh = fresh_tokens
         self.queues = [list(range(w, len(batches), workers)) for w in range(workers)] if per_worker else None
         self.next = 0
         self.settled: dict[int, int] = {}  # token -> batches handed out or dropped so far
+        self.live = set(range(workers))
+        self.last_token: dict[int, int] = {}  # fresh tokens: worker -> token of its last batch
+        self.closed: set[int] = set()
+        self.stopped = False
         self.lock = threading.Lock()
 
     def take(self, worker: int = 0) -> tuple[int, object, int] | None:
+        if self.fresh:  # one batch per step: wait until the step of this worker's last batch is applied
+            step = self.last_token.get(worker, self.first_token - 1) + 1
+            for shard in self.shards:
+                shard.wait_for_step(step)
         with self.lock:
+            if self.stopped:
+                return None
             if self.per_worker:
                 if not self.queues[worker]:
                     return None
                 j = self.queues[worker].pop(0)
             else:
                 if self.next >= len(self.batches):
+                    if self.fresh:
+                        self._close_current()
                     return None
                 j = self.next
                 self.next += 1
-        token = self.token_of(j)
+            if self.fresh:
+                token = self.last_token[worker] = self._current_step()
+            else:
+                token = self.token_of(j)
         self._settle(token)
         return j, self.batches[j], token
 
     def abandon(self, worker: int) -> None:
-        """A worker died: with per-worker queues its remaining batches are dropped."""
-        if not self.per_worker:
-            return
+        """A worker died: with per-worker queues its remaining batches are dropped; with fresh
+        tokens the current step stops waiting for it."""
         with self.lock:
-            remaining, self.queues[worker] = self.queues[worker], []
+            self.live.discard(worker)
+            remaining = []
+            if self.per_worker:
+                remaining, self.queues[worker] = self.queues[worker], []
+            elif self.fresh:
+                self._close_current()
         for j in remaining:
             token = self.token_of(j)
             for shard in self.shards:
                 shard.drop(token)
             self._settle(token)
 
+    def stop(self) -> None:
+        with self.lock:
+            self.stopped = True
+
     def token_of(self, j: int) -> int:
         return self.first_token + j // self.per_token
 
+    def _current_step(self) -> int:
+        return min(shard.global_step for shard in self.shards)
+
     def _settle(self, token: int) -> None:
-        start = (token - self.first_token) * self.per_token
-        size = min(self.per_token, len(self.batches) - start)
         with self.lock:
             self.settled[token] = self.settled.get(token, 0) + 1
-            complete = self.settled[token] == size
-        if complete:
-            for shard in self.shards:
-                shard.close_token(token, size)
+            if self.fresh:  # every live worker has a batch of this step
+                complete = len(self.live) <= self.settled[token]
+            else:
+                start = (token - self.first_token) * self.per_token
+                complete = self.settled[token] == min(self.per_token, len(self.batches) - start)
+            if not complete or token in self.closed:
+                return
+            self.closed.add(token)
+            size = self.settled[token]
+        for shard in self.shards:
+            shard.close_token(token, size)
+
+    def _close_current(self) -> None:
+        """(lock held) Fresh tokens: no more batches for the current step (data ran out, or a worker
+        left); close it with what was handed out."""
+        if not self.settled:
+            return
+        token = max(self.settled)
+        if token in self.closed:
+            return
+        if self.next < len(self.batches) and self.settled[token] < len(self.live):
+            return
+        self.closed.add(token)
+        for shard in self.shards:
+            shard.close_token(token, self.settled[token])

@@ -4,8 +4,9 @@ A worker repeatedly takes (batch plan, token) from the data list, waits at its m
 the dense parameters and the rows of the batch's keys, computes the gradient of the task's loss of
 the batch, and pushes (gradient, token) to every shard without waiting for it to be applied. The
 worker knows no task: ``task.prepare`` and ``task.loss`` are the only task-specific calls.
-Fault injection for experiments: a straggler sleeps so that each batch takes ``slowdown`` times as
-long; a killed worker takes one more batch and dies with it (its batch and token are dropped).
+Fault injection for experiments: a straggler sleeps between its pull and its push so that each
+batch takes ``slowdown`` times as long and its gradient is as stale as a slow machine's would be; a
+killed worker takes one more batch and dies with it (its batch and token are dropped).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from cadence.errors import ConfigError
 from cadence.pipeline.batch import BatchPlan
 from cadence.runtime.aggregation import Gradient
 from cadence.runtime.gates import NoGate
-from cadence.runtime.server import DataList, ServerShard
+from cadence.runtime.server import Aborted, DataList, ServerShard
 
 
 class ShardRouter:
@@ -113,20 +114,17 @@ class Worker:
                     data.abandon(self.index)
                     return
                 gate.wait(self.index, token)
-                started = time.perf_counter()
                 self.step(position, plan, token)
-                if self.emulated_latency:
-                    time.sleep(self.emulated_latency)  # as if the batch ran on a machine of its own
-                elapsed = time.perf_counter() - started
-                if self.slowdown > 1.0:
-                    time.sleep(elapsed * (self.slowdown - 1.0))
                 self.pushed += 1
                 self.examples_done += plan.size
                 gate.done(self.index)
+        except Aborted:  # another worker failed and the epoch is abandoned: the engine reports why
+            return
         finally:
             gate.leave(self.index)
 
     def step(self, position: int, plan: BatchPlan, token: int) -> None:
+        started = time.perf_counter()
         batch = self.task.prepare(plan)
         rows = self.router.pull_rows(batch.ids).requires_grad_(True)
         dense_state, pulled_step = self.router.shards[0].pull_dense()
@@ -137,4 +135,13 @@ class Worker:
         self.loss_total += self.task.loss_total(float(loss.detach()), plan.size)
         dense = {name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
                  for name, p in self.model.named_parameters()}
+        self.delay(time.perf_counter() - started)  # between pull and push: the gradient goes stale
         self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, rows.grad, dense, pulled_step))
+
+    def delay(self, elapsed: float) -> None:
+        """Fault injection: a straggler's batch takes ``slowdown`` times as long, and an emulated
+        machine of its own adds ``emulated_latency``; both while the worker holds pulled parameters,
+        so the server moves on meanwhile and the gradient it pushes is stale, as a real one's is."""
+        pause = self.emulated_latency + elapsed * (self.slowdown - 1.0)
+        if pause > 0:
+            time.sleep(pause)

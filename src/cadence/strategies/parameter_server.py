@@ -24,13 +24,16 @@ class ParameterServerMode:
     tokens_per_step: Callable[[ParameterServerConfig], int]  # batches per token: one global step's worth
     description: str
     per_worker_batches: bool = False  # each worker computes exactly one local batch per step
+    fresh_tokens: bool = False  # a batch's token is the current step when it is taken (backup workers)
 
 
 PS_MODES: Registry[ParameterServerMode] = Registry("parameter-server strategy")
 
 
-def _register(name: str, aggregation, gate, tokens_per_step, description: str, per_worker: bool = False) -> None:
-    PS_MODES.register(name)(ParameterServerMode(name, aggregation, gate, tokens_per_step, description, per_worker))
+def _register(name: str, aggregation, gate, tokens_per_step, description: str, per_worker: bool = False,
+              fresh_tokens: bool = False) -> None:
+    PS_MODES.register(name)(ParameterServerMode(name, aggregation, gate, tokens_per_step, description, per_worker,
+                                                fresh_tokens))
 
 
 _no_gate = lambda config, shards: NoGate()  # noqa: E731
@@ -48,6 +51,7 @@ _register("gba", lambda c: Buffered(c.buffer or c.workers, c.tolerance, c.decay,
           "aggregate M gradients, dropping those staler than the tolerance iota")
 _register("hop_bs", lambda c: ApplyEach(), lambda c, shards: BoundedStaleness(c.workers, c.staleness), _one_batch,
           "apply each gradient; no worker runs more than `staleness` batches ahead of the slowest")
-_register("hop_bw", lambda c: PerStep(quorum=max(1, c.workers - c.backup_workers)), lambda c, shards: StepBarrier(shards), _workers,
-          "per step, aggregate the first workers - backup_workers gradients; drop the late ones",
-          per_worker=True)
+_register("hop_bw", lambda c: PerStep(quorum=max(1, c.workers - c.backup_workers)), _no_gate, _workers,
+          "backup workers: per step, apply the first workers - backup_workers gradients and do not wait for "
+          "the rest (dropped as late); a late worker's next batch belongs to the current step",
+          fresh_tokens=True)

@@ -1,7 +1,7 @@
 """Click-through-rate prediction (``task: ctr``): LR, FM, Wide&Deep, DeepFM, DLRM on MovieLens-100k,
 Criteo TSV files or synthetic data.
 
-Rows: one per feature key, ``dim + 1`` floats (vector and linear weight), in a growing vocabulary
+Rows: one per feature key, ``dim + 1`` floats (vector and linear weight; LR: the weight alone), in a growing vocabulary
 of hashed keys (``(field << 40) | value``): a parameter server adds a key's row when a worker first
 pulls it; the pipeline sizes its store once from every key in the data (``known_keys``). Either
 way a key's initial row is a hash of (seed, key), so both runtimes start from the same model.
@@ -66,7 +66,8 @@ class CtrTask(Task):
         return self.dataset.name
 
     def table(self) -> TableSpec:
-        return TableSpec(None, self.config.model.dim + 1, self.config.model.init_std,
+        width = CTR_MODELS.get(self.config.model.name).row_width(self.config.model.dim)
+        return TableSpec(None, width, self.config.model.init_std,
                          derive_seed(self.config.seed, "ctr-table"))
 
     def dense_module(self) -> nn.Module:
@@ -144,14 +145,16 @@ class CtrTask(Task):
 
     # ---- outputs --------------------------------------------------------------------------------
     def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
-        """``feature_keys.npy`` [K] int64 (``(field << 40) | value``), ``embeddings.npy`` [K, dim] and
+        """``feature_keys.npy`` [K] int64 (``(field << 40) | value``), ``embeddings.npy`` [K, dim] (not for LR) and
         ``linear_weights.npy`` [K] of every key in the data, ``fields.tsv`` (field index and name),
         and ``dense.safetensors`` (the model's dense parameters)."""
         from safetensors.torch import save_file
 
         keys = self.known_keys()
         rows = params.values(keys)
-        files = {"feature_keys.npy": keys, "embeddings.npy": rows[:, :-1], "linear_weights.npy": rows[:, -1]}
+        files = {"feature_keys.npy": keys, "linear_weights.npy": rows[:, -1]}
+        if rows.shape[1] > 1:
+            files["embeddings.npy"] = rows[:, :-1]
         written = []
         for name, value in files.items():
             np.save(out / name, value.detach().cpu().numpy())

@@ -227,9 +227,11 @@ class ParameterServerRuntime(Runtime):
     def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
         ps = self.config.ps
         data = DataList(plans, self.mode.tokens_per_step(ps), self.shards[0].global_step, self.shards,
-                        ps.workers, self.mode.per_worker_batches)
+                        ps.workers, self.mode.per_worker_batches, self.mode.fresh_tokens)
         workers = [self._worker(index) for index in range(ps.workers) if index not in self.dead]
         gate = self.mode.gate(ps, self.shards)
+        for shard in self.shards:
+            shard.resume()  # (a failed epoch left them aborted)
         for index in self.dead:
             gate.leave(index)
             data.abandon(index)
@@ -264,12 +266,14 @@ class ParameterServerRuntime(Runtime):
 
     def stats(self) -> dict[str, Any]:
         seconds = self.train_seconds
-        shard_stats = self.shards[0].stats()
+        per_shard = [shard.stats() for shard in self.shards]
         return {
             "workers": self.config.ps.workers,
             "worker_examples_per_second": [round(e / seconds, 1) if seconds > 0 else 0.0 for e in self.worker_examples],
-            "vocabulary_added": sum(s.table.added for s in self.shards),
-            **{k: v for k, v in shard_stats.items() if k != "vocabulary_added"},
+            "vocabulary_added": sum(s["vocabulary_added"] for s in per_shard),
+            # every batch's gradient reaches every shard: shard 0's counts count each batch once
+            **{k: v for k, v in per_shard[0].items() if k != "vocabulary_added"},
+            "shards": per_shard,
             "workers_killed": sorted(self.dead),
         }
 
