@@ -1,9 +1,10 @@
 """An embedding table keyed by feature key, growing as unseen keys arrive (a dynamic vocabulary).
 
-Keys are int64 and need not be dense. A sorted key array maps keys to rows of an ``EmbeddingStore``
-(grown by doubling), so a batch is looked up with one ``searchsorted``. A new key's row is
-initialised from a hash of (seed, key): the table's contents never depend on the order in which
-workers first see keys, which keeps runs reproducible across engines and worker counts.
+Keys are int64 and need not be dense. A ``HashIndex`` maps keys to rows of an ``EmbeddingStore``
+(grown by doubling): a batch is looked up in a few vectorised probes, and adding keys is amortised
+O(1) (``benchmarks/key_index.py``). A new key's row is initialised from a hash of (seed, key): the
+table's contents never depend on the order in which workers first see keys, which keeps runs
+reproducible across engines and worker counts.
 """
 
 from __future__ import annotations
@@ -11,16 +12,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cadence.runtime.hash_index import HashIndex
 from cadence.store.embedding_store import RowBlock, create_store
 from cadence.store.initial import hashed_normal
+
 
 class DynamicEmbeddingTable:
     def __init__(self, width: int, state_width: int, init_std: float, seed: int, capacity: int = 1024):
         self.width = width
         self.init_std = init_std
         self.seed = seed
-        self.keys = torch.empty(0, dtype=torch.int64)  # sorted
-        self.rows_of_keys = torch.empty(0, dtype=torch.int64)  # row of keys[i]
+        self.index = HashIndex(capacity)
+        self.keys_of_rows = torch.empty(capacity, dtype=torch.int64)  # row -> its key
         self.store = create_store(capacity, width, state_width)
         self.size = 0
         self.added = 0  # keys added since creation (the vocabulary growth a run reports)
@@ -30,25 +33,23 @@ class DynamicEmbeddingTable:
 
     def rows(self, keys: Tensor, create: bool = True) -> Tensor:
         """Row indices of ``keys`` (unique), creating rows for unseen keys."""
-        position = torch.searchsorted(self.keys, keys)
-        if self.size:
-            found = self.keys[position.clamp(max=self.size - 1)] == keys
-        else:
-            found = torch.zeros_like(keys, dtype=torch.bool)
-        if bool(found.all()):
-            return self.rows_of_keys[position]
+        rows = self.index.lookup(keys)
+        missing = rows < 0
+        if not bool(missing.any()):
+            return rows
         if not create:
             raise KeyError("unknown keys")
-        self._add(keys[~found])
-        return self.rows(keys, create=False)
+        rows[missing] = self._add(keys[missing])
+        return rows
 
     def peek(self, keys: Tensor) -> Tensor:
         """Values of ``keys`` without adding unseen ones (they get their would-be initial rows)."""
+        rows = self.index.lookup(keys)
+        known = (rows >= 0).nonzero().squeeze(1)
+        if known.shape[0] == keys.shape[0]:
+            return self.store.values.index_select(0, rows)
         values = hashed_normal(keys, self.width, self.init_std, self.seed)
-        if self.size:
-            position = torch.searchsorted(self.keys, keys).clamp(max=self.size - 1)
-            known = (self.keys[position] == keys).nonzero().squeeze(1)
-            values[known] = self.store.values.index_select(0, self.rows_of_keys[position[known]])
+        values[known] = self.store.values.index_select(0, rows[known])
         return values
 
     def pull(self, keys: Tensor) -> RowBlock:
@@ -59,19 +60,18 @@ class DynamicEmbeddingTable:
         rows = self.rows(keys)
         self.store.set(rows, block)
 
-    def _add(self, new_keys: Tensor) -> None:
+    def _add(self, new_keys: Tensor) -> Tensor:
         count = new_keys.shape[0]
         if self.size + count > self.store.num_rows:
             self._grow(self.size + count)
         rows = torch.arange(self.size, self.size + count)
         self.store.values[rows] = hashed_normal(new_keys, self.width, self.init_std, self.seed)
         self.store.state[rows] = 0.0
-        merged_keys = torch.cat([self.keys, new_keys])
-        order = torch.argsort(merged_keys)
-        self.keys = merged_keys[order]
-        self.rows_of_keys = torch.cat([self.rows_of_keys, rows])[order]
+        self.keys_of_rows[rows] = new_keys
+        self.index.insert(new_keys, rows)
         self.size += count
         self.added += count
+        return rows
 
     def _grow(self, needed: int) -> None:
         capacity = max(needed, 2 * self.store.num_rows)
@@ -79,10 +79,14 @@ class DynamicEmbeddingTable:
         self.store = create_store(capacity, old.dim, old.state_width)
         self.store.values[: self.size] = old.values[: self.size]
         self.store.state[: self.size] = old.state[: self.size]
+        keys = self.keys_of_rows
+        self.keys_of_rows = torch.empty(capacity, dtype=torch.int64)
+        self.keys_of_rows[: self.size] = keys[: self.size]
 
     def export_rows(self) -> tuple[Tensor, Tensor, Tensor]:
         """(keys sorted, their values, their optimizer state): the table independent of its layout."""
-        return self.keys.clone(), self.store.values[self.rows_of_keys], self.store.state[self.rows_of_keys]
+        keys, rows = torch.sort(self.keys_of_rows[: self.size])
+        return keys, self.store.values[rows], self.store.state[rows]
 
     def import_rows(self, keys: Tensor, values: Tensor, state: Tensor) -> None:
         """Add or overwrite the rows of ``keys`` (a checkpoint, or another run's parameters)."""

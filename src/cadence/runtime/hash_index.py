@@ -1,0 +1,89 @@
+"""A hash index from int64 feature keys to table rows, vectorised over a batch of keys.
+
+Open addressing with linear probing in two flat tensors (slot -> key, slot -> row), kept at most
+half full, so a lookup probes about 1.5 slots on average and adding keys is amortised O(1)
+(doubling rehashes every key once per doubling). Every operation works on a whole batch at once:
+each round looks up all the keys still probing, so a round costs a few tensor ops whatever the
+batch size, and the number of rounds is the longest probe sequence of the batch (small at load
+0.5). This replaces a sorted key array, whose insertions re-sorted every key (O(K log K) per batch
+that brings a new key).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+EMPTY = torch.iinfo(torch.int64).min  # a key no caller uses (feature keys are non-negative)
+_MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64 (Fibonacci hashing)
+
+
+class HashIndex:
+    def __init__(self, capacity: int = 1024):
+        capacity = 1 << max(4, (max(capacity, 1) * 2 - 1).bit_length())  # a power of two, >= 2x
+        self.slot_keys = torch.full((capacity,), EMPTY, dtype=torch.int64)
+        self.slot_rows = torch.empty(capacity, dtype=torch.int64)
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def capacity(self) -> int:
+        return self.slot_keys.shape[0]
+
+    def _slots(self, keys: Tensor) -> Tensor:
+        mixed = keys * _MIX  # wraps modulo 2^64
+        return (mixed ^ (mixed >> 29)) & (self.capacity - 1)
+
+    def lookup(self, keys: Tensor) -> Tensor:
+        """The row of each key, -1 where the key is absent."""
+        result = torch.full_like(keys, -1)
+        slots = self._slots(keys)
+        pending = torch.arange(keys.shape[0])
+        mask = self.capacity - 1
+        while pending.numel():
+            probed = self.slot_keys[slots[pending]]
+            wanted = keys[pending]
+            hit = probed == wanted
+            if bool(hit.any()):
+                found = pending[hit]
+                result[found] = self.slot_rows[slots[found]]
+            pending = pending[~(hit | (probed == EMPTY))]
+            slots[pending] = (slots[pending] + 1) & mask
+        return result
+
+    def insert(self, keys: Tensor, rows: Tensor) -> None:
+        """Add ``keys`` (unique, none present) with their ``rows``."""
+        if not keys.numel():
+            return
+        if 2 * (self.size + keys.shape[0]) > self.capacity:
+            self._grow(self.size + keys.shape[0])
+        self._place(keys, rows)
+        self.size += keys.shape[0]
+
+    def _place(self, keys: Tensor, rows: Tensor) -> None:
+        slots = self._slots(keys)
+        pending = torch.arange(keys.shape[0])
+        mask = self.capacity - 1
+        while pending.numel():
+            wanted = slots[pending]
+            free = self.slot_keys[wanted] == EMPTY
+            claimants, claimed = pending[free], wanted[free]
+            self.slot_keys[claimed] = keys[claimants]  # of several claimants of a slot, one write lands
+            won = self.slot_keys[claimed] == keys[claimants]  # keys are unique: exactly that one
+            self.slot_rows[claimed[won]] = rows[claimants[won]]
+            settled = torch.zeros(pending.shape[0], dtype=torch.bool)
+            settled[free.nonzero().squeeze(1)[won]] = True
+            pending = pending[~settled]
+            slots[pending] = (slots[pending] + 1) & mask
+
+    def _grow(self, needed: int) -> None:
+        occupied = self.slot_keys != EMPTY
+        keys, rows = self.slot_keys[occupied], self.slot_rows[occupied]
+        capacity = self.capacity
+        while 2 * needed > capacity:
+            capacity *= 2
+        self.slot_keys = torch.full((capacity,), EMPTY, dtype=torch.int64)
+        self.slot_rows = torch.empty(capacity, dtype=torch.int64)
+        self._place(keys, rows)

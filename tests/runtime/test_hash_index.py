@@ -1,0 +1,38 @@
+"""The hash index against a dict, through growth and colliding batches."""
+
+import pytest
+import torch
+
+from cadence.runtime.embedding_table import DynamicEmbeddingTable
+from cadence.runtime.hash_index import HashIndex
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_hash_index_agrees_with_a_dict(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    index, reference = HashIndex(capacity=4), {}
+    for _ in range(30):
+        keys = torch.unique(torch.randint(0, 1 << 50, (200,), generator=generator))
+        keys = torch.cat([keys, torch.randint(0, 64, (50,), generator=generator).unique()])  # dense keys collide more
+        keys = torch.unique(keys)
+        found = index.lookup(keys)
+        expected = torch.tensor([reference.get(int(k), -1) for k in keys])
+        assert torch.equal(found, expected)
+        new = keys[found < 0]
+        rows = torch.arange(len(reference), len(reference) + new.shape[0])
+        index.insert(new, rows)
+        reference.update(zip(new.tolist(), rows.tolist()))
+        assert len(index) == len(reference) and 2 * len(index) <= index.capacity
+    everything = torch.tensor(list(reference))
+    assert torch.equal(index.lookup(everything), torch.tensor(list(reference.values())))
+
+
+def test_a_dynamic_table_exports_sorted_keys_whatever_the_order_they_arrived_in() -> None:
+    table = DynamicEmbeddingTable(width=2, state_width=1, init_std=0.1, seed=3, capacity=2)
+    table.pull(torch.tensor([50, 7, 1 << 45]))
+    table.pull(torch.tensor([7, 3]))
+    keys, values, _ = table.export_rows()
+    assert keys.tolist() == [3, 7, 50, 1 << 45]
+    assert torch.equal(values, table.peek(keys)) and table.added == 4
+    with pytest.raises(KeyError):
+        table.rows(torch.tensor([99]), create=False)
