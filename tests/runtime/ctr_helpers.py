@@ -34,6 +34,6 @@ def make_trainer(tmp_path: Path, *overrides: str):
 
 def final_state(trainer) -> tuple[dict[int, torch.Tensor], dict[str, torch.Tensor]]:
     """Every row by feature key, and the dense parameters (whichever runtime trained them)."""
-    tensors, _ = trainer.runtime.state()
+    tensors = trainer.runtime.table_tensors()
     rows = {int(k): v.clone() for k, v in zip(tensors["table.keys"], tensors["table.values"])}
     return rows, {name: value.clone() for name, value in trainer.runtime.dense().state_dict().items()}

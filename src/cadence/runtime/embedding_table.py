@@ -31,6 +31,11 @@ class DynamicEmbeddingTable:
     def __len__(self) -> int:
         return self.size
 
+    def clear(self) -> None:
+        """Forget every key (before a checkpoint's rows replace the table)."""
+        self.index = HashIndex(self.store.num_rows)
+        self.size = 0
+
     def rows(self, keys: Tensor, create: bool = True) -> Tensor:
         """Row indices of ``keys`` (unique), creating rows for unseen keys."""
         rows = self.index.lookup(keys)
@@ -115,6 +120,9 @@ class FixedTable:
 
     def __len__(self) -> int:
         return self.store.num_rows
+
+    def clear(self) -> None:
+        """Nothing to forget: a checkpoint's part overwrites every row of a fixed key space."""
 
     def _local(self, keys: Tensor) -> Tensor:
         return keys.div(self.shards, rounding_mode="floor")

@@ -1,22 +1,99 @@
-"""Engines run the workers of one epoch. ``threads`` (the default) runs each worker in a thread of
-this process; torch releases the GIL inside its kernels, so workers overlap their compute. ``ray``
-(``cadence.runtime.ray_engine``) runs the workers and the server shards as Ray actors."""
+"""Engines host the parameter server's shards and run its workers, one epoch at a time.
+
+An engine is built once per run (``ENGINES.get(name)(config, task, mode, dense)``) and owns the
+shards for the whole run: ``engine.shards`` are handles with the ``ServerShard`` verbs (the shard
+itself in a thread, or a proxy of the Ray actor that holds it), so the runtime drives checkpoints,
+evaluation and flushing the same way on every engine. ``run_epoch(epoch, plans)`` runs one
+epoch's workers and returns what each did.
+
+- ``threads`` (the default): the shards are objects of this process and each worker is a thread;
+  torch releases the GIL inside its kernels, so workers overlap their compute.
+- ``ray`` (``cadence.runtime.ray_engine``): each shard is a long-lived Ray actor holding its table
+  and optimizer state for the whole run, each worker an actor that builds the task (reading its
+  data) itself; the coordinator hands out batch positions and tokens only.
+"""
 
 from __future__ import annotations
 
+import copy
 import threading
+from dataclasses import dataclass
+from typing import Any
 
+from torch import nn
+
+from cadence.pipeline.batch import BatchPlan
 from cadence.registry import Registry
-from cadence.runtime.gates import NoGate
-from cadence.runtime.server import DataList
-from cadence.runtime.worker import Worker
+from cadence.runtime.server import DataList, build_shard
+from cadence.runtime.worker import Faults, ShardRouter, Worker
 
-ENGINES: Registry[type["ThreadEngine"]] = Registry("engine")
+ENGINES: Registry[Any] = Registry("engine")
+
+
+@dataclass
+class EpochPlan:
+    """What every engine needs to run one epoch of a parameter-server mode."""
+
+    epoch: int
+    batches: int
+    first_token: int
+    workers: list[int]  # the live workers
+    dead: list[int]  # workers that died in earlier epochs
+    faults: Faults
+    kill_after: dict[int, int]  # worker -> batches it still pushes before it dies (fault injection)
+
+
+@dataclass
+class WorkerReport:
+    index: int
+    loss_total: float
+    examples: int
+    pushed: int
+    died: bool  # fault injection killed it (it stays dead)
+    lost: bool = False  # its process died unexpectedly; the engine replaces it next epoch
+
+
+class WorkerFailed(RuntimeError):
+    """A worker raised: every other worker was released and the epoch abandoned."""
+
+
+class ShardLost(RuntimeError):
+    """A server shard's process died: its state since the last checkpoint is gone."""
+
+
+def new_data_list(config, mode, batches, first_token: int, shards: list) -> DataList:
+    ps = config.ps
+    return DataList(batches, mode.tokens_per_step(ps), first_token, shards, ps.workers,
+                    mode.per_worker_batches, mode.fresh_tokens)
+
+
+def abandon(data: DataList, reason: str) -> None:
+    """A worker failed: hand out no more batches and release everyone waiting on a shard (sync's
+    barrier, backup workers' next step), so the epoch ends within a batch instead of hanging."""
+    data.stop()
+    for shard in data.shards:
+        shard.abort(reason)
 
 
 @ENGINES.register("threads")
 class ThreadEngine:
-    def run(self, workers: list[Worker], data: DataList, gate: NoGate) -> None:
+    def __init__(self, config, task, mode, dense: nn.Module):
+        self.config, self.task, self.mode = config, task, mode
+        spec = task.table()
+        self.shards = [build_shard(config, spec, mode, index, dense if index == 0 else None)
+                       for index in range(config.ps.shards)]
+        self.router = ShardRouter(self.shards)
+        self.dense = dense
+
+    def run_epoch(self, plan: EpochPlan, plans: list[BatchPlan]) -> list[WorkerReport]:
+        data = new_data_list(self.config, self.mode, plans, plan.first_token, self.shards)
+        gate = self.mode.gate(self.config.ps, self.shards)
+        for index in plan.dead:
+            gate.leave(index)
+            data.abandon(index)
+        workers = [Worker(index, self.router, copy.deepcopy(self.dense), self.task,
+                          plan.faults.slowdown.get(index, 1.0), plan.kill_after.get(index),
+                          self.config.ps.emulated_latency) for index in plan.workers]
         errors: list[tuple[int, BaseException]] = []
 
         def guarded(worker: Worker) -> None:
@@ -35,24 +112,19 @@ class ThreadEngine:
         if errors:
             index, err = errors[0]
             raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
+        return [WorkerReport(w.index, w.loss_total, w.examples_done, w.pushed, w.died) for w in workers]
 
+    def recover(self) -> None:
+        """Nothing to restart: the shards live in this process."""
 
-class WorkerFailed(RuntimeError):
-    """A worker raised: every other worker was released and the epoch abandoned."""
-
-
-def abandon(data: DataList, reason: str) -> None:
-    """A worker failed: hand out no more batches and release everyone waiting on a shard (sync's
-    barrier, backup workers' next step), so the epoch ends within a batch instead of hanging."""
-    data.stop()
-    for shard in data.shards:
-        shard.abort(reason)
+    def close(self) -> None:
+        pass
 
 
 @ENGINES.register("ray")
-def ray_engine():
-    """Workers, server shards and the data list as Ray actors (``pip install cadence[ray]``); Ray is
-    imported here, when the engine is used, never by ``import cadence``."""
+def ray_engine(config, task, mode, dense: nn.Module):
+    """Shards, coordinator and workers as Ray actors (``pip install cadence[ray]``); Ray is imported
+    here, when the engine is used, never by ``import cadence``."""
     from cadence.runtime.ray_engine import RayEngine
 
-    return RayEngine()
+    return RayEngine(config, task, mode, dense)

@@ -7,6 +7,8 @@ place where gradients become an optimizer step, and it advances the shard's glob
 from __future__ import annotations
 
 import threading
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +16,35 @@ from torch import Tensor, nn
 from cadence.optim import EntityOptimizer
 from cadence.runtime.aggregation import Aggregation, Gradient
 from cadence.runtime.embedding_table import DynamicEmbeddingTable, FixedTable
+from cadence.training import checkpoint as ckpt
+
+
+def build_shard(config, spec, mode, index: int, dense: nn.Module | None) -> "ServerShard":
+    """Server shard ``index`` of ``config.ps.shards`` for a task's ``TableSpec``: the rows it owns
+    (``FixedTable``) or a growing vocabulary, the entity optimizer, the mode's aggregation, and on
+    shard 0 the dense module with its optimizer. The same in a thread and in a Ray actor."""
+    from cadence.optim import ENTITY_OPTIMIZERS, dense_optimizer
+
+    entity = ENTITY_OPTIMIZERS.get(config.optimizer.entity)
+    state_width = entity.state_width(spec.width)
+    if spec.fixed:
+        table = FixedTable(spec, state_width, index, config.ps.shards)
+    else:
+        table = DynamicEmbeddingTable(spec.width, state_width, spec.init_std, spec.seed & 0xFFFFFFFF)
+    optimizer = None
+    if dense is not None and list(dense.parameters()):
+        optimizer = dense_optimizer(config.optimizer, list(dense.parameters()))
+    return ServerShard(table, entity(config.optimizer), mode.aggregation(config.ps), dense, optimizer)
+
+
+class Done:
+    """The result of a call that has already happened (a local shard's ``submit``)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
 
 
 class Aborted(RuntimeError):
@@ -25,6 +56,7 @@ class ServerShard:
                  aggregation: Aggregation, dense: nn.Module | None = None,
                  dense_optimizer: torch.optim.Optimizer | None = None):
         self.table = table
+        self.width = table.width
         self.entity_optimizer = entity_optimizer
         self.aggregation = aggregation
         self.dense = dense
@@ -40,6 +72,11 @@ class ServerShard:
         self.aborted: str | None = None  # why the epoch was abandoned (a worker failed): nobody waits
 
     # ---- worker verbs ---------------------------------------------------------------------------
+    def submit(self, method: str, *args: Any) -> Done:
+        """Call ``method`` now (a remote shard's ``submit`` returns at once, and calls to several
+        shards overlap: ``ShardRouter``)."""
+        return Done(getattr(self, method)(*args))
+
     def pull_rows(self, keys: Tensor) -> Tensor:
         with self.changed:
             return self.table.pull(keys).values
@@ -88,6 +125,59 @@ class ServerShard:
         with self.changed:
             self.aborted = None
 
+    def stats(self) -> dict[str, float]:
+        with self.changed:
+            kept = max(self.applied_gradients, 1)
+            return {"global_steps": self.global_step, "gradients_applied": self.applied_gradients,
+                    "gradients_dropped": self.dropped_gradients,
+                    "staleness_mean": self.staleness_total / kept, "staleness_max": self.staleness_max,
+                    "token_staleness_mean": self.token_staleness_total / kept,
+                    "token_staleness_max": self.token_staleness_max, "vocabulary_added": self.table.added}
+
+    # ---- the runtime's verbs (checkpoints, evaluation, switching jobs) ---------------------------
+    def get_global_step(self) -> int:
+        return self.global_step
+
+    def set_global_step(self, step: int) -> None:
+        with self.changed:
+            self.global_step = step
+
+    def export_rows(self) -> tuple[Tensor, Tensor, Tensor]:
+        with self.changed:
+            return self.table.export_rows()
+
+    def import_rows(self, keys: Tensor, values: Tensor, state: Tensor) -> None:
+        with self.changed:
+            self.table.import_rows(keys, values, state)
+
+    def save_part(self, path: str) -> str:
+        """Write this shard's rows (``table.keys/values/state``) to ``path``, fsynced; its sha256."""
+        keys, values, state = self.export_rows()
+        return ckpt.write_tensors(Path(path), {"table.keys": keys, "table.values": values, "table.state": state})
+
+    def load_part(self, path: str, sha256: str) -> None:
+        """Replace this shard's rows by those of a part written by ``save_part`` (verified)."""
+        tensors = ckpt.read_tensors(Path(path), sha256)
+        with self.changed:
+            self.table.clear()
+            self.table.import_rows(tensors["table.keys"], tensors["table.values"], tensors["table.state"])
+
+    def dense_checkpoint(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """``dense.*`` and ``dense_optimizer.*`` tensors, and the optimizer's JSON metadata."""
+        with self.changed:
+            tensors = {f"dense.{k}": v.detach().clone() for k, v in self.dense.state_dict().items()}
+            meta: dict[str, Any] = {}
+            if self.dense_optimizer is not None:
+                optimizer_tensors, meta = ckpt.flatten_optimizer(self.dense_optimizer)
+                tensors.update({k: v.clone() for k, v in optimizer_tensors.items()})
+            return tensors, meta
+
+    def load_dense_checkpoint(self, tensors: dict[str, Tensor], meta: dict[str, Any] | None) -> None:
+        with self.changed:
+            self.dense.load_state_dict({k[len("dense."):]: v for k, v in tensors.items() if k.startswith("dense.")})
+            if self.dense_optimizer is not None and meta is not None:
+                ckpt.restore_optimizer(self.dense_optimizer, tensors, meta)
+
     # ---- what the aggregation drives (called with the lock held) --------------------------------
     def apply(self, gradients: list[Gradient], normalizer: float) -> None:
         if gradients:
@@ -110,14 +200,6 @@ class ServerShard:
 
     def record_dropped(self, count: int) -> None:
         self.dropped_gradients += count
-
-    def stats(self) -> dict[str, float]:
-        kept = max(self.applied_gradients, 1)
-        return {"global_steps": self.global_step, "gradients_applied": self.applied_gradients,
-                "gradients_dropped": self.dropped_gradients,
-                "staleness_mean": self.staleness_total / kept, "staleness_max": self.staleness_max,
-                "token_staleness_mean": self.token_staleness_total / kept,
-                "token_staleness_max": self.token_staleness_max, "vocabulary_added": self.table.added}
 
     def _apply_rows(self, gradients: list[Gradient], normalizer: float) -> None:
         keys = torch.cat([g.keys for g in gradients])

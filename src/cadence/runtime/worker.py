@@ -25,29 +25,44 @@ from cadence.runtime.server import Aborted, DataList, ServerShard
 
 
 class ShardRouter:
-    """Routes feature keys to shards (key % shards); shard 0 holds the dense parameters."""
+    """Routes feature keys to shards (key % shards); shard 0 holds the dense parameters. A batch's
+    calls to the shards go out together (``submit``) and are then collected: with remote shards
+    the round trips overlap."""
 
-    def __init__(self, shards: list[ServerShard]):
+    def __init__(self, shards: list):
         self.shards = shards
+        self.width = shards[0].width
 
     def owner(self, keys: Tensor) -> Tensor:
         return keys.remainder(len(self.shards))
 
-    def pull_rows(self, keys: Tensor, create: bool = True) -> Tensor:
-        """Rows of ``keys``; with ``create=False`` unseen keys are not added (evaluation)."""
+    def pull(self, keys: Tensor, create: bool = True, dense: bool = False):
+        """Rows of ``keys`` (unseen keys are added unless ``create`` is False: evaluation), and with
+        ``dense`` also shard 0's dense parameters and global step, in the same round trip."""
+        method = "pull_rows" if create else "peek_rows"
+        dense_call = self.shards[0].submit("pull_dense") if dense else None
         if len(self.shards) == 1:
-            shard = self.shards[0]
-            return shard.pull_rows(keys) if create else shard.peek_rows(keys)
-        owner = self.owner(keys)
-        rows = torch.empty(keys.shape[0], self.shards[0].table.width)
-        for index, shard in enumerate(self.shards):
-            mine = (owner == index).nonzero().squeeze(1)
-            if mine.numel():
-                rows[mine] = shard.pull_rows(keys[mine]) if create else shard.peek_rows(keys[mine])
-        return rows
+            rows = self.shards[0].submit(method, keys).result()
+        else:
+            owner = self.owner(keys)
+            calls = []
+            for index, shard in enumerate(self.shards):
+                mine = (owner == index).nonzero().squeeze(1)
+                if mine.numel():
+                    calls.append((mine, shard.submit(method, keys[mine])))
+            rows = torch.empty(keys.shape[0], self.width)
+            for mine, call in calls:
+                rows[mine] = call.result()
+        return (rows, dense_call.result()) if dense else rows
+
+    def pull_rows(self, keys: Tensor, create: bool = True) -> Tensor:
+        return self.pull(keys, create)
 
     def push(self, gradient: Gradient) -> None:
         """Split a batch's gradient by owner; every shard sees every batch, so tokens stay aligned."""
+        if len(self.shards) == 1:
+            self.shards[0].push(gradient)
+            return
         owner = self.owner(gradient.keys)
         for index, shard in enumerate(self.shards):
             mine = (owner == index).nonzero().squeeze(1)
@@ -126,8 +141,8 @@ class Worker:
     def step(self, position: int, plan: BatchPlan, token: int) -> None:
         started = time.perf_counter()
         batch = self.task.prepare(plan)
-        rows = self.router.pull_rows(batch.ids).requires_grad_(True)
-        dense_state, pulled_step = self.router.shards[0].pull_dense()
+        rows, (dense_state, pulled_step) = self.router.pull(batch.ids, dense=True)
+        rows.requires_grad_(True)
         self.model.load_state_dict(dense_state)
         self.model.zero_grad(set_to_none=True)
         loss = self.task.loss(batch, rows, self.model)

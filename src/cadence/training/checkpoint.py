@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError
@@ -32,6 +32,8 @@ FORMAT = 1
 TENSORS = "tensors.safetensors"
 STATE = "state.json"
 EPOCH_PATTERN = re.compile(r"^epoch-(\d{6})$")
+PARTS, PARTS_DIR = "parts", "parts_dir"  # keys a checkpoint written in parts adds to its state
+PartWriter = Callable[[Path], dict[str, str]]
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -43,16 +45,19 @@ def epoch_name(epoch: int) -> str:
 
 
 def save_checkpoint(run_dir: Path, name: str, tensors: dict[str, Tensor], state: dict[str, Any],
-                    keep: int | None = None) -> Path:
+                    keep: int | None = None, parts: PartWriter | None = None) -> Path:
+    """``parts``: writes further tensor files into the checkpoint's directory (a parameter-server
+    shard writes its own rows: nothing passes through this process) and returns {file: sha256};
+    each is verified on load like the main file."""
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     partial = root / f".partial-{name}-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
-    tensor_path = partial / TENSORS
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tensor_path))
-    _fsync(tensor_path)
-    body = {"format": FORMAT, "sha256": _sha256(tensor_path), "state": state}
+    digest = write_tensors(partial / TENSORS, tensors)
+    body = {"format": FORMAT, "sha256": digest, "state": state}
+    if parts is not None:
+        body["parts"] = parts(partial)
     state_path = partial / STATE
     state_path.write_text(json.dumps(body, indent=1))
     _fsync(state_path)
@@ -75,8 +80,43 @@ def epoch_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and EPOCH_PATTERN.match(p.name))
 
 
-def load_checkpoint(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Verify and load one checkpoint; ``CheckpointError`` says what is wrong with it."""
+def write_tensors(path: Path, tensors: dict[str, Tensor]) -> str:
+    """One safetensors file, fsynced; returns its sha256."""
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
+    _fsync(path)
+    return _sha256(path)
+
+
+def read_tensors(path: Path, sha256: str) -> dict[str, Tensor]:
+    """A file written by ``write_tensors``, verified against its checksum."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    if _sha256(path) != sha256:
+        raise CheckpointError(f"{path}: checksum mismatch (the file is corrupt or truncated)")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{path}: unreadable ({err})") from None
+
+
+def read_tables(state: dict[str, Any]) -> dict[str, Tensor]:
+    """``table.keys/values/state`` of a checkpoint whose rows were written in parts (one per
+    parameter-server shard), merged and sorted by key."""
+    directory = Path(state[PARTS_DIR])
+    pieces = [read_tensors(directory / name, sha) for name, sha in sorted(state[PARTS].items())]
+    keys = torch.cat([p["table.keys"] for p in pieces])
+    order = torch.argsort(keys)
+    return {"table.keys": keys[order], **{f"table.{k}": torch.cat([p[f"table.{k}"] for p in pieces])[order]
+                                          for k in ("values", "state")}}
+
+
+def load_checkpoint(path: Path, tables: bool = True) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Verify and load one checkpoint; ``CheckpointError`` says what is wrong with it.
+
+    A checkpoint written in parts lists them in ``state["parts"]`` ({file: sha256}; every one is
+    verified here) and its directory in ``state["parts_dir"]``; with ``tables`` the parts' rows are
+    merged into the tensors (``table.*``), without, the caller reads them (``read_tables``, or each
+    shard its own part)."""
     try:
         body = json.loads((path / STATE).read_text())
     except FileNotFoundError:
@@ -88,23 +128,27 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     tensor_path = path / TENSORS
     if not tensor_path.is_file():
         raise CheckpointError(f"{tensor_path}: missing")
-    digest = _sha256(tensor_path)
-    if digest != body["sha256"]:
-        raise CheckpointError(f"{tensor_path}: checksum mismatch (the file is corrupt or truncated)")
-    try:
-        tensors = load_file(str(tensor_path))
-    except (SafetensorError, OSError) as err:
-        raise CheckpointError(f"{tensor_path}: unreadable ({err})") from None
-    return tensors, body["state"]
+    tensors = read_tensors(tensor_path, body["sha256"])
+    state = body["state"]
+    parts = body.get("parts")
+    if parts:
+        for name, sha in parts.items():
+            part = path / name
+            if not part.is_file() or _sha256(part) != sha:
+                raise CheckpointError(f"{part}: missing, or its checksum does not match (corrupt or truncated)")
+        state = {**state, PARTS: parts, PARTS_DIR: str(path)}
+        if tables:
+            tensors.update(read_tables(state))
+    return tensors, state
 
 
-def load_latest(run_dir: Path) -> tuple[dict[str, Tensor], dict[str, Any], Path] | None:
+def load_latest(run_dir: Path, tables: bool = True) -> tuple[dict[str, Tensor], dict[str, Any], Path] | None:
     """The newest checkpoint that verifies; corrupt ones are reported and skipped."""
     candidates = epoch_checkpoints(run_dir)
     problems = []
     for path in reversed(candidates):
         try:
-            tensors, state = load_checkpoint(path)
+            tensors, state = load_checkpoint(path, tables)
             return tensors, state, path
         except CheckpointError as err:
             log.warning("skipping corrupt checkpoint: %s", err)

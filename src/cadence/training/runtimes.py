@@ -19,10 +19,10 @@ so resume, eval, export and ``--init-from`` are the same code whichever runtime 
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -32,10 +32,8 @@ from cadence.config import Config
 from cadence.optim import ENTITY_OPTIMIZERS, dense_optimizer
 from cadence.pipeline.batch import Batch, BatchPlan
 from cadence.pipeline.stages import ComputeStage, KeyIndex, LoadStage, Stages, TransferStage, WriteStage
-from cadence.runtime.embedding_table import DynamicEmbeddingTable, FixedTable
-from cadence.runtime.engines import ENGINES
-from cadence.runtime.server import DataList, ServerShard
-from cadence.runtime.worker import Faults, ShardRouter, Worker
+from cadence.runtime.engines import ENGINES, EpochPlan
+from cadence.runtime.worker import Faults, ShardRouter
 from cadence.store.embedding_store import create_store
 from cadence.tasks.base import TableSpec, Task
 from cadence.training import checkpoint as ckpt
@@ -75,6 +73,10 @@ class Runtime(ABC):
         return {}
 
     @abstractmethod
+    def table_tensors(self) -> dict[str, Tensor]:
+        """``table.keys/values/state`` of every row (gathered into this process)."""
+
+    @abstractmethod
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
         """Checkpoint tensors and JSON metadata (the module docstring's format)."""
 
@@ -84,6 +86,10 @@ class Runtime(ABC):
 
     def close(self) -> None:
         """Release threads or remote resources."""
+
+    # ``write_parts(directory) -> {file: sha256}``: a runtime whose rows live elsewhere (server
+    # shards) has them written into the checkpoint's directory there; None: rows are ``tensors``.
+    write_parts: Callable[[Path], dict[str, str]] | None = None
 
     def _dense_state(self, optimizer: torch.optim.Optimizer | None) -> tuple[dict[str, Tensor], dict[str, Any]]:
         tensors = {f"dense.{k}": v.detach() for k, v in self.dense().state_dict().items()}
@@ -169,12 +175,17 @@ class PipelineRuntime(Runtime):
     def keys(self) -> Tensor:
         return torch.arange(self.store.num_rows) if self.index is None else self.index.keys
 
+    def table_tensors(self) -> dict[str, Tensor]:
+        return {k: v for k, v in self.state()[0].items() if k.startswith("table.")}
+
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
         tensors = {"table.keys": self.keys(), **{f"table.{k}": v for k, v in self.store.tensors().items()}}
         dense, meta = self._dense_state(self.dense_optimizer)
         return {**tensors, **dense}, meta
 
     def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any], counters: bool = True) -> None:
+        if "table.keys" not in tensors:  # rows written in parts by server shards (a switched job)
+            tensors = {**tensors, **ckpt.read_tables(meta)}
         keys = tensors["table.keys"]
         if torch.equal(keys, self.keys()):
             versions = tensors.get("table.versions", torch.full((keys.shape[0],), -1, dtype=torch.int64))
@@ -198,70 +209,53 @@ class ParameterServerRuntime(Runtime):
         super().__init__(config, task)
         self.mode = mode
         ps = config.ps
-        if ps.engine == "ray":  # join (or start) the cluster before the first epoch; imports ray
-            from cadence.runtime.ray_engine import connect
-
-            connect(ps.ray_address, config.threads)
-        state_width = self.entity_optimizer_class.state_width(self.spec.width)
-        self.model = task.dense_module()  # the dense parameters, held by shard 0
-        shards = []
-        for index in range(ps.shards):
-            if self.spec.fixed:
-                table = FixedTable(self.spec, state_width, index, ps.shards)
-            else:
-                table = DynamicEmbeddingTable(self.spec.width, state_width, self.spec.init_std,
-                                              self.spec.seed & 0xFFFFFFFF)
-            dense, optimizer = (self.model, _dense_optimizer(config, self.model)) if index == 0 else (None, None)
-            shards.append(ServerShard(table, self.entity_optimizer_class(config.optimizer),
-                                      mode.aggregation(ps), dense, optimizer))
-        self.router = ShardRouter(shards)
         self.faults = Faults.parse(ps.stragglers, ps.kill_workers, ps.workers)
+        self.model = task.dense_module()  # shard 0's dense module (threads), or the driver's copy of it (ray)
+        self.engine = ENGINES.get(ps.engine)(config, task, mode, self.model)
+        self.router = ShardRouter(self.engine.shards)
         self.dead: set[int] = set()
+        self.replaced = 0  # worker processes that died unexpectedly and were replaced
         self.worker_examples = [0] * ps.workers
         self.train_seconds = 0.0
 
     @property
-    def shards(self) -> list[ServerShard]:
-        return self.router.shards
+    def shards(self) -> list:
+        return self.engine.shards
 
     def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
         ps = self.config.ps
-        data = DataList(plans, self.mode.tokens_per_step(ps), self.shards[0].global_step, self.shards,
-                        ps.workers, self.mode.per_worker_batches, self.mode.fresh_tokens)
-        workers = [self._worker(index) for index in range(ps.workers) if index not in self.dead]
-        gate = self.mode.gate(ps, self.shards)
         for shard in self.shards:
             shard.resume()  # (a failed epoch left them aborted)
-        for index in self.dead:
-            gate.leave(index)
-            data.abandon(index)
+        live = [index for index in range(ps.workers) if index not in self.dead]
+        kill_after = {}
+        for index, after in self.faults.kill_after.items():
+            kill_after[index] = max(0, after - self.worker_examples[index] // self.config.train.batch_size)
+        epoch = EpochPlan(plans[0].epoch if plans else 0, len(plans), self.shards[0].get_global_step(), live,
+                          sorted(self.dead), self.faults, kill_after)
         started = time.perf_counter()
-        ENGINES.get(ps.engine)().run(workers, data, gate)
-        for server in self.shards:
-            server.flush()
+        reports = self.engine.run_epoch(epoch, plans)
+        for shard in self.shards:
+            shard.flush()
         self.train_seconds += time.perf_counter() - started
         loss, examples = 0.0, 0
-        for worker in workers:
-            loss += worker.loss_total
-            examples += worker.examples_done
-            self.worker_examples[worker.index] += worker.examples_done
-            if worker.died:
-                self.dead.add(worker.index)
+        for report in reports:
+            loss += report.loss_total
+            examples += report.examples
+            self.worker_examples[report.index] += report.examples
+            if report.died:
+                self.dead.add(report.index)
                 log.warning("worker %d was killed after %d batches (fault injection); its batch was dropped",
-                            worker.index, worker.pushed)
+                            report.index, report.pushed)
+            if report.lost:
+                self.replaced += 1
         return loss, examples
-
-    def _worker(self, index: int) -> Worker:
-        kill_after = self.faults.kill_after.get(index)
-        if kill_after is not None:
-            kill_after = max(0, kill_after - self.worker_examples[index] // self.config.train.batch_size)
-        return Worker(index, self.router, copy.deepcopy(self.model), self.task,
-                      self.faults.slowdown.get(index, 1.0), kill_after, self.config.ps.emulated_latency)
 
     def parameters(self) -> "RouterView":
         return RouterView(self.router)
 
     def dense(self) -> nn.Module:
+        state, _ = self.shards[0].pull_dense()  # (ray: the driver's copy is refreshed from shard 0)
+        self.model.load_state_dict(state)
         return self.model
 
     def stats(self) -> dict[str, Any]:
@@ -269,42 +263,79 @@ class ParameterServerRuntime(Runtime):
         per_shard = [shard.stats() for shard in self.shards]
         return {
             "workers": self.config.ps.workers,
+            "engine": self.config.ps.engine,
             "worker_examples_per_second": [round(e / seconds, 1) if seconds > 0 else 0.0 for e in self.worker_examples],
             "vocabulary_added": sum(s["vocabulary_added"] for s in per_shard),
             # every batch's gradient reaches every shard: shard 0's counts count each batch once
             **{k: v for k, v in per_shard[0].items() if k != "vocabulary_added"},
             "shards": per_shard,
             "workers_killed": sorted(self.dead),
+            "workers_replaced": self.replaced,
         }
 
+    # ---- checkpoints: every shard writes and reads its own part ---------------------------------
+    def part_names(self) -> list[str]:
+        count = len(self.shards)
+        return [f"shard-{index:03d}-of-{count:03d}.safetensors" for index in range(count)]
+
+    def write_parts(self, directory: Path) -> dict[str, str]:
+        """Each shard writes its rows into ``directory`` itself (in parallel); {file: sha256}."""
+        names = self.part_names()
+        calls = [shard.submit("save_part", str(directory / name)) for shard, name in zip(self.shards, names)]
+        return {name: call.result() for name, call in zip(names, calls)}
+
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        parts = [shard.table.export_rows() for shard in self.shards]
-        keys = torch.cat([p[0] for p in parts])
-        order = torch.argsort(keys)
-        tensors = {"table.keys": keys[order], "table.values": torch.cat([p[1] for p in parts])[order],
-                   "table.state": torch.cat([p[2] for p in parts])[order]}
-        dense, meta = self._dense_state(self.shards[0].dense_optimizer)
-        meta.update(global_steps=[s.global_step for s in self.shards], dead=sorted(self.dead),
-                    worker_examples=self.worker_examples, ps_seconds=self.train_seconds)
-        return {**tensors, **dense}, meta
+        tensors, optimizer_meta = self.shards[0].dense_checkpoint()
+        meta = {"dense_optimizer": optimizer_meta, "global_steps": [s.get_global_step() for s in self.shards],
+                "dead": sorted(self.dead), "worker_examples": self.worker_examples, "ps_seconds": self.train_seconds}
+        return tensors, meta
 
     def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any], counters: bool = True) -> None:
-        keys, values, state = tensors["table.keys"], tensors["table.values"], tensors["table.state"]
+        parts = meta.get(ckpt.PARTS)
+        if "table.keys" not in tensors and parts is not None and sorted(parts) == self.part_names():
+            directory = Path(meta[ckpt.PARTS_DIR])  # each shard reads its own part: no row passes through here
+            calls = [shard.submit("load_part", str(directory / name), parts[name])
+                     for shard, name in zip(self.shards, self.part_names())]
+            for call in calls:
+                call.result()
+        else:
+            if "table.keys" not in tensors:
+                tensors = {**tensors, **ckpt.read_tables(meta)}
+            self._import_rows(tensors["table.keys"], tensors["table.values"], tensors["table.state"])
+        self.shards[0].load_dense_checkpoint({k: v for k, v in tensors.items() if not k.startswith("table.")},
+                                             meta.get("dense_optimizer"))
+        steps = meta.get("global_steps")
+        if steps is not None and len(steps) == len(self.shards):  # a switched job continues the step count
+            for shard, step in zip(self.shards, steps):
+                shard.set_global_step(step)
+        if counters:
+            self.dead = set(meta.get("dead", []))
+            self.worker_examples = list(meta.get("worker_examples", self.worker_examples))
+            self.train_seconds = meta.get("ps_seconds", 0.0)
+
+    def table_tensors(self) -> dict[str, Tensor]:
+        """Every row, gathered here (tests, small tables): ``table.keys/values/state``, sorted by key."""
+        parts = [shard.export_rows() for shard in self.shards]
+        keys = torch.cat([p[0] for p in parts])
+        order = torch.argsort(keys)
+        return {"table.keys": keys[order], "table.values": torch.cat([p[1] for p in parts])[order],
+                "table.state": torch.cat([p[2] for p in parts])[order]}
+
+    def _import_rows(self, keys: Tensor, values: Tensor, state: Tensor) -> None:
         owner = keys.remainder(len(self.shards))
         for index, shard in enumerate(self.shards):
             mine = (owner == index).nonzero().squeeze(1)
             if self.spec.fixed:
                 mine = mine[keys[mine] < self.spec.rows]
-            shard.table.import_rows(keys[mine], values[mine], state[mine])
-        self._load_dense(tensors, meta, self.shards[0].dense_optimizer)
-        steps = meta.get("global_steps")
-        if steps is not None and len(steps) == len(self.shards):  # a switched job continues the step count
-            for shard, step in zip(self.shards, steps):
-                shard.global_step = step
-        if counters:
-            self.dead = set(meta.get("dead", []))
-            self.worker_examples = list(meta.get("worker_examples", self.worker_examples))
-            self.train_seconds = meta.get("ps_seconds", 0.0)
+            shard.import_rows(keys[mine], values[mine], state[mine])
+
+    def recover(self) -> None:
+        """A shard's process died (``ShardLost``): restart it empty; the trainer then reloads every
+        shard from the last checkpoint."""
+        self.engine.recover()
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 class RouterView:

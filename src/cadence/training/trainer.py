@@ -199,7 +199,8 @@ class Trainer:
         tensors, meta = self.runtime.state()
         state = {"progress": self.progress.__dict__, "runtime": self.runtime.name, **meta}
         keep = self.config.checkpoint.keep if name is None else None
-        ckpt.save_checkpoint(self.run.path, name or ckpt.epoch_name(self.progress.epoch), tensors, state, keep=keep)
+        ckpt.save_checkpoint(self.run.path, name or ckpt.epoch_name(self.progress.epoch), tensors, state, keep=keep,
+                             parts=self.runtime.write_parts)
 
     def load_state(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         self.runtime.load_state(tensors, state)
@@ -207,7 +208,7 @@ class Trainer:
 
     def resume(self) -> bool:
         """Continue from the newest valid checkpoint, if any; returns whether one was loaded."""
-        found = ckpt.load_latest(self.run.path)
+        found = ckpt.load_latest(self.run.path, tables=False)  # server shards read their own rows
         if found is None:
             return False
         tensors, state, path = found
@@ -225,7 +226,7 @@ class Trainer:
         log.info("initialised from %s (%s)", run_dir, state.get("runtime", "?"))
 
     def _restore_best(self) -> None:
-        tensors, state = ckpt.load_checkpoint(ckpt.checkpoint_root(self.run.path) / "best")
+        tensors, state = ckpt.load_checkpoint(ckpt.checkpoint_root(self.run.path) / "best", tables=False)
         self.runtime.load_state(tensors, state, counters=False)
         log.info("restored the best model (epoch %d, valid %s %.4f)", self.progress.best_epoch,
                  self.task.primary_metric, self.progress.best_value)
