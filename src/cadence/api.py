@@ -65,6 +65,7 @@ def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] 
         order.check(len(task.plan(0)), task.num_epochs())
     if config.out is None:
         config.out = default_run_dir(task.dataset_name, config.model.name, config.strategy)
+    _connect(config)  # an unreachable cluster fails here, before a run directory exists
     run = RunDirectory(config.out)
     run.create(config, overwrite=overwrite)
     task.write_metadata(run.path)
@@ -88,6 +89,7 @@ def resume(run_dir: str | Path, overrides: dict[str, Any] | None = None,
         config = load_config(run.config_path, items)
     config = prepare_config(config)
     task = TASKS.get(config.task)(config)
+    _connect(config)
     trainer = build_trainer(config, task, run, hooks)
     if not trainer.resume():
         log.warning("%s has no checkpoint yet: training from the start", run.path)
@@ -202,6 +204,15 @@ def build_runtime(config: Config, task: Task, run: RunDirectory) -> tuple[Runtim
         store_path = config.store.path or str(run.path / "store")
         return PipelineRuntime(config, task, store_path, device, strategy), device
     return ParameterServerRuntime(config, task, PS_MODES.get(config.strategy)), torch.device("cpu")
+
+
+def _connect(config: Config) -> None:
+    """Join the Ray cluster of a run on the ``ray`` engine (a clear error within seconds if it
+    cannot be reached)."""
+    if runtime_of(config) != PIPELINE and config.ps.engine == "ray":
+        from cadence.runtime.ray_engine import connect
+
+        connect(config.ps.ray_address, config.threads)
 
 
 def build_trainer(config: Config, task: Task, run: RunDirectory, hooks: Iterable[TrainerHook] = ()) -> Trainer:

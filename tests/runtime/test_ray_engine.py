@@ -43,14 +43,18 @@ def trainer_for(tmp_path: Path, *overrides: str):
     return make_trainer(tmp_path, *overrides)[0]
 
 
+def fit(trainer):
+    """(summary, final state), the run's actors released."""
+    try:
+        summary = trainer.fit()
+        return summary, final_state(trainer)
+    finally:
+        trainer.runtime.close()
+
+
 def train_on_both(tmp_path: Path, *overrides: str):
     """(summary, state) under the thread engine, then under the Ray engine."""
-    results = []
-    for engine in ("threads", "ray"):
-        trainer = trainer_for(tmp_path / engine, f"ps.engine={engine}", *overrides)
-        summary = trainer.fit()
-        results.append((summary, final_state(trainer)))
-    return results
+    return [fit(trainer_for(tmp_path / engine, f"ps.engine={engine}", *overrides)) for engine in ("threads", "ray")]
 
 
 def assert_same(first, second, atol: float = 0.0) -> None:
@@ -108,7 +112,7 @@ def test_one_worker_with_dropout_equals_the_thread_engine(tmp_path: Path, local_
 @pytest.mark.parametrize("mode, steps_per_epoch", [("async", 12), ("gba", 3), ("hop_bs", 12)])
 def test_nondeterministic_modes_count_steps_and_examples_exactly(tmp_path: Path, local_cluster, mode: str,
                                                                    steps_per_epoch: int) -> None:
-    summary = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=4", "ps.engine=ray").fit()
+    summary, _ = fit(trainer_for(tmp_path, f"strategy={mode}", "ps.workers=4", "ps.engine=ray"))
     assert summary["global_steps"] == 2 * steps_per_epoch
     assert summary["examples_seen"] == 2 * 768
     assert summary["gradients_applied"] + summary["gradients_dropped"] == 2 * 12
@@ -117,11 +121,14 @@ def test_nondeterministic_modes_count_steps_and_examples_exactly(tmp_path: Path,
 
 def test_a_killed_worker_drops_its_batch_and_the_run_finishes(tmp_path: Path, local_cluster) -> None:
     trainer = trainer_for(tmp_path, "strategy=gba", "ps.workers=3", 'ps.kill_workers=["1:1"]', "ps.engine=ray")
-    summary = trainer.fit()
+    try:
+        summary = trainer.fit()
+        assert 1 not in trainer.runtime.engine.workers and set(trainer.runtime.engine.workers) == {0, 2}
+    finally:
+        trainer.runtime.close()
     assert summary["workers_killed"] == [1] and summary["epochs"] == 2
     assert summary["examples_seen"] == 2 * 768 - BATCH  # exactly the batch worker 1 died with
     assert summary["gradients_applied"] + summary["gradients_dropped"] == 2 * 12 - 1
-    assert 1 not in ray_engine._POOL.workers  # its actor was killed, the others are kept for reuse
 
 
 def test_a_killed_worker_under_sync_equals_the_thread_engine(tmp_path: Path, local_cluster) -> None:
@@ -158,18 +165,70 @@ def test_the_cli_trains_on_ray_like_on_threads(tmp_path: Path, local_cluster) ->
     assert on_ray["auc"] == threads["auc"] and on_ray["global_steps"] == threads["global_steps"] > 0
 
 
+def kill_when(condition, action, timeout: float = 60.0) -> threading.Thread:
+    """Run ``action`` once ``condition()`` holds (polled), on a thread of its own."""
+    def watch() -> None:
+        deadline = time.monotonic() + timeout
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        action()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.mark.timeout(120)
-def test_an_actor_that_dies_unexpectedly_fails_the_epoch_without_hanging(tmp_path: Path, local_cluster) -> None:
-    trainer = trainer_for(tmp_path, "strategy=sync", "ps.workers=2", 'ps.stragglers=["0:200"]', "ps.engine=ray",
-                          "train.epochs=1")
-    victim = ray_engine._pool(2).worker(1)
-    ray.get(victim.node_id.remote())  # started: it dies while the workers run, not while it starts
-    threading.Timer(1.0, lambda: ray.kill(victim, no_restart=True)).start()
+def test_a_worker_process_that_dies_releases_its_token_and_is_replaced(tmp_path: Path, local_cluster) -> None:
+    trainer = trainer_for(tmp_path, "strategy=sync", "ps.workers=2", "ps.emulated_latency=0.1", "ps.engine=ray")
+    engine = trainer.runtime.engine
+    victim = engine.workers[1]
+    shard = trainer.runtime.shards[0]
+    watcher = kill_when(lambda: shard.get_global_step() >= 2, lambda: ray.kill(victim, no_restart=True))
     started = time.perf_counter()
-    with pytest.raises(RuntimeError, match="worker 1's actor died"):
-        trainer.fit()
+    try:
+        summary = trainer.fit()  # sync: the barrier of the dead worker's step is released, not awaited
+        watcher.join()
+        assert engine.workers[1] is not victim  # replaced for the next epoch
+    finally:
+        trainer.runtime.close()
     assert time.perf_counter() - started < 60
-    assert ray_engine._POOL.workers == {}  # the failed epoch's actors are all gone
+    assert summary["epochs"] == 2 and summary["workers_replaced"] == 1 and summary["workers_killed"] == []
+    assert summary["examples_seen"] < 2 * 768  # the dead worker's share of epoch 1 was lost
+    assert summary["examples_seen"] > 768  # epoch 2 ran with both workers again
+
+
+@pytest.mark.timeout(180)
+def test_a_shard_process_that_dies_is_restarted_from_its_checkpoint(tmp_path: Path, local_cluster) -> None:
+    """Sync is deterministic, so the run that lost a shard and replayed epoch 2 from the epoch-1
+    checkpoint must end exactly where the uninterrupted run ends."""
+    reference = fit(trainer_for(tmp_path / "threads", "strategy=sync", "ps.workers=2", "ps.shards=2",
+                                "train.epochs=3"))
+    trainer = trainer_for(tmp_path / "ray", "strategy=sync", "ps.workers=2", "ps.shards=2", "train.epochs=3",
+                          "ps.engine=ray", "ps.emulated_latency=0.05")
+    checkpoint = tmp_path / "ray" / "run" / "checkpoints" / "epoch-000001"
+    first = trainer.runtime.shards[1].handle
+    watcher = kill_when(checkpoint.exists, lambda: (time.sleep(0.2), ray.kill(first, no_restart=True)))
+    try:
+        summary, state = fit(trainer)
+    finally:
+        watcher.join()
+    assert trainer.runtime.shards[1].handle is not first  # a new process, loaded from the checkpoint
+    assert summary["epochs"] == 3
+    assert_same(reference[1], state)
+    assert summary["global_steps"] == reference[0]["global_steps"] and summary["auc"] == reference[0]["auc"]
+
+
+def test_an_unreachable_ray_address_fails_fast_and_leaves_no_run_directory(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "cadence.cli", "train", "--task", "ctr", "--dataset", "synthetic-ctr",
+                             "--strategy", "gba", "--workers", "2", "--engine", "ray", "--set",
+                             "ps.ray_address=127.0.0.1:1", "--out", str(out)], capture_output=True, text=True,
+                            env={**os.environ, "CADENCE_HOME": str(tmp_path / "home")})
+    assert time.perf_counter() - started < 30
+    assert result.returncode == 2 and "cadence: error: ps.ray_address" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not out.exists()
 
 
 def test_import_cadence_does_not_import_ray_and_a_missing_ray_is_a_config_error() -> None:
@@ -177,7 +236,7 @@ def test_import_cadence_does_not_import_ray_and_a_missing_ray_is_a_config_error(
             "assert 'ray' not in sys.modules, 'ray imported'\n"
             "sys.modules['ray'] = None  # as if it were not installed\n"
             "from cadence.errors import ConfigError\n"
-            "try:\n    make()\nexcept ConfigError as err:\n    assert 'cadence[ray]' in str(err), err\n"
+            "try:\n    make(None, None, None, None)\nexcept ConfigError as err:\n    assert 'cadence[ray]' in str(err), err\n"
             "else:\n    raise AssertionError('no error without ray')")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -232,16 +291,14 @@ def test_sync_on_a_two_node_cluster_equals_the_thread_engine(tmp_path: Path) -> 
         ray.init(address=address)
         wait_until(lambda: sum(1 for node in ray.nodes() if node["Alive"]) == 2, "the second node did not join")
 
-        threads_trainer = trainer_for(tmp_path / "threads", "strategy=sync", "ps.workers=3")
-        threads_summary = threads_trainer.fit()
-        ray_trainer = trainer_for(tmp_path / "ray", "strategy=sync", "ps.workers=3", "ps.engine=ray",
-                                  f"ps.ray_address={address}")
-        ray_summary = ray_trainer.fit()
-        assert_same(final_state(threads_trainer), final_state(ray_trainer))
+        threads_summary, threads_state = fit(trainer_for(tmp_path / "threads", "strategy=sync", "ps.workers=3"))
+        ray_trainer = trainer_for(tmp_path / "ray", "strategy=sync", "ps.workers=3", "ps.shards=2",
+                                  "ps.engine=ray", f"ps.ray_address={address}")
+        hosts = ray_trainer.runtime.engine.actors
+        assert len(set(ray.get([host.node.remote() for host in hosts]))) == 2, "actors on both nodes"
+        ray_summary, ray_state = fit(ray_trainer)
+        assert_same(threads_state, ray_state)
         assert {k: ray_summary[k] for k in COUNTERS} == {k: threads_summary[k] for k in COUNTERS}
-        pool = ray_engine._POOL
-        hosts = [*pool.shards, pool.coordinator, *pool.workers.values()]
-        assert len(set(ray.get([host.node_id.remote() for host in hosts]))) == 2, "actors on both nodes"
     finally:
         ray_engine.shutdown()
         ray.shutdown()

@@ -77,6 +77,9 @@ class SteppingShard:
         self.global_step = 0
         self.closed = []
 
+    def get_global_step(self):
+        return self.global_step
+
     def wait_for_step(self, step):
         assert self.global_step >= step, "would block"
 

@@ -262,7 +262,7 @@ class DataList:
             step = self.last_token.get(worker, self.first_token - 1) + 1
             for shard in self.shards:
                 shard.wait_for_step(step)
-        with self.lock:
+        with self.lock:  # one critical section: hand-out and its accounting (closing a token) together
             if self.stopped:
                 return None
             if self.per_worker:
@@ -280,7 +280,7 @@ class DataList:
                 token = self.last_token[worker] = self._current_step()
             else:
                 token = self.token_of(j)
-        self._settle(token)
+            self._settle(token)
         return j, self.batches[j], token
 
     def abandon(self, worker: int) -> None:
@@ -297,7 +297,8 @@ class DataList:
             token = self.token_of(j)
             for shard in self.shards:
                 shard.drop(token)
-            self._settle(token)
+            with self.lock:
+                self._settle(token)
 
     def stop(self) -> None:
         with self.lock:
@@ -307,22 +308,20 @@ class DataList:
         return self.first_token + j // self.per_token
 
     def _current_step(self) -> int:
-        return min(shard.global_step for shard in self.shards)
+        return min(shard.get_global_step() for shard in self.shards)
 
     def _settle(self, token: int) -> None:
-        with self.lock:
-            self.settled[token] = self.settled.get(token, 0) + 1
-            if self.fresh:  # every live worker has a batch of this step
-                complete = len(self.live) <= self.settled[token]
-            else:
-                start = (token - self.first_token) * self.per_token
-                complete = self.settled[token] == min(self.per_token, len(self.batches) - start)
-            if not complete or token in self.closed:
-                return
+        """(lock held) One more batch of ``token`` handed out or dropped; close it when complete."""
+        self.settled[token] = self.settled.get(token, 0) + 1
+        if self.fresh:  # every live worker has a batch of this step
+            complete = len(self.live) <= self.settled[token]
+        else:
+            start = (token - self.first_token) * self.per_token
+            complete = self.settled[token] == min(self.per_token, len(self.batches) - start)
+        if complete and token not in self.closed:
             self.closed.add(token)
-            size = self.settled[token]
-        for shard in self.shards:
-            shard.close_token(token, size)
+            for shard in self.shards:
+                shard.close_token(token, self.settled[token])
 
     def _close_current(self) -> None:
         """(lock held) Fresh tokens: no more batches for the current step (data ran out, or a worker

@@ -22,6 +22,8 @@ single index of rows.
 
 from __future__ import annotations
 
+import functools
+
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,6 +214,18 @@ class Task(ABC):
     def summary_fields(self) -> dict[str, Any]:
         return {"task": self.name, "dataset": self.dataset_name, "model": self.model_name}
 
+    def recipe(self) -> Callable[[], "Task"]:
+        """How another process (a Ray worker) gets this task: it builds it from the config and reads
+        the data itself, unless the data was handed in as an object (tests, the Python API): then
+        the task travels whole."""
+        if getattr(self, "data_given", False):
+            return functools.partial(_same, self)
+        return functools.partial(type(self), self.config)
+
     def __getstate__(self) -> dict[str, Any]:
         """Tasks travel to worker processes (the Ray engine): caches are rebuilt there if needed."""
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_cache")}
+
+
+def _same(task: Task) -> Task:
+    return task

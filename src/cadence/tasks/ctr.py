@@ -43,6 +43,7 @@ class CtrTask(Task):
 
     def __init__(self, config: Config, dataset: CtrDataset | None = None):
         super().__init__(config)
+        self.data_given = dataset is not None
         CTR_MODELS.get(config.model.name)
         self.dataset = dataset if dataset is not None else load_ctr_dataset(config.data.dataset, config.seed)
         self.num_fields = len(self.dataset.field_names) + len(self.dataset.bag_names)

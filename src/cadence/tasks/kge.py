@@ -36,6 +36,7 @@ class KgeTask(Task):
 
     def __init__(self, config: Config, graph: KnowledgeGraph | None = None):
         super().__init__(config)
+        self.data_given = graph is not None
         SCORERS.get(config.model.name)(config.model)  # validates the name, dim parity and options
         self.graph = graph if graph is not None else load_graph(config.data, config.seed)
         self.num_relations = self.graph.num_relations * (2 if config.train.reciprocal else 1)

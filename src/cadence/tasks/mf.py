@@ -87,6 +87,7 @@ class MfTask(Task):
 
     def __init__(self, config: Config, dataset: RatingDataset | None = None):
         super().__init__(config)
+        self.data_given = dataset is not None
         if config.model.name != "biased":
             raise ConfigError(f"model.name: the mf task has one model, biased; got {config.model.name!r}")
         self.dataset = dataset if dataset is not None else load_rating_dataset(

@@ -116,6 +116,7 @@ class Word2VecTask(Task):
 
     def __init__(self, config: Config, corpus: Corpus | None = None):
         super().__init__(config)
+        self.data_given = corpus is not None
         if config.model.name != "skipgram":
             raise ConfigError(f"model.name: the w2v task has one model, skipgram; got {config.model.name!r}")
         w2v = config.w2v

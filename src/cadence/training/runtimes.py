@@ -87,6 +87,9 @@ class Runtime(ABC):
     def close(self) -> None:
         """Release threads or remote resources."""
 
+    def recover(self) -> None:
+        """Restart what a ``ShardLost`` took (the trainer then reloads the last checkpoint)."""
+
     # ``write_parts(directory) -> {file: sha256}``: a runtime whose rows live elsewhere (server
     # shards) has them written into the checkpoint's directory there; None: rows are ``tensors``.
     write_parts: Callable[[Path], dict[str, str]] | None = None
@@ -333,6 +336,7 @@ class ParameterServerRuntime(Runtime):
         """A shard's process died (``ShardLost``): restart it empty; the trainer then reloads every
         shard from the last checkpoint."""
         self.engine.recover()
+        self.router = ShardRouter(self.engine.shards)
 
     def close(self) -> None:
         self.engine.close()

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from cadence.config import Config
 from cadence.errors import CheckpointError
 from cadence.pipeline.batch import Batch
+from cadence.runtime.engines import ShardLost
 from cadence.tasks.base import Task, Validation
 from cadence.training import checkpoint as ckpt
 from cadence.training.batch_order import BatchOrder, ComputationOrderRecorder
@@ -33,6 +34,8 @@ from cadence.training.run_directory import RunDirectory
 from cadence.training.runtimes import Runtime
 
 log = logging.getLogger("cadence")
+
+MAX_RECOVERIES = 3  # shard restarts per run before the run fails
 
 
 class TrainerHook:
@@ -81,24 +84,21 @@ class Trainer:
         if config.record_order:
             self.hooks.append(ComputationOrderRecorder(Path(config.record_order)))
         self.progress = Progress()
+        self.last_loss = math.nan  # the last epoch's mean training loss
 
     # ---- the loop -------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
         cfg, epochs = self.config, self.task.num_epochs()
-        loss = math.nan
-        for epoch in range(self.progress.epoch, epochs):
-            plans = self.task.plan(epoch)
-            if self.batch_order is not None:
-                plans = self.batch_order.reorder(plans)
-            loss = self._run_epoch(epoch, plans, epochs)
-            self.progress.epoch = epoch + 1
-            for hook in self.hooks:
-                hook.on_epoch_end(self, self.progress.epoch)
-            validation = self.task.validation(self.progress.epoch)
-            stop = self._validate(validation, loss) if validation is not None else False
-            last = stop or self.progress.epoch == epochs
-            if cfg.checkpoint.every and (self.progress.epoch % cfg.checkpoint.every == 0 or last):
-                self.save_checkpoint()
+        recoveries = 0
+        while self.progress.epoch < epochs:
+            try:
+                stop = self._epoch(epochs)
+            except ShardLost as err:  # a server shard's process died: continue from the last checkpoint
+                recoveries += 1
+                if recoveries > MAX_RECOVERIES:
+                    raise
+                self._recover(err)
+                continue
             if stop:
                 log.info("early stopping: valid %s has not improved for %d validations",
                          self.task.primary_metric, cfg.eval.patience)
@@ -112,6 +112,23 @@ class Trainer:
             self._record("test", test, loss=None)
         self.run.write_metrics(self.progress.history)
         return self.summary(test, extra)
+
+    def _epoch(self, epochs: int) -> bool:
+        """Train one epoch, validate, checkpoint; whether to stop early."""
+        cfg, epoch = self.config, self.progress.epoch
+        plans = self.task.plan(epoch)
+        if self.batch_order is not None:
+            plans = self.batch_order.reorder(plans)
+        self.last_loss = self._run_epoch(epoch, plans, epochs)
+        self.progress.epoch = epoch + 1
+        for hook in self.hooks:
+            hook.on_epoch_end(self, self.progress.epoch)
+        validation = self.task.validation(self.progress.epoch)
+        stop = self._validate(validation, self.last_loss) if validation is not None else False
+        last = stop or self.progress.epoch == epochs
+        if cfg.checkpoint.every and (self.progress.epoch % cfg.checkpoint.every == 0 or last):
+            self.save_checkpoint()
+        return stop
 
     def _run_epoch(self, epoch: int, plans, epochs: int) -> float:
         bar = tqdm(total=len(plans), desc=f"epoch {epoch + 1}/{epochs}", unit="batch", leave=False,
@@ -216,6 +233,15 @@ class Trainer:
         self.run.write_metrics(self.progress.history)  # drop records written after the checkpoint
         log.info("resumed from %s (epoch %d)", path, self.progress.epoch)
         return True
+
+    def _recover(self, err: ShardLost) -> None:
+        """A server shard's process died: restart the shards and continue from the last checkpoint
+        (every shard reloads its part, so the model is consistent), or from the start without one."""
+        log.warning("%s: restarting the server shards from the last checkpoint", err)
+        self.runtime.recover()
+        if not self.resume():
+            self.progress = Progress()
+            log.warning("no checkpoint yet: training again from the start")
 
     def init_from(self, run_dir: str | Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         """Start from another run's final parameters (a job switching strategy between periods)."""
