@@ -105,7 +105,7 @@ class ParameterServerConfig:
     normalizer: Literal["buffer", "kept"] = "buffer"  # divide an aggregate by M, or by gradients kept
     staleness: int = 2  # hop_bs: a worker may run at most this many batches ahead of the slowest
     backup_workers: int = 1  # hop_bw: aggregate the first workers - backup_workers gradients of a step
-    stragglers: list[str] = field(default_factory=list)  # "WORKER:SLOWDOWN": fault injection
+    stragglers: list[str] = field(default_factory=list)  # "WORKER:SLOWDOWN[@FIRST-LAST epochs]": fault injection
     kill_workers: list[str] = field(default_factory=list)  # "WORKER:AFTER_STEPS": fault injection
     emulated_latency: float = 0.0  # seconds each batch spends off this machine (emulates one machine per worker)
     ray_address: str | None = None  # engine ray: the cluster to join ("HOST:PORT"); None = ray.init()'s default

@@ -267,3 +267,14 @@ def test_logistic_regression_rows_are_one_weight_and_dim_changes_nothing(tmp_pat
     (first, auc), (second, auc16) = results
     assert auc == auc16 and first.keys() == second.keys()
     assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_a_transient_straggler_is_slow_only_in_its_window() -> None:
+    from cadence.errors import ConfigError
+    from cadence.runtime.worker import Faults
+
+    faults = Faults.parse(["0:4@2-3", "1:2"], [], 3)
+    assert [faults.slowdown_in(0, epoch) for epoch in range(4)] == [1.0, 4.0, 4.0, 1.0]
+    assert [faults.slowdown_in(1, epoch) for epoch in range(4)] == [2.0] * 4 and faults.slowdown_in(2, 0) == 1.0
+    with pytest.raises(ConfigError, match="@FIRST-LAST"):
+        Faults.parse(["0:4@x"], [], 3)

@@ -92,7 +92,7 @@ class ThreadEngine:
             gate.leave(index)
             data.abandon(index)
         workers = [Worker(index, self.router, copy.deepcopy(self.dense), self.task,
-                          plan.faults.slowdown.get(index, 1.0), plan.kill_after.get(index),
+                          plan.faults.slowdown_in(index, plan.epoch), plan.kill_after.get(index),
                           self.config.ps.emulated_latency) for index in plan.workers]
         errors: list[tuple[int, BaseException]] = []
 

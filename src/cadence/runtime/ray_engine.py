@@ -407,7 +407,7 @@ class RayEngine:
         else:
             seeds = torch.randint(0, 1 << 62, (len(plan.workers),)).tolist()
             states = [torch.Generator().manual_seed(seed).get_state() for seed in seeds]
-        runs = {self.workers[index].run_epoch.remote(plan.epoch, plan.faults.slowdown.get(index, 1.0),
+        runs = {self.workers[index].run_epoch.remote(plan.epoch, plan.faults.slowdown_in(index, plan.epoch),
                                                      plan.kill_after.get(index), gate, state): index
                 for index, state in zip(plan.workers, states)}
         reports, failure = [], None

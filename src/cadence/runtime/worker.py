@@ -12,7 +12,7 @@ killed worker takes one more batch and dies with it (its batch and token are dro
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
@@ -78,11 +78,32 @@ class ShardRouter:
 class Faults:
     slowdown: dict[int, float]  # worker -> factor
     kill_after: dict[int, int]  # worker -> batches pushed before it dies
+    windows: dict[int, tuple[int, int]] = field(default_factory=dict)  # worker -> slowed epochs (1-based, inclusive)
 
     @classmethod
     def parse(cls, stragglers: list[str], kills: list[str], workers: int) -> "Faults":
-        return cls(_parse(stragglers, "ps.stragglers", float, workers, minimum=1.0),
-                   _parse(kills, "ps.kill_workers", int, workers, minimum=0))
+        windows = {}
+        plain = []
+        for item in stragglers:  # "WORKER:SLOWDOWN@FIRST-LAST": a transient straggler, slowed in those epochs
+            text, _, window = str(item).partition("@")
+            plain.append(text)
+            if window:
+                try:
+                    first, last = (int(part) for part in window.split("-"))
+                except ValueError:
+                    raise ConfigError(f"ps.stragglers: {item!r}: the window must be @FIRST-LAST epochs") from None
+                if not 1 <= first <= last:
+                    raise ConfigError(f"ps.stragglers: {item!r}: the window must satisfy 1 <= FIRST <= LAST")
+                windows[int(text.split(":")[0]) if text.split(":")[0].isdigit() else -1] = (first, last)
+        return cls(_parse(plain, "ps.stragglers", float, workers, minimum=1.0),
+                   _parse(kills, "ps.kill_workers", int, workers, minimum=0), windows)
+
+    def slowdown_in(self, worker: int, epoch: int) -> float:
+        """The worker's slowdown in ``epoch`` (0-based), outside a transient straggler's window 1."""
+        window = self.windows.get(worker)
+        if window is not None and not window[0] <= epoch + 1 <= window[1]:
+            return 1.0
+        return self.slowdown.get(worker, 1.0)
 
 
 def _parse(items: list[str], key: str, kind: type, workers: int, minimum: float) -> dict:
