@@ -175,9 +175,10 @@ class Worker:
         self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, rows.grad, dense, pulled_step))
 
     def delay(self, elapsed: float) -> None:
-        """Fault injection: a straggler's batch takes ``slowdown`` times as long, and an emulated
-        machine of its own adds ``emulated_latency``; both while the worker holds pulled parameters,
-        so the server moves on meanwhile and the gradient it pushes is stale, as a real one's is."""
-        pause = self.emulated_latency + elapsed * (self.slowdown - 1.0)
+        """Fault injection: an emulated machine of its own adds ``emulated_latency`` to each batch,
+        and a straggler's batch takes ``slowdown`` times as long as that total; both while the worker
+        holds pulled parameters, so the server moves on meanwhile and the gradient it pushes is
+        stale, as a real straggler's is."""
+        pause = self.emulated_latency * self.slowdown + elapsed * (self.slowdown - 1.0)
         if pause > 0:
             time.sleep(pause)
