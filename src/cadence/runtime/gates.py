@@ -15,6 +15,10 @@ from cadence.runtime.server import ServerShard
 
 
 class NoGate:
+    # a gate that keeps no state of its own (it reads only the shards) can be built by each worker
+    # on its own handles of the shards; one that does (clocks) lives in one place (Ray: the coordinator)
+    stateless = True
+
     def wait(self, worker: int, token: int) -> None: ...
 
     def done(self, worker: int) -> None: ...
@@ -32,6 +36,8 @@ class StepBarrier(NoGate):
 
 
 class BoundedStaleness(NoGate):
+    stateless = False
+
     def __init__(self, workers: int, bound: int):
         self.bound = bound
         self.clocks = {w: 0 for w in range(workers)}  # batches pushed, per live worker

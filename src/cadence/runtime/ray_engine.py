@@ -31,6 +31,7 @@ import functools
 import pickle
 import socket
 import threading
+import uuid
 from typing import Any
 
 import numpy as np
@@ -160,9 +161,11 @@ class _Call:
 
 
 class RemoteShard:
-    """A server shard held by a ``ShardServer`` actor, with ``ServerShard``'s verbs. ``push``,
-    ``drop`` and ``close_token`` are sent without waiting; any other call from this handle first
-    waits for them, so one caller's verbs reach the shard in program order."""
+    """A server shard held by a ``ShardServer`` actor, with ``ServerShard``'s verbs. Every call
+    carries this handle's sequence number and the actor starts one handle's calls in that order
+    (``ShardServer.call``), so ``push``, ``drop`` and ``close_token`` are sent without waiting and
+    still reach the shard before this handle's next call: program order, as in a thread, without a
+    round trip. ``settle`` waits until the one-way calls sent so far have been applied."""
 
     ONE_WAY = ("push", "drop", "close_token")
 
@@ -170,12 +173,20 @@ class RemoteShard:
         self.handle = handle
         self.index = index
         self.width = width
+        self.caller = uuid.uuid4().hex  # each process's copy of a handle is a caller of its own
+        self._seq = 0
         self._pending: list = []
         self._lock = threading.Lock()  # the coordinator's threads share its handles
 
+    def _remote(self, method: str, args: tuple) -> Any:
+        packed = _pack(args)
+        with self._lock:  # sequence numbers in submission order
+            ref = self.handle.call.remote(self.caller, self._seq, method, *packed)
+            self._seq += 1
+            return ref
+
     def submit(self, method: str, *args: Any) -> _Call:
-        self.settle()
-        return _Call(self.handle.call.remote(method, *_pack(args)), self.index)
+        return _Call(self._remote(method, args), self.index)
 
     def settle(self) -> None:
         with self._lock:
@@ -191,9 +202,13 @@ class RemoteShard:
         return lambda *args: self.submit(method, *args).result()
 
     def _send(self, method: str, *args: Any) -> None:
-        ref = self.handle.call.remote(method, *_pack(args))
+        ref = self._remote(method, args)
         with self._lock:
             self._pending.append(ref)
+            if len(self._pending) >= 256:  # forget the ones already applied (errors surface at settle)
+                done, self._pending = ray.wait(self._pending, num_returns=len(self._pending), timeout=0)
+                if done:
+                    _Call(done, self.index).result()
 
     def __reduce__(self):
         return RemoteShard, (self.handle, self.index, self.width)
@@ -219,8 +234,23 @@ class ShardServer(_Actor):
         dense = pickle.loads(dense_blob) if dense_blob is not None else None
         self.shard = build_shard(config, spec, PS_MODES.get(mode_name), index, dense)
 
-    def call(self, method: str, *args: Any) -> Any:
-        return _pack(getattr(self.shard, method)(*_unpack(args)))
+        self.turns = threading.Condition()
+        self.next_seq: dict[str, int] = {}  # caller -> sequence number of its next call
+
+    def call(self, caller: str, seq: int, method: str, *args: Any) -> Any:
+        """Run a caller's calls in its order: each waits for its turn, takes the shard's lock, and
+        only then lets the caller's next call start (the lock is re-entrant, and a call that waits
+        on the shard's condition releases it)."""
+        lock = self.shard.changed
+        with self.turns:
+            self.turns.wait_for(lambda: self.next_seq.get(caller, 0) == seq)
+            lock.acquire()
+            self.next_seq[caller] = seq + 1
+            self.turns.notify_all()
+        try:
+            return _pack(getattr(self.shard, method)(*_unpack(args)))
+        finally:
+            lock.release()
 
 
 class Coordinator(_Actor):
@@ -241,6 +271,8 @@ class Coordinator(_Actor):
         for index in dead:
             self.gate.leave(index)
             self.data.abandon(index)
+        if self.gate.stateless:  # (NoGate, StepBarrier) each worker builds it on its own shard handles
+            return None
         return tuple(m for m in GATE_METHODS if getattr(type(self.gate), m) is not getattr(NoGate, m))
 
     def take(self, worker: int) -> tuple[int, int] | None:
@@ -278,14 +310,22 @@ class Coordinator(_Actor):
 
 
 class _RemoteData:
-    """What a worker actor sees of the coordinator's data list: positions become its own plans."""
+    """What a worker actor sees of the coordinator's data list: positions become its own plans.
+    With ``prefetch`` the next position is asked for as soon as one arrives, so the round trip
+    overlaps the batch's computation (not with fresh tokens, whose token is the step at the take)."""
 
-    def __init__(self, coordinator: Any, plans: list):
-        self.coordinator, self.plans = coordinator, plans
+    def __init__(self, coordinator: Any, plans: list, prefetch: bool):
+        self.coordinator, self.plans, self.prefetch = coordinator, plans, prefetch
+        self.ahead = None
 
     def take(self, worker: int):
-        item = _get(self.coordinator.take.remote(worker))
-        return None if item is None else (item[0], self.plans[item[0]], item[1])
+        ref, self.ahead = self.ahead or self.coordinator.take.remote(worker), None
+        item = _get(ref)
+        if item is None:
+            return None
+        if self.prefetch:
+            self.ahead = self.coordinator.take.remote(worker)
+        return item[0], self.plans[item[0]], item[1]
 
     def abandon(self, worker: int) -> None:
         _get(self.coordinator.abandon.remote(worker))
@@ -315,22 +355,29 @@ class TaskWorker(_Actor):
 
     def __init__(self, index: int, config, recipe_box: list, shards: list[RemoteShard], coordinator: Any,
                  threads: int):
+        from cadence.strategies.parameter_server import PS_MODES
+
         torch.set_num_threads(threads)
         self.index, self.config, self.coordinator = index, config, coordinator
+        self.mode = PS_MODES.get(config.strategy)
         self.task = ray.get(recipe_box[0])()
         self.router = ShardRouter(shards)
         self.model = self.task.dense_module()
         self.plans: tuple[int, list] | None = None
 
-    def run_epoch(self, epoch: int, slowdown: float, kill_after: int | None, gate: tuple[str, ...],
+    def run_epoch(self, epoch: int, slowdown: float, kill_after: int | None, gate: tuple[str, ...] | None,
                   rng_state: Tensor) -> tuple:
         torch.set_rng_state(rng_state)
         if self.plans is None or self.plans[0] != epoch:
             self.plans = (epoch, self.task.plan(epoch))
         worker = Worker(self.index, self.router, self.model, self.task, slowdown, kill_after,
                         self.config.ps.emulated_latency)
+        local_gate = self.mode.gate(self.config.ps, self.router.shards) if gate is None else None
+        # a worker fated to die (fault injection) takes no batch ahead: it dies with exactly one
+        prefetch = not self.mode.fresh_tokens and kill_after is None
         try:
-            worker.run(_RemoteData(self.coordinator, self.plans[1]), _RemoteGate(self.coordinator, gate))
+            worker.run(_RemoteData(self.coordinator, self.plans[1], prefetch),
+                       local_gate or _RemoteGate(self.coordinator, gate))
         finally:
             for shard in self.router.shards:
                 shard.settle()

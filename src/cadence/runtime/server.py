@@ -81,6 +81,11 @@ class ServerShard:
         with self.changed:
             return self.table.pull(keys).values
 
+    def pull_with_dense(self, keys: Tensor) -> tuple[Tensor, tuple[dict[str, Tensor], int]]:
+        """``pull_rows`` and ``pull_dense`` in one call (one round trip to a remote shard 0)."""
+        with self.changed:
+            return self.pull_rows(keys), self.pull_dense()
+
     def peek_rows(self, keys: Tensor) -> Tensor:
         with self.changed:
             return self.table.peek(keys)

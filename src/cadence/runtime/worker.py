@@ -40,20 +40,26 @@ class ShardRouter:
         """Rows of ``keys`` (unseen keys are added unless ``create`` is False: evaluation), and with
         ``dense`` also shard 0's dense parameters and global step, in the same round trip."""
         method = "pull_rows" if create else "peek_rows"
-        dense_call = self.shards[0].submit("pull_dense") if dense else None
         if len(self.shards) == 1:
-            rows = self.shards[0].submit(method, keys).result()
-        else:
-            owner = self.owner(keys)
-            calls = []
-            for index, shard in enumerate(self.shards):
-                mine = (owner == index).nonzero().squeeze(1)
-                if mine.numel():
-                    calls.append((mine, shard.submit(method, keys[mine])))
-            rows = torch.empty(keys.shape[0], self.width)
-            for mine, call in calls:
-                rows[mine] = call.result()
-        return (rows, dense_call.result()) if dense else rows
+            if dense:
+                return self.shards[0].submit("pull_with_dense", keys).result()
+            return self.shards[0].submit(method, keys).result()
+        owner = self.owner(keys)
+        calls = []
+        for index, shard in enumerate(self.shards):
+            mine = (owner == index).nonzero().squeeze(1)
+            if index == 0 and dense:  # the dense parameters ride along with shard 0's rows
+                calls.append((mine, shard.submit("pull_with_dense", keys[mine])))
+            elif mine.numel():
+                calls.append((mine, shard.submit(method, keys[mine])))
+        rows = torch.empty(keys.shape[0], self.width)
+        dense_state = None
+        for mine, call in calls:
+            result = call.result()
+            if isinstance(result, tuple):
+                result, dense_state = result
+            rows[mine] = result
+        return (rows, dense_state) if dense else rows
 
     def pull_rows(self, keys: Tensor, create: bool = True) -> Tensor:
         return self.pull(keys, create)

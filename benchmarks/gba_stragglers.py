@@ -1,0 +1,295 @@
+"""GBA and its baselines under real stale-gradient stragglers on MovieLens-100k CTR (DeepFM): the
+GBA paper's claim that GBA keeps synchronous training's accuracy at asynchronous speed when a
+worker straggles, with the same hyperparameters for every mode.
+
+What runs: configs/ml100k-deepfm.yaml as shipped (DeepFM, 4 parameter-server workers x local batch
+256, tolerance 2, eval every epoch) for ``--epochs`` epochs, strategies ``sync``, ``gba`` and
+``hop_bw`` (1 backup worker) at every straggler severity, and ``async`` at 4x only (a reference).
+Severities: worker 0 none (1x), 1.5x, 2x, 4x, 8x slower for the whole run, and a transient 8x
+straggler in epochs 2-3 (``0:8@2-3``). Nothing is tuned per mode.
+
+How a straggler is made: the workers are threads of one process on a 2-core machine. Every batch
+spends ``--latency`` seconds off-CPU (``ps.emulated_latency``), as if each worker had a machine of
+its own (the latency dominates the few milliseconds of compute, so 4 threads behave like 4
+machines rather than 4 threads fighting for 2 cores). A straggler with slowdown s takes s x
+(latency + compute) per batch, and the extra time is spent BETWEEN its pull and its push: it holds
+parameters while the others keep applying steps, so the gradient it pushes really is stale. Sync
+waits for it at every step; GBA aggregates the first M = 4 gradients that arrive and drops those
+whose token staleness exceeds the tolerance (2); hop_bw applies the first 3 gradients of each step
+and drops the late one.
+
+Measured per mode x severity, mean and 95% t-interval over seeds (runs are interleaved seed-major,
+so machine noise hits all modes alike):
+
+- time to target: the first cumulative training ``wall_seconds`` (evaluation excluded) at which
+  the validation AUC reaches the target; the target is the mean best validation AUC of the
+  no-straggler sync runs minus ``TARGET_MARGIN``, computed in the same invocation (None: never);
+- applied examples/s: gradients_applied x 256 / train_seconds (dropped gradients do not count);
+- token staleness mean / max (what GBA drops on), gradients dropped and their fraction;
+- final test AUC.
+
+Bars (printed PASS/FAIL and written in the JSON): (1) at 4x GBA reaches the target >= 2x faster
+than sync (ratio of means and every seed); (2) GBA's final test AUC at 4x is within 0.001 of
+sync's (mean of the per-seed differences, with its interval); (3) hop_bw reaches the target faster
+than sync at 4x.
+
+    .venv/bin/python benchmarks/gba_stragglers.py [--quick] [--seeds 0 1 2] [--epochs 6] [--latency 0.02]
+
+Writes benchmarks/results/gba_stragglers.json (``--quick``: gba_stragglers_quick.json), rewritten
+after every run (``complete: false`` until the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kge_throughput import loadavg, machine_info  # same folder: the shared machine record
+from peer_stats import _machine_jiffies, mean_ci
+
+from cadence import api
+from cadence.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "ml100k-deepfm.yaml"
+RESULTS = Path(__file__).parent / "results"
+LOCAL_BATCH = 256  # configs/ml100k-deepfm.yaml's train.batch_size
+TARGET_MARGIN = 0.003  # target = mean best valid AUC of sync without a straggler - this
+MODES = ("sync", "gba", "hop_bw")
+REFERENCE = ("async", "4x")  # async runs at this severity only
+# severity label -> ps.stragglers entry (None: no straggler)
+SEVERITIES = {"1x": None, "1.5x": "0:1.5", "2x": "0:2", "4x": "0:4", "8x": "0:8", "8x@2-3": "0:8@2-3"}
+QUICK_SEVERITIES = ("1x", "4x", "8x@2-3")
+SUMMARY_KEYS = ("auc", "train_seconds", "examples_seen", "examples_per_second", "global_steps",
+                "gradients_applied", "gradients_dropped", "token_staleness_mean", "token_staleness_max",
+                "staleness_mean", "staleness_max", "worker_examples_per_second")
+
+
+def train(out: Path, *overrides: str) -> api.TrainResult:
+    config = load_config(CONFIG, ["progress=false", *overrides])
+    config.out = str(out)
+    return api.train(config, overwrite=True)
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run_once(work: Path, mode: str, severity: str, seed: int, common: list[str]) -> dict[str, Any]:
+    straggler = SEVERITIES[severity]
+    overrides = [f"strategy={mode}", f"seed={seed}", *common]
+    if straggler is not None:
+        overrides.append(f'ps.stragglers=["{straggler}"]')
+    load = loadavg()
+    busy0, total0 = _machine_jiffies()
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    result = train(work / f"{mode}-{severity}", *overrides)
+    wall = time.perf_counter() - started
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    busy1, total1 = _machine_jiffies()
+    own = (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) * os.sysconf("SC_CLK_TCK")
+    summary = result.summary
+    valid = [{"epoch": m["epoch"], "wall_seconds": m["wall_seconds"], "auc": m["auc"]}
+             for m in result.metrics if m.get("split") == "valid"]
+    applied, dropped = summary["gradients_applied"], summary["gradients_dropped"]
+    return {
+        "mode": mode, "severity": severity, "seed": seed, "overrides": overrides,
+        "summary": {k: summary.get(k) for k in SUMMARY_KEYS},
+        "valid": valid,
+        "best_valid_auc": max(v["auc"] for v in valid) if valid else None,
+        "applied_examples_per_second": applied * LOCAL_BATCH / summary["train_seconds"],
+        "drop_fraction": dropped / max(1, applied + dropped),
+        "run_wall_seconds": round(wall, 2),  # training + evaluation + setup
+        "loadavg_before": load,
+        # share of all CPUs that other processes used during the run (machine busy - this process)
+        "others_cpu_share": round(max(0.0, (busy1 - busy0 - own) / max(1, total1 - total0)), 3),
+    }
+
+
+def time_to_target(record: dict[str, Any], target: float) -> float | None:
+    return next((v["wall_seconds"] for v in record["valid"] if v["auc"] >= target), None)
+
+
+def stats(values: list[float]) -> dict[str, Any] | None:
+    return mean_ci(values) if values else None
+
+
+def aggregate(records: list[dict[str, Any]], target: float) -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = {}
+    for mode in (*MODES, REFERENCE[0]):
+        for severity in SEVERITIES:
+            runs = [r for r in records if r["mode"] == mode and r["severity"] == severity]
+            if not runs:
+                continue
+            times = [r["time_to_target"] for r in runs]
+            reached = [t for t in times if t is not None]
+            table.setdefault(mode, {})[severity] = {
+                "seeds": [r["seed"] for r in runs],
+                "time_to_target": stats(reached),  # over the seeds that reached it
+                "time_to_target_per_seed": times,
+                "reached": f"{len(reached)}/{len(runs)}",
+                "train_seconds": stats([r["summary"]["train_seconds"] for r in runs]),
+                "applied_examples_per_second": stats([r["applied_examples_per_second"] for r in runs]),
+                "examples_per_second": stats([r["summary"]["examples_per_second"] for r in runs]),
+                "token_staleness_mean": stats([r["summary"]["token_staleness_mean"] for r in runs]),
+                "token_staleness_max": max(r["summary"]["token_staleness_max"] for r in runs),
+                "gradients_dropped": stats([r["summary"]["gradients_dropped"] for r in runs]),
+                "drop_fraction": stats([r["drop_fraction"] for r in runs]),
+                "best_valid_auc": stats([r["best_valid_auc"] for r in runs]),
+                "test_auc": stats([r["summary"]["auc"] for r in runs]),
+            }
+    return table
+
+
+def paired(records: list[dict[str, Any]], severity: str, a: str, b: str, key) -> list[tuple[int, Any, Any]]:
+    """(seed, key(a's run), key(b's run)) for every seed with both runs at ``severity``."""
+    runs = {(r["mode"], r["seed"]): r for r in records if r["severity"] == severity}
+    seeds = sorted({seed for (mode, seed) in runs if mode == a} & {seed for (mode, seed) in runs if mode == b})
+    return [(s, key(runs[(a, s)]), key(runs[(b, s)])) for s in seeds]
+
+
+def speedup(records: list[dict[str, Any]], severity: str, fast: str) -> dict[str, Any]:
+    """sync's time to target over ``fast``'s: ratio of means and per seed (None where one never
+    reached the target: a run that never reaches it counts as infinitely slow)."""
+    pairs = paired(records, severity, "sync", fast, lambda r: r["time_to_target"])
+    per_seed = [None if f is None or s is None else s / f for _, s, f in pairs]
+    sync_times = [s for _, s, _ in pairs]
+    fast_times = [f for _, _, f in pairs]
+    complete = pairs and None not in sync_times and None not in fast_times
+    ratio = (sum(sync_times) / sum(fast_times)) if complete else None
+    return {"severity": severity, "seeds": [seed for seed, _, _ in pairs], "sync_time_to_target": sync_times,
+            f"{fast}_time_to_target": fast_times, "ratio_of_means": ratio, "per_seed_ratio": per_seed,
+            "never_reached": {"sync": sync_times.count(None), fast: fast_times.count(None)}}
+
+
+def bars(records: list[dict[str, Any]], severity: str = "4x") -> dict[str, Any]:
+    one = speedup(records, severity, "gba")
+    ok = (one["ratio_of_means"] is not None and one["ratio_of_means"] >= 2.0
+          and all(r is not None and r >= 2.0 for r in one["per_seed_ratio"]))
+    one.update(bar=f"{severity}: GBA reaches the target >= 2x faster than sync (ratio of means and every seed)",
+               passed=bool(one["per_seed_ratio"]) and ok)
+    gaps = [g - s for _, s, g in paired(records, severity, "sync", "gba", lambda r: r["summary"]["auc"])]
+    two = {"bar": f"{severity}: |GBA test AUC - sync test AUC| <= 0.001 (mean over seeds)",
+           "gba_minus_sync_test_auc": stats(gaps), "passed": bool(gaps) and abs(sum(gaps) / len(gaps)) <= 0.001}
+    three = speedup(records, severity, "hop_bw")
+    three.update(bar=f"{severity}: hop_bw reaches the target faster than sync (ratio of means > 1)",
+                 passed=three["ratio_of_means"] is not None and three["ratio_of_means"] > 1.0)
+    return {"1_gba_2x_faster_than_sync": one, "2_gba_test_auc_within_0.001_of_sync": two,
+            "3_hop_bw_faster_than_sync": three}
+
+
+def gaps_by_severity(records: list[dict[str, Any]]) -> dict[str, Any]:
+    out = {}
+    for severity in SEVERITIES:
+        for mode in ("gba", "hop_bw"):
+            gaps = [m - s for _, s, m in paired(records, severity, "sync", mode, lambda r: r["summary"]["auc"])]
+            if gaps:
+                out.setdefault(severity, {})[f"{mode}_minus_sync_test_auc"] = stats(gaps)
+        for mode in ("gba", "hop_bw"):
+            ratio = speedup(records, severity, mode)
+            if ratio["seeds"]:
+                out.setdefault(severity, {})[f"sync_over_{mode}_time_to_target"] = {
+                    "ratio_of_means": ratio["ratio_of_means"], "per_seed": ratio["per_seed_ratio"]}
+    return out
+
+
+def fmt(cell: dict[str, Any] | None, digits: int = 1, scale: float = 1.0) -> str:
+    if cell is None:
+        return "-"
+    mean = cell["mean"] * scale
+    half = cell["half_width"]
+    return f"{mean:.{digits}f}" + (f"±{half * scale:.{digits}f}" if half is not None else "")
+
+
+def table_text(table: dict[str, dict[str, Any]]) -> str:
+    lines = [f"{'mode':7} {'sev':7} {'t→target s':>12} {'reach':>5} {'applied ex/s':>13} {'tok.stal':>8} "
+             f"{'max':>3} {'drop %':>9} {'test AUC':>15}"]
+    for mode, rows in table.items():
+        for severity, row in rows.items():
+            lines.append(f"{mode:7} {severity:7} {fmt(row['time_to_target']):>12} {row['reached']:>5} "
+                         f"{fmt(row['applied_examples_per_second'], 0):>13} {fmt(row['token_staleness_mean'], 2):>8} "
+                         f"{row['token_staleness_max']:>3} {fmt(row['drop_fraction'], 1, 100.0):>9} "
+                         f"{fmt(row['test_auc'], 4):>15}")
+    return "\n".join(lines)
+
+
+def git_state() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+    return {"commit": git("rev-parse", "HEAD"), "dirty_files": git("status", "--short", "src").splitlines()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="seed 0, severities 1x/4x/8x@2-3, 3 epochs")
+    parser.add_argument("--seeds", type=int, nargs="+", help="default 0 1 2 (--quick: 0)")
+    parser.add_argument("--epochs", type=int, help="default 6 (--quick: 3)")
+    parser.add_argument("--latency", type=float, default=0.02, help="ps.emulated_latency, seconds per batch")
+    args = parser.parse_args()
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    epochs = args.epochs or (3 if args.quick else 6)
+    severities = QUICK_SEVERITIES if args.quick else tuple(SEVERITIES)
+    common = [f"train.epochs={epochs}", "eval.every=1", f"ps.emulated_latency={args.latency}", "ps.workers=4"]
+    plan = [(seed, severity, mode) for seed in seeds for severity in severities
+            for mode in (*MODES, *((REFERENCE[0],) if severity == REFERENCE[1] else ()))]
+    path = RESULTS / ("gba_stragglers_quick.json" if args.quick else "gba_stragglers.json")
+    results: dict[str, Any] = {
+        "command": " ".join([".venv/bin/python", "benchmarks/gba_stragglers.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "complete": False,
+        "config": str(CONFIG.relative_to(REPO)), "common_overrides": common,
+        "severities": {s: SEVERITIES[s] for s in severities}, "seeds": seeds, "epochs": epochs,
+        "latency_seconds": args.latency, "local_batch": LOCAL_BATCH, "target_margin": TARGET_MARGIN,
+        "machine": machine_info(), "git": git_state(), "runs": [],
+    }
+    RESULTS.mkdir(exist_ok=True)
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="cadence-gba-") as scratch:
+        for index, (seed, severity, mode) in enumerate(plan, 1):
+            record = run_once(Path(scratch), mode, severity, seed, common)
+            results["runs"].append(record)
+            path.write_text(json.dumps(results, indent=1) + "\n")
+            s = record["summary"]
+            say(f"[{index}/{len(plan)} {time.perf_counter() - began:.0f}s] seed {seed} {severity:6} {mode:6}: "
+                f"train {s['train_seconds']:.1f}s, valid AUC {[round(v['auc'], 4) for v in record['valid']]}, "
+                f"test {s['auc']:.4f}, applied {record['applied_examples_per_second']:,.0f} ex/s, "
+                f"dropped {s['gradients_dropped']}, token staleness {s['token_staleness_mean']:.2f}/"
+                f"{s['token_staleness_max']}, others' CPU {record['others_cpu_share']:.2f}")
+    records = results["runs"]
+    baseline = [r["best_valid_auc"] for r in records if r["mode"] == "sync" and r["severity"] == "1x"]
+    target = sum(baseline) / len(baseline) - TARGET_MARGIN
+    for record in records:
+        record["time_to_target"] = time_to_target(record, target)
+    table = aggregate(records, target)
+    results.update(
+        complete=True, total_wall_seconds=round(time.perf_counter() - began, 1),
+        target={"valid_auc": target, "definition": f"mean best valid AUC of sync at 1x ({len(baseline)} seeds) "
+                                                   f"- {TARGET_MARGIN}", "sync_1x_best_valid_auc": baseline},
+        aggregates=table, by_severity=gaps_by_severity(records), bars=bars(records))
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"target valid AUC {target:.4f}; {len(seeds)} seed(s), {epochs} epochs, latency {args.latency}s")
+    print(table_text(table))
+    for name, bar in results["bars"].items():
+        if "ratio_of_means" in bar:
+            numbers = (f"ratio of means {bar['ratio_of_means']}, per seed {bar['per_seed_ratio']}, "
+                       f"sync {bar['sync_time_to_target']}")
+        else:
+            gap = bar["gba_minus_sync_test_auc"]
+            numbers = f"gba - sync {fmt(gap, 4)} (CI {gap['ci95'] if gap else None})"
+        print(f"{'PASS' if bar['passed'] else 'FAIL'} {name}: {bar['bar']}: {numbers}")
+    print(f"wrote {path.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
