@@ -116,3 +116,15 @@ def test_an_exponential_decay_weighs_gradients_by_their_token_staleness() -> Non
     for gradient in cutoff:
         rule.push(shard, gradient)
     assert [g.weight for g in cutoff] == [1.0, 1.0]
+
+
+def test_the_drop_of_a_batch_that_did_arrive_is_ignored() -> None:
+    """A dead worker's batches are dropped by position; one it pushed before dying still counts."""
+    shard, rule = RecordingShard(), PerStep()
+    rule.close_token(shard, 0, 3)
+    rule.push(shard, grad(0, 0))
+    rule.drop(shard, 0, batch=0)  # pushed already: ignored
+    rule.drop(shard, 0, batch=1)  # never pushed
+    assert shard.steps == []  # batch 2 is still out
+    rule.push(shard, grad(2, 0))
+    assert shard.steps == [([0, 2], 2.0)]

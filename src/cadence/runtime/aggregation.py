@@ -74,8 +74,9 @@ class Aggregation(ABC):
     @abstractmethod
     def push(self, shard: StepTarget, gradient: Gradient) -> None: ...
 
-    def drop(self, shard: StepTarget, token: int) -> None:
-        """A batch handed out with ``token`` will never be pushed (its worker died)."""
+    def drop(self, shard: StepTarget, token: int, batch: int | None = None) -> None:
+        """A batch handed out with ``token`` will never be pushed (its worker died); ``batch``, its
+        position, when known: a drop of a batch that did arrive is ignored."""
 
     def close_token(self, shard: StepTarget, token: int, handed_out: int) -> None:
         """No more batches with ``token`` will be handed out; ``handed_out`` were."""
@@ -144,7 +145,9 @@ class PerStep(Aggregation):
         self.pending.setdefault(gradient.token, []).append(gradient)
         self._advance(shard)
 
-    def drop(self, shard, token):
+    def drop(self, shard, token, batch=None):
+        if batch is not None and any(g.batch == batch for g in self.pending.get(token, ())):
+            return  # it was pushed before its worker died
         if token >= shard.global_step:
             self.dropped[token] = self.dropped.get(token, 0) + 1
             self._advance(shard)

@@ -27,6 +27,7 @@ worker that raises abandons the epoch (``WorkerFailed``); every actor is killed 
 
 from __future__ import annotations
 
+import collections
 import functools
 import pickle
 import socket
@@ -262,7 +263,8 @@ class Coordinator(_Actor):
         self.config, self.mode, self.shards = config, PS_MODES.get(mode_name), shards
         self.data = None
         self.gate: NoGate = NoGate()
-        self.held: dict[int, int] = {}  # worker -> token of the batch it holds
+        # worker -> (position, token) of the batches it may hold: with prefetching, the last two taken
+        self.held: dict[int, collections.deque] = {}
 
     def begin(self, batches: int, first_token: int, dead: list[int]) -> tuple[str, ...]:
         self.data = new_data_list(self.config, self.mode, range(batches), first_token, self.shards)
@@ -278,9 +280,8 @@ class Coordinator(_Actor):
     def take(self, worker: int) -> tuple[int, int] | None:
         item = self.data.take(worker)
         if item is None:
-            self.held.pop(worker, None)
             return None
-        self.held[worker] = item[2]
+        self.held.setdefault(worker, collections.deque(maxlen=2)).append((item[0], item[2]))
         return item[0], item[2]
 
     def abandon(self, worker: int) -> None:
@@ -291,11 +292,11 @@ class Coordinator(_Actor):
         getattr(self.gate, method)(*args)
 
     def release(self, worker: int) -> None:
-        """The worker's process died: its batch's token is dropped and the epoch goes on without it."""
-        token = self.held.pop(worker, None)
-        if token is not None:
+        """The worker's process died: the tokens of the batches it held are dropped (a shard ignores
+        the drop of a batch that did arrive) and the epoch goes on without it."""
+        for position, token in self.held.pop(worker, ()):
             for shard in self.shards:
-                shard.drop(token)
+                shard.drop(token, position)
         self.data.abandon(worker)
         self.gate.leave(worker)
         self.settle()

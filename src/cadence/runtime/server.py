@@ -101,9 +101,9 @@ class ServerShard:
         with self.changed:
             self.aggregation.push(self, gradient)
 
-    def drop(self, token: int) -> None:
+    def drop(self, token: int, batch: int | None = None) -> None:
         with self.changed:
-            self.aggregation.drop(self, token)
+            self.aggregation.drop(self, token, batch)
 
     def close_token(self, token: int, handed_out: int) -> None:
         with self.changed:

@@ -75,9 +75,9 @@ class ShardRouter:
             shard.push(replace(gradient, keys=gradient.keys[mine], rows=gradient.rows[mine],
                                dense=gradient.dense if index == 0 else None))
 
-    def drop(self, token: int) -> None:
+    def drop(self, token: int, batch: int | None = None) -> None:
         for shard in self.shards:
-            shard.drop(token)
+            shard.drop(token, batch)
 
 
 @dataclass(frozen=True)
