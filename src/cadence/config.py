@@ -112,6 +112,19 @@ class ParameterServerConfig:
 
 
 @dataclass
+class SyntheticCtrConfig:
+    """Sizes of the seeded CTR data sets ``synthetic-ctr`` (generated in memory) and
+    ``synthetic-ctr-stream`` (each example generated on demand from its index: for scale)."""
+
+    num_examples: int = 200_000
+    num_fields: int = 8
+    vocab_per_field: int = 100_000
+    zipf_exponent: float = 1.1
+    dim: int = 8  # rank of the planted pairwise interaction
+    holdout: int = 100_000  # synthetic-ctr-stream: examples in each of valid and test (the last ones)
+
+
+@dataclass
 class CtrModelConfig:
     hidden: list[int] = field(default_factory=lambda: [64, 32])  # MLP widths of deep models
     dropout: float = 0.0
@@ -120,6 +133,7 @@ class CtrModelConfig:
     first_period: int = 0  # continual training: train on period d, evaluate on d + 1, for d in
     last_period: int = -1  # first_period..last_period (-1: the second to last period)
     init_from: str | None = None  # start from another run's final checkpoint (e.g. switch sync -> gba)
+    synthetic: SyntheticCtrConfig = field(default_factory=SyntheticCtrConfig)
 
 
 @dataclass
@@ -209,10 +223,12 @@ _POSITIVE = {
     "checkpoint.keep", "pipeline.staleness_bound", "pipeline.loader_threads", "pipeline.writer_threads",
     "pipeline.queue_size", "pipeline.stall_timeout", "ps.workers", "ps.shards", "mf.folds",
     "mf.synthetic.users", "mf.synthetic.items", "mf.synthetic.ratings", "w2v.window", "w2v.min_count",
+    "ctr.synthetic.num_examples", "ctr.synthetic.num_fields", "ctr.synthetic.vocab_per_field",
+    "ctr.synthetic.holdout",
 }
 _NON_NEGATIVE = {"ps.emulated_latency", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "w2v.negatives",
-                 "w2v.sample", "w2v.max_vocab", "w2v.min_lr"}
+                 "w2v.sample", "w2v.max_vocab", "w2v.min_lr", "ctr.synthetic.dim", "ctr.synthetic.zipf_exponent"}
 
 
 def from_dict(data: dict[str, Any], where: dict[str, str] | None = None) -> Config:

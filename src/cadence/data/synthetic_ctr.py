@@ -17,11 +17,11 @@ example index. The same arguments always give the same dataset.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from cadence.config import SyntheticCtrConfig
 from cadence.data.ctr import CTR_DATASETS, VALUE_BITS, CtrDataset, CtrDatasetEntry, CtrExamples
 from cadence.errors import ConfigError
 from cadence.seeding import derive_seed
@@ -29,15 +29,6 @@ from cadence.seeding import derive_seed
 BIAS = -1.0  # a click rate around 0.4
 PART_STD = 1.5
 CHUNK = 1 << 18
-
-
-@dataclass
-class SyntheticCtrConfig:
-    num_examples: int = 200_000
-    num_fields: int = 8
-    vocab_per_field: int = 100_000
-    zipf_exponent: float = 1.1
-    dim: int = 8  # rank of the planted pairwise interaction
 
 
 def synthetic_ctr(num_examples: int, num_fields: int, vocab_per_field: int, zipf_exponent: float,
@@ -70,6 +61,77 @@ def synthetic_ctr_from_config(config: SyntheticCtrConfig, seed: int) -> CtrDatas
                          config.zipf_exponent, config.dim, seed)
 
 
+# ---- the same law, one example at a time: for data sets larger than memory ------------------------
+class StreamExamples:
+    """Examples ``start .. start + count - 1`` of a stream: example i is a pure function of (seed, i)
+    (its values from hashes of (i, field), its label from a hash of i), so any subset is generated on
+    demand, in any process, and nothing is held. ``subset`` returns real ``CtrExamples``."""
+
+    def __init__(self, config, seed: int, start: int, count: int, scatter: list[tuple[int, int]]):
+        self.config, self.seed, self.start, self.count, self.scatter = config, seed, start, count, scatter
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def labels(self) -> torch.Tensor:  # (evaluation reads the labels of a whole split: held-out parts are small)
+        return self.subset(torch.arange(self.count)).labels
+
+    def subset(self, index: torch.Tensor) -> CtrExamples:
+        config = self.config
+        ids = index.numpy().astype(np.int64) + self.start
+        keys = np.empty((ids.shape[0], config.num_fields), dtype=np.int64)
+        for f, (a, b) in enumerate(self.scatter):
+            u = _unit(hashed_uniform(ids * config.num_fields + f, derive_seed(self.seed, "stream-value")))
+            ranks = zipf_from_uniform(u, config.vocab_per_field, config.zipf_exponent)
+            keys[:, f] = ((ranks * a + b) % config.vocab_per_field) | (f << VALUE_BITS)
+        probability = 1 / (1 + np.exp(-planted_logits(keys, config.dim, self.seed)))
+        labels = _unit(hashed_uniform(ids, derive_seed(self.seed, "stream-label"))) < probability
+        n = ids.shape[0]
+        return CtrExamples(keys=torch.from_numpy(keys), bags=torch.empty(n, 0, 0, dtype=torch.int64),
+                           dense=torch.empty(n, 0), labels=torch.from_numpy(labels.astype(np.float32)),
+                           timestamps=torch.from_numpy(ids))
+
+
+class StreamCtrDataset(CtrDataset):
+    """``synthetic-ctr-stream``: ``num_examples`` examples never held in memory; the last
+    ``2 x holdout`` are valid and test (the split is by position: examples are i.i.d.)."""
+
+    def __init__(self, config, seed: int):
+        _check(config.num_examples, config.num_fields, config.vocab_per_field, config.zipf_exponent, config.dim)
+        if 2 * config.holdout >= config.num_examples:
+            raise ConfigError("ctr.synthetic.holdout: valid and test (2 x holdout) must leave training examples")
+        rng = np.random.default_rng(derive_seed(seed, "synthetic-ctr"))
+        scatter = [_affine_bijection(rng, config.vocab_per_field) for _ in range(config.num_fields)]
+        self.parts = [StreamExamples(config, seed, start, count, scatter) for start, count in (
+            (0, config.num_examples - 2 * config.holdout),
+            (config.num_examples - 2 * config.holdout, config.holdout),
+            (config.num_examples - config.holdout, config.holdout))]
+        super().__init__("synthetic-ctr-stream", [f"field{f}" for f in range(config.num_fields)], [], [],
+                         self.parts[0])
+
+    def random_split(self, seed: int, fractions=None):
+        return tuple(self.parts)
+
+    def periods(self, count: int):
+        raise ConfigError("synthetic-ctr-stream has no time-ordered periods (use ctr.split: random)")
+
+
+def _unit(z: np.ndarray) -> np.ndarray:
+    """``hashed_uniform``'s [-sqrt 3, sqrt 3) mapped to [0, 1)."""
+    return (z / math.sqrt(3) + 1) / 2
+
+
+def zipf_from_uniform(u: np.ndarray, vocab: int, exponent: float) -> np.ndarray:
+    """``zipf_ranks`` for given uniforms in [0, 1)."""
+    if abs(exponent - 1) < 1e-9:
+        x = np.exp(u * math.log(vocab + 1))
+    else:
+        power = 1 - exponent
+        x = (u * ((vocab + 1) ** power - 1) + 1) ** (1 / power)
+    return np.minimum(x.astype(np.int64) - 1, vocab - 1).clip(0)
+
+
 def _check(num_examples: int, num_fields: int, vocab_per_field: int, zipf_exponent: float, dim: int) -> None:
     for name, value, low in (("num_examples", num_examples, 1), ("num_fields", num_fields, 1),
                              ("vocab_per_field", vocab_per_field, 1), ("dim", dim, 0)):
@@ -83,13 +145,7 @@ def _check(num_examples: int, num_fields: int, vocab_per_field: int, zipf_expone
 
 def zipf_ranks(rng: np.random.Generator, shape: tuple[int, ...], vocab: int, exponent: float) -> np.ndarray:
     """Ranks in [0, vocab) with p(rank k) ~ (k+1)^-exponent (inverse transform of the continuous law)."""
-    u = rng.random(shape)
-    if abs(exponent - 1) < 1e-9:
-        x = np.exp(u * math.log(vocab + 1))
-    else:
-        power = 1 - exponent
-        x = (u * ((vocab + 1) ** power - 1) + 1) ** (1 / power)
-    return np.minimum(x.astype(np.int64) - 1, vocab - 1).clip(0)
+    return zipf_from_uniform(rng.random(shape), vocab, exponent)
 
 
 def _affine_bijection(rng: np.random.Generator, vocab: int) -> tuple[int, int]:
@@ -128,7 +184,14 @@ def hashed_uniform(keys: np.ndarray, salt: int) -> np.ndarray:
 
 
 CTR_DATASETS.register("synthetic-ctr")(CtrDatasetEntry(
-    "synthetic-ctr", "seeded Zipf-skewed CTR data with a planted model (200k examples, 8 fields x 100k values)",
+    "synthetic-ctr", "seeded Zipf-skewed CTR data with a planted model (ctr.synthetic.*; default 200k "
+    "examples, 8 fields x 100k values)",
     lambda seed: synthetic_ctr_from_config(SyntheticCtrConfig(), seed),
     generate=synthetic_ctr_from_config,
+))
+CTR_DATASETS.register("synthetic-ctr-stream")(CtrDatasetEntry(
+    "synthetic-ctr-stream", "the same law, each example generated on demand from its index (for data "
+    "larger than memory; ctr.synthetic.*)",
+    lambda seed: StreamCtrDataset(SyntheticCtrConfig(), seed),
+    generate=lambda config, seed: StreamCtrDataset(config, seed),
 ))

@@ -51,6 +51,7 @@ class WorkerReport:
     pushed: int
     died: bool  # fault injection killed it (it stays dead)
     lost: bool = False  # its process died unexpectedly; the engine replaces it next epoch
+    bytes_moved: int = 0  # tensor bytes it pulled and pushed
 
 
 class WorkerFailed(RuntimeError):
@@ -112,7 +113,8 @@ class ThreadEngine:
         if errors:
             index, err = errors[0]
             raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
-        return [WorkerReport(w.index, w.loss_total, w.examples_done, w.pushed, w.died) for w in workers]
+        return [WorkerReport(w.index, w.loss_total, w.examples_done, w.pushed, w.died, bytes_moved=w.bytes_moved)
+                for w in workers]
 
     def recover(self) -> None:
         """Nothing to restart: the shards live in this process."""

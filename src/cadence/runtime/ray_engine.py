@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import pickle
 import socket
 import threading
@@ -224,6 +225,9 @@ class _Actor:
     def ping(self) -> int:
         return 0
 
+    def pid(self) -> int:
+        return os.getpid()
+
 
 class ShardServer(_Actor):
     """Holds server shard ``index`` for the whole run."""
@@ -382,7 +386,8 @@ class TaskWorker(_Actor):
         finally:
             for shard in self.router.shards:
                 shard.settle()
-        return worker.loss_total, worker.examples_done, worker.pushed, worker.died, torch.get_rng_state()
+        return (worker.loss_total, worker.examples_done, worker.pushed, worker.died, torch.get_rng_state(),
+                worker.bytes_moved)
 
 
 # ---- the engine (driver side) -----------------------------------------------------------------------------
@@ -463,7 +468,7 @@ class RayEngine:
             ready, _ = ray.wait(list(runs), num_returns=1)
             index = runs.pop(ready[0])
             try:
-                loss, examples, pushed, died, state = _get(ready[0])
+                loss, examples, pushed, died, state, moved = _get(ready[0])
             except ray.exceptions.RayActorError:  # the worker's process died: release its token, go on
                 _get(self.coordinator.release.remote(index))
                 reports.append(WorkerReport(index, 0.0, 0, 0, False, lost=True))
@@ -475,7 +480,7 @@ class RayEngine:
                 continue
             if len(plan.workers) == 1:
                 torch.set_rng_state(state)
-            reports.append(WorkerReport(index, loss, examples, pushed, died))
+            reports.append(WorkerReport(index, loss, examples, pushed, died, bytes_moved=moved))
         if failure is not None:
             index, err = failure
             if isinstance(err, ShardLost) or not self._shards_alive():

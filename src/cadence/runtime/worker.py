@@ -144,6 +144,7 @@ class Worker:
         self.pushed = 0
         self.examples_done = 0
         self.loss_total = 0.0  # the epoch's summed loss (``task.loss_total`` of each batch)
+        self.bytes_moved = 0  # tensor bytes pulled and pushed (keys, rows, dense parameters, gradients)
         self.died = False
 
     def run(self, data: DataList, gate: NoGate) -> None:
@@ -177,6 +178,7 @@ class Worker:
         self.loss_total += self.task.loss_total(float(loss.detach()), plan.size)
         dense = {name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
                  for name, p in self.model.named_parameters()}
+        self.bytes_moved += 2 * _nbytes(batch.ids) + 2 * _nbytes(rows) + _nbytes(dense_state) + _nbytes(dense)
         self.delay(time.perf_counter() - started)  # between pull and push: the gradient goes stale
         self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, rows.grad, dense, pulled_step))
 
@@ -188,3 +190,11 @@ class Worker:
         pause = self.emulated_latency * self.slowdown + elapsed * (self.slowdown - 1.0)
         if pause > 0:
             time.sleep(pause)
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    return 0

@@ -45,7 +45,8 @@ class CtrTask(Task):
         super().__init__(config)
         self.data_given = dataset is not None
         CTR_MODELS.get(config.model.name)
-        self.dataset = dataset if dataset is not None else load_ctr_dataset(config.data.dataset, config.seed)
+        self.dataset = dataset if dataset is not None else load_ctr_dataset(config.data.dataset, config.seed,
+                                                                            config.ctr.synthetic)
         self.num_fields = len(self.dataset.field_names) + len(self.dataset.bag_names)
         self.num_dense = len(self.dataset.dense_names)
         if config.ctr.split == "random":

@@ -1,7 +1,8 @@
 """Checkpoints that survive a crash at any instant.
 
-Layout: ``<run>/checkpoints/<name>/{tensors.safetensors, state.json}``; ``state.json`` carries the
-sha256 of the tensor file. A checkpoint is written into a hidden ``.partial-*`` directory, every
+Layout: ``<run>/checkpoints/<name>/{tensors.safetensors, state.json}``, plus the *parts* of a
+parameter server (``shard-XXX-of-YYY.safetensors``, each written by its shard, wherever that runs);
+``state.json`` carries the sha256 of every tensor file. A checkpoint is written into a hidden ``.partial-*`` directory, every
 file is fsynced, and the directory is renamed into place (then the parent fsynced): a reader sees a
 whole checkpoint or none. Older checkpoints are pruned only after the new one is in place. Loading
 never unpickles (safetensors holds only tensors; the rest is JSON); a checkpoint whose checksum or

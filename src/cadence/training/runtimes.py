@@ -219,6 +219,7 @@ class ParameterServerRuntime(Runtime):
         self.dead: set[int] = set()
         self.replaced = 0  # worker processes that died unexpectedly and were replaced
         self.worker_examples = [0] * ps.workers
+        self.bytes_moved = 0
         self.train_seconds = 0.0
 
     @property
@@ -245,6 +246,7 @@ class ParameterServerRuntime(Runtime):
             loss += report.loss_total
             examples += report.examples
             self.worker_examples[report.index] += report.examples
+            self.bytes_moved += report.bytes_moved
             if report.died:
                 self.dead.add(report.index)
                 log.warning("worker %d was killed after %d batches (fault injection); its batch was dropped",
@@ -274,6 +276,8 @@ class ParameterServerRuntime(Runtime):
             "shards": per_shard,
             "workers_killed": sorted(self.dead),
             "workers_replaced": self.replaced,
+            # tensor bytes between workers and shards (keys, rows, gradients, dense), per example
+            "bytes_moved_per_example": round(self.bytes_moved / max(1, sum(self.worker_examples)), 1),
         }
 
     # ---- checkpoints: every shard writes and reads its own part ---------------------------------
@@ -290,7 +294,8 @@ class ParameterServerRuntime(Runtime):
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
         tensors, optimizer_meta = self.shards[0].dense_checkpoint()
         meta = {"dense_optimizer": optimizer_meta, "global_steps": [s.get_global_step() for s in self.shards],
-                "dead": sorted(self.dead), "worker_examples": self.worker_examples, "ps_seconds": self.train_seconds}
+                "dead": sorted(self.dead), "worker_examples": self.worker_examples, "ps_seconds": self.train_seconds,
+                "bytes_moved": self.bytes_moved}
         return tensors, meta
 
     def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any], counters: bool = True) -> None:
@@ -315,6 +320,7 @@ class ParameterServerRuntime(Runtime):
             self.dead = set(meta.get("dead", []))
             self.worker_examples = list(meta.get("worker_examples", self.worker_examples))
             self.train_seconds = meta.get("ps_seconds", 0.0)
+            self.bytes_moved = meta.get("bytes_moved", 0)
 
     def table_tensors(self) -> dict[str, Tensor]:
         """Every row, gathered here (tests, small tables): ``table.keys/values/state``, sorted by key."""

@@ -1,0 +1,136 @@
+"""The parameter server as a distributed system (issue 8): where its memory lives, and what Ray costs.
+
+Parts, each in one invocation:
+
+1. ``memory``: tables of 8.2 GiB spread over 2 server shards (biased MF on synthetic Zipf
+   ratings, 4.2M users + 100k items, 256 floats per row plus Adagrad's 256 of state), one epoch of
+   gba with 2 workers. Resident memory (VmRSS now, VmHWM peak, from /proc) of the driver and of
+   every actor, on the ``ray`` engine (the shards hold the tables; the driver should stay flat)
+   and, as the contrast, on the ``threads`` engine (everything in the driver's process).
+2. ``throughput``: MovieLens-100k DeepFM (configs/ml100k-deepfm.yaml), gba with 2 workers, 3
+   epochs on ``threads`` and on ``ray``, interleaved ``--repeats`` times; examples/s and their ratio
+   (the issue's bar: ray >= 0.7x threads on one machine).
+
+    .venv/bin/python benchmarks/ps_cluster.py [--only memory|throughput] [--repeats 2]
+
+Writes benchmarks/results/ps_cluster.json. The memory part needs about 2 x 8.5 GiB free (the two
+engines run one after the other) and skips itself with a message when there is less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cadence import api
+from cadence.config import load_config
+from cadence.training.trainer import TrainerHook
+
+RESULTS = Path(__file__).parent / "results"
+DEEPFM = Path(__file__).parents[1] / "configs" / "ml100k-deepfm.yaml"
+GIB = 1 << 30
+MEMORY_RUN = ["task=mf", "data.dataset=synthetic-zipf", "mf.synthetic.users=4200000", "mf.synthetic.items=100000",
+              "mf.synthetic.ratings=100000", "model.dim=255", "train.batch_size=2048", "train.epochs=1",
+              "strategy=gba", "ps.workers=2", "ps.shards=2", "eval.every=0", "checkpoint.every=0",
+              "progress=false", "threads=1"]
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def rss(pid: int) -> dict[str, float]:
+    """VmRSS (now) and VmHWM (peak) of a process, in GiB."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            fields[name] = round(int(value.split()[0]) * 1024 / GIB, 3)
+    return fields
+
+
+class MemoryProbe(TrainerHook):
+    """Records the resident memory of the driver and of every actor at the end of each epoch."""
+
+    def __init__(self):
+        self.samples: list[dict] = []
+
+    def on_epoch_end(self, trainer, epoch: int) -> None:
+        sample = {"epoch": epoch, "driver": rss(os.getpid())}
+        engine = trainer.runtime.engine
+        if hasattr(engine, "actors"):
+            import ray
+
+            shards = [shard.handle for shard in engine.shards]
+            pids = ray.get([actor.pid.remote() for actor in shards])
+            sample["shards"] = [rss(pid) for pid in pids]
+            workers = ray.get([actor.pid.remote() for actor in engine.workers.values()])
+            sample["workers"] = [rss(pid) for pid in workers]
+            sample["coordinator"] = rss(ray.get(engine.coordinator.pid.remote()))
+        self.samples.append(sample)
+
+
+def memory(work: Path) -> dict:
+    available = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()
+                         if line.startswith("MemAvailable")).split()[1]) * 1024
+    if available < 12 * GIB:
+        say(f"memory: skipped ({available / GIB:.1f} GiB available, 12 needed)")
+        return {"skipped": f"{available / GIB:.1f} GiB available"}
+    results = {}
+    for engine in ("ray", "threads"):
+        probe = MemoryProbe()
+        config = load_config(None, [*MEMORY_RUN, f"ps.engine={engine}", f"out={work / ('memory-' + engine)}"])
+        started = time.perf_counter()
+        result = api.train(config, overwrite=True, hooks=[probe])
+        sample = probe.samples[-1]
+        results[engine] = {"seconds": round(time.perf_counter() - started, 1), "rss_gib": sample,
+                           "rmse": result.summary.get("rmse")}
+        say(f"memory {engine}: driver {sample['driver']}, shards {sample.get('shards')}")
+    rows = 4_200_000 + 100_000  # users + items
+    results["table_gib"] = round(rows * 256 * 4 * 2 / GIB, 2)  # values and Adagrad state, float32
+    return results
+
+
+def throughput(work: Path, repeats: int) -> dict:
+    speeds: dict[str, list[float]] = {"threads": [], "ray": []}
+    for repeat in range(repeats):
+        for engine in speeds:  # interleaved: machine noise hits both alike
+            config = load_config(DEEPFM, [f"ps.engine={engine}", "ps.workers=2", "strategy=gba", "train.epochs=3",
+                                          "eval.every=0", "checkpoint.every=0", "progress=false", "threads=1",
+                                          f"out={work / f'throughput-{engine}-{repeat}'}"])
+            summary = api.train(config, overwrite=True).summary
+            speeds[engine].append(summary["examples_per_second"])
+            say(f"throughput {engine} repeat {repeat}: {summary['examples_per_second']:,.0f} examples/s")
+    median = {engine: statistics.median(values) for engine, values in speeds.items()}
+    return {"examples_per_second": speeds, "median": median, "ray_over_threads": median["ray"] / median["threads"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=["memory", "throughput"])
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    out = RESULTS / "ps_cluster.json"
+    results = json.loads(out.read_text()) if out.exists() else {}
+    with tempfile.TemporaryDirectory(prefix="cadence-ps-cluster-") as tmp:
+        work = Path(tmp)
+        if args.only in (None, "throughput"):
+            results["throughput"] = throughput(work, args.repeats)
+        if args.only in (None, "memory"):
+            results["memory"] = memory(work)
+    results.update(command=" ".join(["benchmarks/ps_cluster.py", *sys.argv[1:]]), machine=platform.platform(),
+                   cpus=os.cpu_count())
+    RESULTS.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    print(json.dumps({k: v for k, v in results.items() if k in ("throughput", "memory")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
