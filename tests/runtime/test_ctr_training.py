@@ -278,3 +278,22 @@ def test_a_transient_straggler_is_slow_only_in_its_window() -> None:
     assert [faults.slowdown_in(1, epoch) for epoch in range(4)] == [2.0] * 4 and faults.slowdown_in(2, 0) == 1.0
     with pytest.raises(ConfigError, match="@FIRST-LAST"):
         Faults.parse(["0:4@x"], [], 3)
+
+
+def test_each_shard_writes_its_own_checksummed_part_and_a_corrupt_part_is_skipped(tmp_path: Path) -> None:
+    from cadence.training import checkpoint as ckpt
+
+    trainer, _, _ = trainer_for(tmp_path, "strategy=gba", "ps.workers=2", "ps.shards=2")
+    trainer.fit()
+    run = trainer.run.path
+    newest = ckpt.epoch_checkpoints(run)[-1]
+    assert sorted(p.name for p in newest.glob("shard-*")) == ["shard-000-of-002.safetensors",
+                                                               "shard-001-of-002.safetensors"]
+    tensors, state = ckpt.load_checkpoint(newest)  # merged: the same rows the shards hold
+    merged = trainer.runtime.table_tensors()
+    assert torch.equal(tensors["table.keys"], merged["table.keys"])
+    assert torch.equal(tensors["table.values"], merged["table.values"])
+    part = newest / "shard-001-of-002.safetensors"
+    part.write_bytes(part.read_bytes()[:-8] + b"corrupt!")
+    found = ckpt.load_latest(run, tables=False)
+    assert found is not None and found[2].name == "epoch-000001"  # the corrupt newest one is skipped

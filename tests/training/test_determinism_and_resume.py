@@ -136,3 +136,21 @@ def test_killed_or_interrupted_then_resumed_equals_an_uninterrupted_run_on_the_p
     tensors = [api.final_checkpoint(RunDirectory(d))[0] for d in (killed_dir, whole_dir)]
     for key in ("table.keys", "table.values", "table.state"):
         assert torch.equal(tensors[0][key], tensors[1][key]), key
+
+
+@pytest.mark.slow
+def test_a_driver_killed_on_the_ray_engine_resumes_where_an_uninterrupted_run_ends(tmp_path: Path) -> None:
+    """SIGKILL takes the driver's actors with it; --resume starts new ones and every shard reads its
+    own part of the last checkpoint (sync is deterministic: the results must be equal)."""
+    pytest.importorskip("ray")
+    args = [*CTR_ARGS, "--engine", "ray", "--set", "ps.shards=2"]
+    killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
+    kill_after_checkpoint(args, killed_dir, 2)
+    subprocess.run(cli("train", "--resume", str(killed_dir)), check=True)
+    subprocess.run(cli("train", *CTR_ARGS, "--set", "ps.shards=2", "--out", str(whole_dir)), check=True)
+    killed, whole = (RunDirectory(d).read_summary() for d in (killed_dir, whole_dir))
+    assert killed["engine"] == "ray" and killed["epochs"] == 5
+    assert killed["auc"] == whole["auc"] and killed["global_steps"] == whole["global_steps"]
+    tensors = [api.final_checkpoint(RunDirectory(d))[0] for d in (killed_dir, whole_dir)]
+    for key in ("table.keys", "table.values", "table.state"):
+        assert torch.equal(tensors[0][key], tensors[1][key]), key
