@@ -82,8 +82,10 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true", help="error on unseen ids and duplicates")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--overwrite", action="store_true", help="replace the run(s) in --out")
-    parser.add_argument("--straggler", action="append", default=[], metavar="WORKER:SLOWDOWN",
-                        help="fault injection (parameter server): make a worker this many times slower; repeatable")
+    parser.add_argument("--straggler", action="append", default=[], metavar="WORKER:SLOWDOWN[@FIRST-LAST]",
+                        help="fault injection (parameter server): make a worker this many times slower (between "
+                             "its pull and its push, so its gradients go stale), in epochs FIRST..LAST only if "
+                             "given; repeatable")
     parser.add_argument("--kill-worker", action="append", default=[], metavar="WORKER:AFTER_STEPS",
                         help="fault injection (parameter server): kill a worker after this many batches; repeatable")
 
