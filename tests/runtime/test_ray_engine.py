@@ -1,8 +1,9 @@
 """The Ray engine on a real Ray cluster: where a mode is deterministic (sync, or one worker) it must
-give exactly the thread engine's result; a killed worker's batch is dropped and the run finishes;
-an actor that dies unexpectedly fails the epoch instead of hanging; two Ray nodes give the same
-result as one process. The default tests share one local cluster (``local_cluster``); the two-node
-test starts its own (``slow``)."""
+give exactly the thread engine's result, for every task; a killed worker's batch is dropped and the
+run finishes; a worker process that dies has its token released and is replaced; a shard process
+that dies is restarted from the last checkpoint and the run ends where an uninterrupted one does; an
+unreachable cluster fails fast; two Ray nodes give the same result as one process. The default
+tests share one local cluster (``local_cluster``); the two-node test starts its own (``slow``)."""
 
 import json
 import os

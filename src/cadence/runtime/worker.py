@@ -21,7 +21,7 @@ from cadence.errors import ConfigError
 from cadence.pipeline.batch import BatchPlan
 from cadence.runtime.aggregation import Gradient
 from cadence.runtime.gates import NoGate
-from cadence.runtime.server import Aborted, DataList, ServerShard
+from cadence.runtime.server import Aborted, DataList
 
 
 class ShardRouter:
@@ -88,21 +88,22 @@ class Faults:
 
     @classmethod
     def parse(cls, stragglers: list[str], kills: list[str], workers: int) -> "Faults":
-        windows = {}
-        plain = []
+        windows, plain = {}, []
         for item in stragglers:  # "WORKER:SLOWDOWN@FIRST-LAST": a transient straggler, slowed in those epochs
             text, _, window = str(item).partition("@")
             plain.append(text)
-            if window:
-                try:
-                    first, last = (int(part) for part in window.split("-"))
-                except ValueError:
-                    raise ConfigError(f"ps.stragglers: {item!r}: the window must be @FIRST-LAST epochs") from None
-                if not 1 <= first <= last:
-                    raise ConfigError(f"ps.stragglers: {item!r}: the window must satisfy 1 <= FIRST <= LAST")
-                windows[int(text.split(":")[0]) if text.split(":")[0].isdigit() else -1] = (first, last)
-        return cls(_parse(plain, "ps.stragglers", float, workers, minimum=1.0),
-                   _parse(kills, "ps.kill_workers", int, workers, minimum=0), windows)
+            if not window:
+                continue
+            try:
+                first, last = (int(part) for part in window.split("-"))
+            except ValueError:
+                raise ConfigError(f"ps.stragglers: {item!r}: the window must be @FIRST-LAST epochs") from None
+            if not 1 <= first <= last:
+                raise ConfigError(f"ps.stragglers: {item!r}: the window must satisfy 1 <= FIRST <= LAST")
+            windows[text] = (first, last)
+        slowdown = _parse(plain, "ps.stragglers", float, workers, minimum=1.0)
+        windows = {int(text.split(":")[0]): window for text, window in windows.items()}  # (valid: parsed above)
+        return cls(slowdown, _parse(kills, "ps.kill_workers", int, workers, minimum=0), windows)
 
     def slowdown_in(self, worker: int, epoch: int) -> float:
         """The worker's slowdown in ``epoch`` (0-based), outside a transient straggler's window 1."""
