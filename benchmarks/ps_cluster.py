@@ -10,6 +10,10 @@ Parts, each in one invocation:
 2. ``throughput``: MovieLens-100k DeepFM (configs/ml100k-deepfm.yaml), gba with 2 workers, 3
    epochs on ``threads`` and on ``ray``, interleaved ``--repeats`` times; examples/s and their ratio
    (the issue's bar: ray >= 0.7x threads on one machine).
+3. ``dense``: where the dense parameters live, on shard 0 (``ps.dense: server``) or on every worker,
+   all-reduced each round (``ps.dense: workers``, PERSIA's split), same data and hyperparameters:
+   MovieLens-100k DeepFM, gba, 6 epochs; threads (4 workers, 0.02 s emulated latency per batch) and
+   ray (2 workers); examples/s, bytes moved per example, test AUC.
 
     .venv/bin/python benchmarks/ps_cluster.py [--only memory|throughput] [--repeats 2]
 
@@ -112,9 +116,24 @@ def throughput(work: Path, repeats: int) -> dict:
     return {"examples_per_second": speeds, "median": median, "ray_over_threads": median["ray"] / median["threads"]}
 
 
+def dense(work: Path) -> dict:
+    runs = {}
+    for engine, extra in (("threads", ["ps.workers=4", "ps.emulated_latency=0.02"]), ("ray", ["ps.workers=2"])):
+        for place in ("server", "workers"):
+            config = load_config(DEEPFM, [f"ps.engine={engine}", *extra, "strategy=gba", "train.epochs=6",
+                                          f"ps.dense={place}", "eval.every=0", "checkpoint.every=0",
+                                          "progress=false", "threads=1", f"out={work / f'dense-{engine}-{place}'}"])
+            summary = api.train(config, overwrite=True).summary
+            runs[f"{engine}/{place}"] = {k: summary[k] for k in ("examples_per_second", "bytes_moved_per_example",
+                                                                  "auc", "train_seconds")}
+            say(f"dense {engine} {place}: {summary['examples_per_second']:,.0f} examples/s, "
+                f"{summary['bytes_moved_per_example']:.0f} B/example, test AUC {summary['auc']:.4f}")
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=["memory", "throughput"])
+    parser.add_argument("--only", choices=["memory", "throughput", "dense"])
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     out = RESULTS / "ps_cluster.json"
@@ -125,11 +144,13 @@ def main() -> None:
             results["throughput"] = throughput(work, args.repeats)
         if args.only in (None, "memory"):
             results["memory"] = memory(work)
+        if args.only in (None, "dense"):
+            results["dense"] = dense(work)
     results.update(command=" ".join(["benchmarks/ps_cluster.py", *sys.argv[1:]]), machine=platform.platform(),
                    cpus=os.cpu_count())
     RESULTS.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
-    print(json.dumps({k: v for k, v in results.items() if k in ("throughput", "memory")}, indent=1))
+    print(json.dumps({k: v for k, v in results.items() if k in ("throughput", "memory", "dense")}, indent=1))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ DEFAULT_ENTITY_OPTIMIZERS = {"kge": "rowwise_adagrad", "ctr": "rowwise_adagrad",
 # shape the parameter-server runtime itself (a pipeline run must not set them; a mode's own keys,
 # such as ps.tolerance, are ignored by the other modes on either runtime, as by design)
 PIPELINE_KEYS = ("record_order", "batch_order", "device", "store", "pipeline")
-SERVER_KEYS = ("ps.shards", "ps.stragglers", "ps.kill_workers", "ps.emulated_latency", "ps.ray_address")
+SERVER_KEYS = ("ps.shards", "ps.stragglers", "ps.kill_workers", "ps.emulated_latency", "ps.ray_address", "ps.dense")
 
 
 @dataclass

@@ -109,6 +109,9 @@ class ParameterServerConfig:
     kill_workers: list[str] = field(default_factory=list)  # "WORKER:AFTER_STEPS": fault injection
     emulated_latency: float = 0.0  # seconds each batch spends off this machine (emulates one machine per worker)
     ray_address: str | None = None  # engine ray: the cluster to join ("HOST:PORT"); None = ray.init()'s default
+    # where the dense parameters live: on shard 0 (updated from pushed gradients), or a replica on
+    # every worker, its gradients all-reduced each round (PERSIA's split; embeddings stay on the servers)
+    dense: Literal["server", "workers"] = "server"
 
 
 @dataclass

@@ -297,3 +297,37 @@ def test_each_shard_writes_its_own_checksummed_part_and_a_corrupt_part_is_skippe
     part.write_bytes(part.read_bytes()[:-8] + b"corrupt!")
     found = ckpt.load_latest(run, tables=False)
     assert found is not None and found[2].name == "epoch-000001"  # the corrupt newest one is skipped
+
+
+@pytest.mark.parametrize("mode", ["sync", "gba"])
+def test_dense_on_the_workers_all_reduced_equals_dense_on_the_server_under_sync(tmp_path: Path, mode: str) -> None:
+    """PERSIA's split (ps.dense: workers): under sync each step's dense update is the same mean of
+    the same gradients, so the model must equal the dense-on-server run exactly; under gba it trains."""
+    results = []
+    for dense in ("server", "workers"):
+        trainer, _, _ = trainer_for(tmp_path / dense, f"strategy={mode}", "ps.workers=3", "ps.shards=2",
+                                    f"ps.dense={dense}", "model.name=deepfm", "ctr.hidden=[8]")
+        summary = trainer.fit()
+        results.append((summary, final_state(trainer)))
+    (server, (server_rows, server_dense)), (workers, (worker_rows, worker_dense)) = results
+    assert workers["examples_seen"] == server["examples_seen"] == 2 * 768
+    if mode == "sync":
+        assert all(torch.equal(server_dense[k], worker_dense[k]) for k in server_dense)
+        assert server_rows.keys() == worker_rows.keys()
+        assert all(torch.equal(server_rows[k], worker_rows[k]) for k in server_rows)
+        assert workers["auc"] == server["auc"]
+    else:
+        assert 0.5 < workers["auc"] <= 1.0
+
+
+def test_dense_on_the_workers_survives_a_killed_worker_and_a_resume(tmp_path: Path) -> None:
+    trainer, _, _ = trainer_for(tmp_path, "strategy=gba", "ps.workers=3", "ps.dense=workers",
+                                'ps.kill_workers=["1:2"]', "model.name=deepfm", "ctr.hidden=[8]")
+    summary = trainer.fit()
+    assert summary["workers_killed"] == [1] and summary["epochs"] == 2
+    before = {k: v.clone() for k, v in trainer.runtime.dense().state_dict().items()}
+    again, _, _ = trainer_for(tmp_path / "again", "strategy=gba", "ps.workers=3", "ps.dense=workers",
+                              "model.name=deepfm", "ctr.hidden=[8]")
+    again.run = trainer.run
+    assert again.resume()  # the dense state and its optimizer come back from the checkpoint
+    assert all(torch.equal(before[k], v) for k, v in again.runtime.dense().state_dict().items())

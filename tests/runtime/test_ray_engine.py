@@ -316,3 +316,11 @@ def test_sync_on_a_two_node_cluster_equals_the_thread_engine(tmp_path: Path) -> 
                 pass
             process.wait()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_dense_on_the_workers_on_ray_equals_the_thread_engine(tmp_path: Path, local_cluster) -> None:
+    (threads, threads_state), (on_ray, ray_state) = train_on_both(tmp_path, "strategy=sync", "ps.workers=2",
+                                                                  "ps.dense=workers", "model.name=deepfm",
+                                                                  "ctr.hidden=[8]")
+    assert_same(threads_state, ray_state)
+    assert on_ray["auc"] == threads["auc"] and on_ray["bytes_moved_per_example"] > 0

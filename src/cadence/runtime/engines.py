@@ -20,11 +20,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
+from cadence.optim import dense_optimizer
 from cadence.pipeline.batch import BatchPlan
 from cadence.registry import Registry
-from cadence.runtime.server import DataList, build_shard
+from cadence.runtime.server import DataList, DenseReducer, build_shard
 from cadence.runtime.worker import Faults, ShardRouter, Worker
 
 ENGINES: Registry[Any] = Registry("engine")
@@ -62,6 +64,22 @@ class ShardLost(RuntimeError):
     """A server shard's process died: its state since the last checkpoint is gone."""
 
 
+def dense_here(config) -> bool:
+    """Whether the dense parameters live on the workers (``ps.dense: workers``, PERSIA's split)."""
+    return config.ps.dense == "workers"
+
+
+def replica_optimizer(config, module: nn.Module, state: dict | None) -> torch.optim.Optimizer | None:
+    """A worker replica's dense optimizer, continuing from ``state`` (the run's optimizer state)."""
+    parameters = list(module.parameters())
+    if not parameters:
+        return None
+    optimizer = dense_optimizer(config.optimizer, parameters)
+    if state is not None:
+        optimizer.load_state_dict(copy.deepcopy(state))
+    return optimizer
+
+
 def new_data_list(config, mode, batches, first_token: int, shards: list) -> DataList:
     ps = config.ps
     return DataList(batches, mode.tokens_per_step(ps), first_token, shards, ps.workers,
@@ -81,10 +99,13 @@ class ThreadEngine:
     def __init__(self, config, task, mode, dense: nn.Module):
         self.config, self.task, self.mode = config, task, mode
         spec = task.table()
-        self.shards = [build_shard(config, spec, mode, index, dense if index == 0 else None)
+        on_server = None if dense_here(config) else dense
+        self.shards = [build_shard(config, spec, mode, index, on_server if index == 0 else None)
                        for index in range(config.ps.shards)]
         self.router = ShardRouter(self.shards)
         self.dense = dense
+        # ps.dense: workers: the run's copy of the dense optimizer (checkpoints); replicas start from it
+        self.dense_optimizer = replica_optimizer(config, dense, None) if dense_here(config) else None
 
     def run_epoch(self, plan: EpochPlan, plans: list[BatchPlan]) -> list[WorkerReport]:
         data = new_data_list(self.config, self.mode, plans, plan.first_token, self.shards)
@@ -92,9 +113,16 @@ class ThreadEngine:
         for index in plan.dead:
             gate.leave(index)
             data.abandon(index)
-        workers = [Worker(index, self.router, copy.deepcopy(self.dense), self.task,
-                          plan.faults.slowdown_in(index, plan.epoch), plan.kill_after.get(index),
-                          self.config.ps.emulated_latency) for index in plan.workers]
+        reducer = DenseReducer(plan.workers) if dense_here(self.config) else None
+        workers = []
+        for index in plan.workers:
+            model = copy.deepcopy(self.dense)
+            optimizer = None
+            if reducer is not None:
+                state = self.dense_optimizer.state_dict() if self.dense_optimizer is not None else None
+                optimizer = replica_optimizer(self.config, model, state)
+            workers.append(Worker(index, self.router, model, self.task, plan.faults.slowdown_in(index, plan.epoch),
+                                  plan.kill_after.get(index), self.config.ps.emulated_latency, reducer, optimizer))
         errors: list[tuple[int, BaseException]] = []
 
         def guarded(worker: Worker) -> None:
@@ -103,6 +131,8 @@ class ThreadEngine:
             except BaseException as err:  # re-raised below, on the calling thread
                 errors.append((worker.index, err))
                 abandon(data, f"worker {worker.index} failed: {err!r}")
+                if reducer is not None:
+                    reducer.abort(f"worker {worker.index} failed: {err!r}")
 
         threads = [threading.Thread(target=guarded, args=(w,), name=f"cadence-worker-{w.index}", daemon=True)
                    for w in workers]
@@ -113,6 +143,11 @@ class ThreadEngine:
         if errors:
             index, err = errors[0]
             raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
+        if reducer is not None:  # every replica took the same steps: keep one (a live one) as the run's
+            keeper = next((w for w in workers if not w.died), workers[0])
+            self.dense.load_state_dict(keeper.model.state_dict())
+            if self.dense_optimizer is not None:
+                self.dense_optimizer.load_state_dict(keeper.dense_optimizer.state_dict())
         return [WorkerReport(w.index, w.loss_total, w.examples_done, w.pushed, w.died, bytes_moved=w.bytes_moved)
                 for w in workers]
 

@@ -41,9 +41,10 @@ import torch
 from torch import Tensor, nn
 
 from cadence.errors import ConfigError
-from cadence.runtime.engines import EpochPlan, ShardLost, WorkerFailed, WorkerReport, abandon, new_data_list
+from cadence.runtime.engines import (EpochPlan, ShardLost, WorkerFailed, WorkerReport, abandon, dense_here,
+                                     new_data_list, replica_optimizer)
 from cadence.runtime.gates import NoGate
-from cadence.runtime.server import build_shard
+from cadence.runtime.server import DenseReducer, build_shard
 from cadence.runtime.worker import ShardRouter, Worker
 
 try:
@@ -266,12 +267,14 @@ class Coordinator(_Actor):
 
         self.config, self.mode, self.shards = config, PS_MODES.get(mode_name), shards
         self.data = None
+        self.reducer: DenseReducer | None = None
         self.gate: NoGate = NoGate()
         # worker -> (position, token) of the batches it may hold: with prefetching, the last two taken
         self.held: dict[int, collections.deque] = {}
 
-    def begin(self, batches: int, first_token: int, dead: list[int]) -> tuple[str, ...]:
+    def begin(self, batches: int, first_token: int, dead: list[int], live: list[int]) -> tuple[str, ...] | None:
         self.data = new_data_list(self.config, self.mode, range(batches), first_token, self.shards)
+        self.reducer = DenseReducer(live) if dense_here(self.config) else None
         self.gate = self.mode.gate(self.config.ps, self.shards)
         self.held = {}
         for index in dead:
@@ -295,6 +298,12 @@ class Coordinator(_Actor):
     def gate_call(self, method: str, *args: Any) -> None:
         getattr(self.gate, method)(*args)
 
+    def allreduce(self, worker: int, gradients: Any) -> Any:
+        return _pack(self.reducer.allreduce(worker, _unpack(gradients)))
+
+    def leave_reducer(self, worker: int) -> None:
+        self.reducer.leave(worker)
+
     def release(self, worker: int) -> None:
         """The worker's process died: the tokens of the batches it held are dropped (a shard ignores
         the drop of a batch that did arrive) and the epoch goes on without it."""
@@ -303,11 +312,15 @@ class Coordinator(_Actor):
                 shard.drop(token, position)
         self.data.abandon(worker)
         self.gate.leave(worker)
+        if self.reducer is not None:
+            self.reducer.leave(worker)
         self.settle()
 
     def stop(self, reason: str) -> None:
         if self.data is not None:
             abandon(self.data, reason)
+        if self.reducer is not None:
+            self.reducer.abort(reason)
 
     def settle(self) -> None:
         for shard in self.shards:
@@ -334,6 +347,19 @@ class _RemoteData:
 
     def abandon(self, worker: int) -> None:
         _get(self.coordinator.abandon.remote(worker))
+
+
+class _RemoteReducer:
+    """The coordinator's ``DenseReducer``, as a worker sees it."""
+
+    def __init__(self, coordinator: Any):
+        self.coordinator = coordinator
+
+    def allreduce(self, worker: int, gradients):
+        return _unpack(_get(self.coordinator.allreduce.remote(worker, _pack(gradients))))
+
+    def leave(self, worker: int) -> None:
+        _get(self.coordinator.leave_reducer.remote(worker))
 
 
 class _RemoteGate(NoGate):
@@ -371,12 +397,20 @@ class TaskWorker(_Actor):
         self.plans: tuple[int, list] | None = None
 
     def run_epoch(self, epoch: int, slowdown: float, kill_after: int | None, gate: tuple[str, ...] | None,
-                  rng_state: Tensor) -> tuple:
+                  rng_state: Tensor, dense: Any = None) -> tuple:
+        """``dense``: with ``ps.dense: workers``, the run's dense state and optimizer state to start
+        from; the replica's are returned with the worker's counters."""
         torch.set_rng_state(rng_state)
         if self.plans is None or self.plans[0] != epoch:
             self.plans = (epoch, self.task.plan(epoch))
+        reducer, optimizer = None, None
+        if dense is not None:
+            model_state, optimizer_state = _unpack(dense)
+            self.model.load_state_dict(model_state)
+            optimizer = replica_optimizer(self.config, self.model, optimizer_state)
+            reducer = _RemoteReducer(self.coordinator)
         worker = Worker(self.index, self.router, self.model, self.task, slowdown, kill_after,
-                        self.config.ps.emulated_latency)
+                        self.config.ps.emulated_latency, reducer, optimizer)
         local_gate = self.mode.gate(self.config.ps, self.router.shards) if gate is None else None
         # a worker fated to die (fault injection) takes no batch ahead: it dies with exactly one
         prefetch = not self.mode.fresh_tokens and kill_after is None
@@ -386,8 +420,11 @@ class TaskWorker(_Actor):
         finally:
             for shard in self.router.shards:
                 shard.settle()
+        replica = None
+        if dense is not None:
+            replica = _pack((self.model.state_dict(), optimizer.state_dict() if optimizer is not None else None))
         return (worker.loss_total, worker.examples_done, worker.pushed, worker.died, torch.get_rng_state(),
-                worker.bytes_moved)
+                worker.bytes_moved, replica)
 
 
 # ---- the engine (driver side) -----------------------------------------------------------------------------
@@ -418,7 +455,10 @@ class RayEngine:
         self.config, self.mode = config, mode
         self.threads = _settings["threads"]
         self.spec = task.table()
-        self.dense_blob = pickle.dumps(dense)  # shard 0 starts from the driver's initial dense module
+        self.dense = dense
+        # shard 0 starts from the driver's initial dense module, unless the workers hold it (ps.dense)
+        self.dense_blob = None if dense_here(config) else pickle.dumps(dense)
+        self.dense_optimizer = replica_optimizer(config, dense, None) if dense_here(config) else None
         self.recipe = [ray.put(task.recipe())]  # in a list: fetched by each worker when it starts
         self.concurrency = max(32, 3 * config.ps.workers + 8)
         self.placed = 0
@@ -452,7 +492,11 @@ class RayEngine:
 
     # ---- one epoch ----------------------------------------------------------------------------
     def run_epoch(self, plan: EpochPlan, plans: list) -> list[WorkerReport]:
-        gate = _get(self.coordinator.begin.remote(plan.batches, plan.first_token, plan.dead))
+        gate = _get(self.coordinator.begin.remote(plan.batches, plan.first_token, plan.dead, plan.workers))
+        dense = None
+        if dense_here(self.config):
+            dense = _pack((self.dense.state_dict(),
+                           self.dense_optimizer.state_dict() if self.dense_optimizer is not None else None))
         # Dropout draws from torch's default generator. A single worker continues this process's
         # stream and hands it back, exactly as a thread would; several get streams of their own.
         if len(plan.workers) == 1:
@@ -461,14 +505,14 @@ class RayEngine:
             seeds = torch.randint(0, 1 << 62, (len(plan.workers),)).tolist()
             states = [torch.Generator().manual_seed(seed).get_state() for seed in seeds]
         runs = {self.workers[index].run_epoch.remote(plan.epoch, plan.faults.slowdown_in(index, plan.epoch),
-                                                     plan.kill_after.get(index), gate, state): index
+                                                     plan.kill_after.get(index), gate, state, dense): index
                 for index, state in zip(plan.workers, states)}
-        reports, failure = [], None
+        reports, failure, kept = [], None, None
         while runs:
             ready, _ = ray.wait(list(runs), num_returns=1)
             index = runs.pop(ready[0])
             try:
-                loss, examples, pushed, died, state, moved = _get(ready[0])
+                loss, examples, pushed, died, state, moved, replica = _get(ready[0])
             except ray.exceptions.RayActorError:  # the worker's process died: release its token, go on
                 _get(self.coordinator.release.remote(index))
                 reports.append(WorkerReport(index, 0.0, 0, 0, False, lost=True))
@@ -481,12 +525,18 @@ class RayEngine:
             if len(plan.workers) == 1:
                 torch.set_rng_state(state)
             reports.append(WorkerReport(index, loss, examples, pushed, died, bytes_moved=moved))
+            if replica is not None and not died and kept is None:  # every replica took the same steps
+                kept = _unpack(replica)
         if failure is not None:
             index, err = failure
             if isinstance(err, ShardLost) or not self._shards_alive():
                 raise ShardLost(f"a server shard's process died during the epoch ({err})") from None
             raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
         _get(self.coordinator.settle.remote())  # the data list's drops and closes are applied
+        if kept is not None:
+            self.dense.load_state_dict(kept[0])
+            if self.dense_optimizer is not None:
+                self.dense_optimizer.load_state_dict(kept[1])
         for report in reports:
             if report.died:  # fault injection: its process goes with it
                 ray.kill(self.workers.pop(report.index), no_restart=True)

@@ -227,6 +227,52 @@ class ServerShard:
         self.dense_optimizer.zero_grad(set_to_none=True)
 
 
+class DenseReducer:
+    """The all-reduce of dense gradients when the dense parameters live on the workers
+    (``ps.dense: workers``): one round per batch each, every live worker contributes its batch's
+    dense gradients, or None when it had no batch, and each gets back their sum (in worker order,
+    so every replica computes the same update) and how many contributed gradients; 0 means no
+    worker had a batch: the epoch is over. A worker that dies ``leave``s; ``abort`` releases all."""
+
+    def __init__(self, workers: list[int]):
+        self.live = set(workers)
+        self.contributions: dict[int, dict[str, Tensor] | None] = {}
+        self.result: tuple[dict[str, Tensor] | None, int] = (None, 0)
+        self.round = 0
+        self.aborted: str | None = None
+        self.changed = threading.Condition()
+
+    def allreduce(self, worker: int, gradients: dict[str, Tensor] | None) -> tuple[dict[str, Tensor] | None, int]:
+        with self.changed:
+            this = self.round
+            self.contributions[worker] = gradients
+            self._maybe_finish()
+            self.changed.wait_for(lambda: self.round != this or self.aborted is not None)
+            if self.round == this:
+                raise Aborted(self.aborted)
+            return self.result
+
+    def leave(self, worker: int) -> None:
+        with self.changed:
+            self.live.discard(worker)
+            self._maybe_finish()
+
+    def abort(self, reason: str) -> None:
+        with self.changed:
+            self.aborted = reason
+            self.changed.notify_all()
+
+    def _maybe_finish(self) -> None:
+        if not self.contributions or not self.live <= set(self.contributions):
+            return
+        given = [self.contributions[w] for w in sorted(self.contributions) if self.contributions[w] is not None]
+        total = {name: torch.stack([g[name] for g in given]).sum(0) for name in given[0]} if given else None
+        self.result = (total, len(given))
+        self.contributions = {}
+        self.round += 1
+        self.changed.notify_all()
+
+
 class DataList:
     """Hands out (batch position j, batch, token).
 

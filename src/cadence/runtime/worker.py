@@ -134,10 +134,13 @@ class Worker:
     parameters, ``task.loss``, backward, push (gradient, token)."""
 
     def __init__(self, index: int, router: ShardRouter, model: nn.Module, task,
-                 slowdown: float = 1.0, kill_after: int | None = None, emulated_latency: float = 0.0):
+                 slowdown: float = 1.0, kill_after: int | None = None, emulated_latency: float = 0.0,
+                 reducer=None, dense_optimizer: torch.optim.Optimizer | None = None):
         self.index = index
         self.router = router
-        self.model = model  # a replica: its parameters are overwritten by every pull
+        self.model = model  # a replica: overwritten by every pull, or (``reducer``) the worker's own
+        self.reducer = reducer  # ps.dense: workers: dense gradients are all-reduced, not pushed
+        self.dense_optimizer = dense_optimizer
         self.task = task
         self.slowdown = slowdown
         self.kill_after = kill_after
@@ -149,6 +152,8 @@ class Worker:
         self.died = False
 
     def run(self, data: DataList, gate: NoGate) -> None:
+        if self.reducer is not None:
+            return self._run_with_dense_here(data, gate)
         try:
             while (item := data.take(self.index)) is not None:
                 position, plan, token = item
@@ -167,21 +172,65 @@ class Worker:
         finally:
             gate.leave(self.index)
 
-    def step(self, position: int, plan: BatchPlan, token: int) -> None:
+    def _run_with_dense_here(self, data: DataList, gate: NoGate) -> None:
+        """PERSIA's split: rounds of one batch (or none, once the data ran out) per live worker; the
+        rows go to the servers as usual, the dense gradients are all-reduced and every replica takes
+        the same optimizer step; the epoch ends with a round in which no worker had a batch."""
+        try:
+            while True:
+                item = data.take(self.index)
+                gradients = None
+                if item is not None:
+                    position, plan, token = item
+                    if self.kill_after is not None and self.pushed >= self.kill_after:
+                        self.died = True
+                        self.router.drop(token)
+                        data.abandon(self.index)
+                        return
+                    gate.wait(self.index, token)
+                    gradients = self.step(position, plan, token)
+                total, count = self.reducer.allreduce(self.index, gradients)
+                if count == 0:
+                    return
+                self.bytes_moved += 2 * _nbytes(total)  # an all-reduce moves about twice the gradients
+                for name, parameter in self.model.named_parameters():
+                    parameter.grad = total[name].div(count)
+                if self.dense_optimizer is not None:
+                    self.dense_optimizer.step()
+                self.model.zero_grad(set_to_none=True)
+                if item is not None:
+                    self.pushed += 1
+                    self.examples_done += plan.size
+                    gate.done(self.index)
+        except Aborted:
+            return
+        finally:
+            gate.leave(self.index)
+            self.reducer.leave(self.index)
+
+    def step(self, position: int, plan: BatchPlan, token: int) -> dict[str, Tensor] | None:
+        """One batch: pull, compute, push the rows' gradient (and the dense one, unless the dense
+        parameters live here: then they are returned for the all-reduce)."""
         started = time.perf_counter()
         batch = self.task.prepare(plan)
-        rows, (dense_state, pulled_step) = self.router.pull(batch.ids, dense=True)
+        if self.reducer is None:
+            rows, (dense_state, pulled_step) = self.router.pull(batch.ids, dense=True)
+            self.model.load_state_dict(dense_state)
+        else:
+            rows, dense_state, pulled_step = self.router.pull(batch.ids), None, None
         rows.requires_grad_(True)
-        self.model.load_state_dict(dense_state)
         self.model.zero_grad(set_to_none=True)
         loss = self.task.loss(batch, rows, self.model)
         loss.backward()
         self.loss_total += self.task.loss_total(float(loss.detach()), plan.size)
         dense = {name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
                  for name, p in self.model.named_parameters()}
-        self.bytes_moved += 2 * _nbytes(batch.ids) + 2 * _nbytes(rows) + _nbytes(dense_state) + _nbytes(dense)
+        here = self.reducer is not None  # (then the dense gradients travel in the all-reduce instead)
+        self.bytes_moved += 2 * _nbytes(batch.ids) + 2 * _nbytes(rows) + _nbytes(dense_state) + (0 if here else _nbytes(dense))
         self.delay(time.perf_counter() - started)  # between pull and push: the gradient goes stale
-        self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, rows.grad, dense, pulled_step))
+        self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, rows.grad,
+                                  None if here else dense, pulled_step))
+        return dense if here else None
 
     def delay(self, elapsed: float) -> None:
         """Fault injection: an emulated machine of its own adds ``emulated_latency`` to each batch,

@@ -32,7 +32,7 @@ from cadence.config import Config
 from cadence.optim import ENTITY_OPTIMIZERS, dense_optimizer
 from cadence.pipeline.batch import Batch, BatchPlan
 from cadence.pipeline.stages import ComputeStage, KeyIndex, LoadStage, Stages, TransferStage, WriteStage
-from cadence.runtime.engines import ENGINES, EpochPlan
+from cadence.runtime.engines import ENGINES, EpochPlan, dense_here
 from cadence.runtime.worker import Faults, ShardRouter
 from cadence.store.embedding_store import create_store
 from cadence.tasks.base import TableSpec, Task
@@ -259,6 +259,8 @@ class ParameterServerRuntime(Runtime):
         return RouterView(self.router)
 
     def dense(self) -> nn.Module:
+        if dense_here(self.config):  # the engine keeps the workers' (identical) replica here
+            return self.model
         state, _ = self.shards[0].pull_dense()  # (ray: the driver's copy is refreshed from shard 0)
         self.model.load_state_dict(state)
         return self.model
@@ -292,7 +294,11 @@ class ParameterServerRuntime(Runtime):
         return {name: call.result() for name, call in zip(names, calls)}
 
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        tensors, optimizer_meta = self.shards[0].dense_checkpoint()
+        if dense_here(self.config):
+            tensors, meta = self._dense_state(self.engine.dense_optimizer)
+            optimizer_meta = meta["dense_optimizer"]
+        else:
+            tensors, optimizer_meta = self.shards[0].dense_checkpoint()
         meta = {"dense_optimizer": optimizer_meta, "global_steps": [s.get_global_step() for s in self.shards],
                 "dead": sorted(self.dead), "worker_examples": self.worker_examples, "ps_seconds": self.train_seconds,
                 "bytes_moved": self.bytes_moved}
@@ -310,8 +316,12 @@ class ParameterServerRuntime(Runtime):
             if "table.keys" not in tensors:
                 tensors = {**tensors, **ckpt.read_tables(meta)}
             self._import_rows(tensors["table.keys"], tensors["table.values"], tensors["table.state"])
-        self.shards[0].load_dense_checkpoint({k: v for k, v in tensors.items() if not k.startswith("table.")},
-                                             meta.get("dense_optimizer"))
+        dense = {k: v for k, v in tensors.items() if not k.startswith("table.")}
+        if dense_here(self.config):
+            optimizer = self.engine.dense_optimizer
+            self._load_dense(dense, meta, optimizer if meta.get("dense_optimizer") else None)
+        else:
+            self.shards[0].load_dense_checkpoint(dense, meta.get("dense_optimizer"))
         steps = meta.get("global_steps")
         if steps is not None and len(steps) == len(self.shards):  # a switched job continues the step count
             for shard, step in zip(self.shards, steps):
