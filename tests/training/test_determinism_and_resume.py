@@ -123,19 +123,26 @@ CTR_ARGS = ["--task", "ctr", "--dataset", "ml-100k", "--model", "fm", "--dim", "
             "--set", "threads=1", "--set", "eval.every=0", "--set", "checkpoint.keep=5"]
 
 
-@pytest.mark.parametrize("sign", [signal.SIGKILL, signal.SIGINT])
-def test_killed_or_interrupted_then_resumed_equals_an_uninterrupted_run_on_the_parameter_server(
-        sign: int, tmp_path: Path) -> None:
+def killed_then_resumed(tmp_path: Path, args: list[str], whole_args: list[str], sign: int = signal.SIGKILL) -> dict:
+    """Kill ``cadence train args`` after its epoch-2 checkpoint, resume it, train ``whole_args``
+    uninterrupted; assert both end with the same AUC, steps and rows; the resumed run's summary."""
     killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
-    kill_after_checkpoint(CTR_ARGS, killed_dir, 2, sign)
+    kill_after_checkpoint(args, killed_dir, 2, sign)
     subprocess.run(cli("train", "--resume", str(killed_dir)), check=True)
-    subprocess.run(cli("train", *CTR_ARGS, "--out", str(whole_dir)), check=True)
+    subprocess.run(cli("train", *whole_args, "--out", str(whole_dir)), check=True)
     killed, whole = (RunDirectory(d).read_summary() for d in (killed_dir, whole_dir))
-    assert killed["runtime"] == "parameter_server" and killed["epochs"] == 5
+    assert killed["epochs"] == 5
     assert killed["auc"] == whole["auc"] and killed["global_steps"] == whole["global_steps"]
     tensors = [api.final_checkpoint(RunDirectory(d))[0] for d in (killed_dir, whole_dir)]
     for key in ("table.keys", "table.values", "table.state"):
         assert torch.equal(tensors[0][key], tensors[1][key]), key
+    return killed
+
+
+@pytest.mark.parametrize("sign", [signal.SIGKILL, signal.SIGINT])
+def test_killed_or_interrupted_then_resumed_equals_an_uninterrupted_run_on_the_parameter_server(
+        sign: int, tmp_path: Path) -> None:
+    assert killed_then_resumed(tmp_path, CTR_ARGS, CTR_ARGS, sign)["runtime"] == "parameter_server"
 
 
 @pytest.mark.slow
@@ -143,14 +150,6 @@ def test_a_driver_killed_on_the_ray_engine_resumes_where_an_uninterrupted_run_en
     """SIGKILL takes the driver's actors with it; --resume starts new ones and every shard reads its
     own part of the last checkpoint (sync is deterministic: the results must be equal)."""
     pytest.importorskip("ray")
-    args = [*CTR_ARGS, "--engine", "ray", "--set", "ps.shards=2"]
-    killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
-    kill_after_checkpoint(args, killed_dir, 2)
-    subprocess.run(cli("train", "--resume", str(killed_dir)), check=True)
-    subprocess.run(cli("train", *CTR_ARGS, "--set", "ps.shards=2", "--out", str(whole_dir)), check=True)
-    killed, whole = (RunDirectory(d).read_summary() for d in (killed_dir, whole_dir))
-    assert killed["engine"] == "ray" and killed["epochs"] == 5
-    assert killed["auc"] == whole["auc"] and killed["global_steps"] == whole["global_steps"]
-    tensors = [api.final_checkpoint(RunDirectory(d))[0] for d in (killed_dir, whole_dir)]
-    for key in ("table.keys", "table.values", "table.state"):
-        assert torch.equal(tensors[0][key], tensors[1][key]), key
+    shards = ["--set", "ps.shards=2"]
+    killed = killed_then_resumed(tmp_path, [*CTR_ARGS, "--engine", "ray", *shards], [*CTR_ARGS, *shards])
+    assert killed["engine"] == "ray"
