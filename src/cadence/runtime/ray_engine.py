@@ -414,6 +414,9 @@ class TaskWorker(_Actor):
         local_gate = self.mode.gate(self.config.ps, self.router.shards) if gate is None else None
         # a worker fated to die (fault injection) takes no batch ahead: it dies with exactly one
         prefetch = not self.mode.fresh_tokens and kill_after is None
+        # a push may ride on the next pull where nobody waits for it meanwhile (no gate, fixed tokens)
+        self.router.defer = type(local_gate) is NoGate and not self.mode.fresh_tokens and reducer is None
+        self.router.deferred = None
         try:
             worker.run(_RemoteData(self.coordinator, self.plans[1], prefetch),
                        local_gate or _RemoteGate(self.coordinator, gate))

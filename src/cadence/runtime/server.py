@@ -86,6 +86,12 @@ class ServerShard:
         with self.changed:
             return self.pull_rows(keys), self.pull_dense()
 
+    def push_then_pull(self, gradient: Gradient, keys: Tensor, with_dense: bool):
+        """A worker's deferred push and its next pull, in that order, in one call."""
+        with self.changed:
+            self.push(gradient)
+            return self.pull_with_dense(keys) if with_dense else self.pull_rows(keys)
+
     def peek_rows(self, keys: Tensor) -> Tensor:
         with self.changed:
             return self.table.peek(keys)

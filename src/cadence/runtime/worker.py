@@ -32,6 +32,10 @@ class ShardRouter:
     def __init__(self, shards: list):
         self.shards = shards
         self.width = shards[0].width
+        # defer: a push waits for this worker's next pull and rides on it (one call per shard instead
+        # of two; the order push-then-pull is kept). Only where no one waits for the push meanwhile.
+        self.defer = False
+        self.deferred: list | None = None  # per shard: the part of the last gradient not yet sent
 
     def owner(self, keys: Tensor) -> Tensor:
         return keys.remainder(len(self.shards))
@@ -40,18 +44,22 @@ class ShardRouter:
         """Rows of ``keys`` (unseen keys are added unless ``create`` is False: evaluation), and with
         ``dense`` also shard 0's dense parameters and global step, in the same round trip."""
         method = "pull_rows" if create else "peek_rows"
-        if len(self.shards) == 1:
-            if dense:
-                return self.shards[0].submit("pull_with_dense", keys).result()
-            return self.shards[0].submit(method, keys).result()
-        owner = self.owner(keys)
+        parts, self.deferred = self.deferred, None
+        single = len(self.shards) == 1
+        owner = None if single else self.owner(keys)
         calls = []
         for index, shard in enumerate(self.shards):
-            mine = (owner == index).nonzero().squeeze(1)
-            if index == 0 and dense:  # the dense parameters ride along with shard 0's rows
+            mine = slice(None) if single else (owner == index).nonzero().squeeze(1)
+            with_dense = dense and index == 0  # the dense parameters ride along with shard 0's rows
+            part = parts[index] if parts is not None else None
+            if part is not None:
+                calls.append((mine, shard.submit("push_then_pull", part, keys[mine], with_dense)))
+            elif with_dense:
                 calls.append((mine, shard.submit("pull_with_dense", keys[mine])))
-            elif mine.numel():
+            elif single or mine.numel():
                 calls.append((mine, shard.submit(method, keys[mine])))
+        if single:
+            return calls[0][1].result()
         rows = torch.empty(keys.shape[0], self.width)
         dense_state = None
         for mine, call in calls:
@@ -67,13 +75,26 @@ class ShardRouter:
     def push(self, gradient: Gradient) -> None:
         """Split a batch's gradient by owner; every shard sees every batch, so tokens stay aligned."""
         if len(self.shards) == 1:
-            self.shards[0].push(gradient)
+            parts = [gradient]
+        else:
+            owner = self.owner(gradient.keys)
+            parts = []
+            for index in range(len(self.shards)):
+                mine = (owner == index).nonzero().squeeze(1)
+                parts.append(replace(gradient, keys=gradient.keys[mine], rows=gradient.rows[mine],
+                                     dense=gradient.dense if index == 0 else None))
+        self.flush()
+        if self.defer:
+            self.deferred = parts
             return
-        owner = self.owner(gradient.keys)
-        for index, shard in enumerate(self.shards):
-            mine = (owner == index).nonzero().squeeze(1)
-            shard.push(replace(gradient, keys=gradient.keys[mine], rows=gradient.rows[mine],
-                               dense=gradient.dense if index == 0 else None))
+        for shard, part in zip(self.shards, parts):
+            shard.push(part)
+
+    def flush(self) -> None:
+        """Send a deferred push now (the end of the data, a worker's death)."""
+        parts, self.deferred = self.deferred, None
+        for shard, part in zip(self.shards, parts or ()):
+            shard.push(part)
 
     def drop(self, token: int, batch: int | None = None) -> None:
         for shard in self.shards:
@@ -159,6 +180,7 @@ class Worker:
                 position, plan, token = item
                 if self.kill_after is not None and self.pushed >= self.kill_after:
                     self.died = True
+                    self.router.flush()  # what it pushed before stays pushed
                     self.router.drop(token)  # the batch and its token are lost with the worker
                     data.abandon(self.index)
                     return
@@ -167,6 +189,7 @@ class Worker:
                 self.pushed += 1
                 self.examples_done += plan.size
                 gate.done(self.index)
+            self.router.flush()
         except Aborted:  # another worker failed and the epoch is abandoned: the engine reports why
             return
         finally:
