@@ -37,7 +37,6 @@ per-seed examples/s ratios (cadence / deepctr) and their medians, machine info a
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import hashlib
 import json
@@ -51,12 +50,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
-from peer_stats import OthersMeter, mean_ci
+from peer_stats import OthersMeter, mean_ci, peer_parser, peer_run, write_report
 
 from cadence.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS_DIR = REPO / "benchmarks" / "results"
 CONFIG = REPO / "configs" / "ml100k-deepfm.yaml"
 CADENCE_PYTHON = REPO / ".venv" / "bin" / "python"
 CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
@@ -256,20 +254,11 @@ def print_table(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help=f"1 seed, {QUICK_EPOCHS} epochs")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds 0 .. N-1 (default 3, 1 with --quick)")
-    parser.add_argument("--max-wait", type=float, default=None,
-                        help="total seconds to wait for other processes to go idle before runs "
-                             "(default 300, 0 with --quick)")
-    parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/...)")
-    args = parser.parse_args(argv)
-    seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
-    out_path = Path(args.out) if args.out else RESULTS_DIR / (
-        "ctr_vs_deepctr_quick.json" if args.quick else "ctr_vs_deepctr.json")
+    args = peer_parser(__doc__, f"1 seed, {QUICK_EPOCHS} epochs", 3, "total seconds to wait for other processes "
+                       "to go idle before runs (default 300, 0 with --quick)").parse_args(argv)
+    seeds, out_path, command = peer_run(args, "ctr_vs_deepctr", 3)
     if not DEEPCTR_PYTHON.exists():
         raise SystemExit(f"{DEEPCTR_PYTHON} is missing: see benchmarks/requirements-deepctr.txt")
-    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/ctr_vs_deepctr.py", *sys.argv[1:]])
     setting = shared_setting(QUICK_EPOCHS if args.quick else None)
     gate = QuietGate(args.max_wait if args.max_wait is not None else (0.0 if args.quick else 300.0))
     started = time.perf_counter()
@@ -289,11 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                           "torch": report["machine"].get("torch_version")}
     report["summary"] = summarize(per_seed)
     report["per_seed"] = per_seed
-    report["wall_seconds"] = time.perf_counter() - started
-    report["waited_for_quiet_seconds"] = round(gate.waited_s, 1)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(report, indent=2) + "\n")
-    say(f"wrote {relative(str(out_path))}")
+    say(f"wrote {relative(str(write_report(report, out_path, started, gate.waited_s)))}")
     print_table(report)
     return 0
 

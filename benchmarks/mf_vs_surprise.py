@@ -32,7 +32,6 @@ of cadence's ratings/s to Surprise's and their median, in ``benchmarks/results/m
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import hashlib
 import json
@@ -46,12 +45,11 @@ from pathlib import Path
 from typing import Any
 
 from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
-from peer_stats import OthersMeter, mean_ci
+from peer_stats import OthersMeter, mean_ci, peer_parser, peer_run, write_report
 
 from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS_DIR = REPO / "benchmarks" / "results"
 CONFIG = REPO / "configs" / "ml100k-mf.yaml"
 CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
 SURPRISE_PYTHON = REPO / ".venv-bench-surprise" / "bin" / "python"
@@ -200,18 +198,9 @@ def print_summary(summary: dict[str, Any], names: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 seed, a few epochs, no tuning search")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds 0 .. N-1 (default 3, 1 with --quick)")
-    parser.add_argument("--max-wait", type=float, default=None,
-                        help="total seconds to wait for other processes to go idle before runs "
-                             "(default 300, 0 with --quick)")
-    parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/...)")
-    args = parser.parse_args(argv)
-    seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
-    out_path = Path(args.out) if args.out else RESULTS_DIR / (
-        "mf_vs_surprise_quick.json" if args.quick else "mf_vs_surprise.json")
-    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/mf_vs_surprise.py", *sys.argv[1:]])
+    args = peer_parser(__doc__, "1 seed, a few epochs, no tuning search", 3, "total seconds to wait for other "
+                       "processes to go idle before runs (default 300, 0 with --quick)").parse_args(argv)
+    seeds, out_path, command = peer_run(args, "mf_vs_surprise", 3)
     if not SURPRISE_PYTHON.exists():
         raise SystemExit(f"{SURPRISE_PYTHON} is missing: see benchmarks/requirements-surprise.txt")
     gate_keeper = QuietGate(args.max_wait if args.max_wait is not None else (0.0 if args.quick else 300.0))
@@ -256,11 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     report["summary"] = summarize(per_seed, names)
     report["per_seed"] = per_seed
-    report["wall_seconds"] = time.perf_counter() - started_all
-    report["waited_for_quiet_seconds"] = round(gate_keeper.waited_s, 1)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(report, indent=2) + "\n")
-    say(f"wrote {out_path}")
+    say(f"wrote {write_report(report, out_path, started_all, gate_keeper.waited_s)}")
     print_summary(report["summary"], names)
     return 0
 

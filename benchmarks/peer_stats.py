@@ -1,13 +1,49 @@
-"""What the peer benchmarks share: confidence intervals over seeds, and how much CPU other processes
-took while a contender ran (a ratio is only read from undisturbed runs)."""
+"""What the peer benchmarks share: their command line, confidence intervals over seeds, and how much
+CPU other processes took while a contender ran (a ratio is only read from undisturbed runs)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
+import shlex
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def peer_parser(doc: str, quick_help: str, seeds: int, max_wait_help: str,
+                max_wait: float | None = None) -> argparse.ArgumentParser:
+    """The options every peer benchmark takes: --quick, --seeds, --max-wait, --out."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--seeds", type=int, default=None, help=f"seeds 0 .. N-1 (default {seeds}, 1 with --quick)")
+    parser.add_argument("--max-wait", type=float, default=max_wait, help=max_wait_help)
+    parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/...)")
+    return parser
+
+
+def write_report(report: dict[str, Any], out: Path, started: float, waited_s: float) -> Path:
+    """Add the wall seconds since ``started`` and the seconds waited for a quiet machine; write the JSON."""
+    import json
+    import time
+
+    report["wall_seconds"] = time.perf_counter() - started
+    report["waited_for_quiet_seconds"] = round(waited_s, 1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return out
+
+
+def peer_run(args: argparse.Namespace, script: str, seeds: int) -> tuple[list[int], Path, str]:
+    """(the seeds, the result file, the command that reproduces the run) of ``benchmarks/<script>.py``."""
+    chosen = list(range(args.seeds if args.seeds is not None else (1 if args.quick else seeds)))
+    out = Path(args.out) if args.out else RESULTS_DIR / f"{script}{'_quick' if args.quick else ''}.json"
+    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", f"benchmarks/{script}.py", *sys.argv[1:]])
+    return chosen, out, command
 
 
 # two-sided 95% quantiles of Student's t by degrees of freedom

@@ -30,7 +30,6 @@ Results: ``benchmarks/results/w2v_vs_gensim.json`` (``w2v_vs_gensim_quick.json``
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import hashlib
 import json
@@ -45,13 +44,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kge_throughput import loadavg, machine_info, others_busy  # same folder: the shared machine record
-from peer_stats import OthersMeter
+from peer_stats import OthersMeter, peer_parser, peer_run
 
 from cadence.config import load_config
 from cadence.data.corpus import CORPORA, CORPUS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS_DIR = REPO / "benchmarks" / "results"
 CONFIG = REPO / "configs" / "w2v.yaml"
 CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
 GENSIM_PYTHON = REPO / ".venv-bench-gensim" / "bin" / "python"
@@ -188,22 +186,14 @@ def file_sha256(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="enwiki-excerpt, 1 seed, 1 epoch")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds 0 .. N-1 (default 2, 1 with --quick)")
-    parser.add_argument("--max-wait", type=float, default=120.0,
-                        help="seconds to wait, before each run, for the load average to drop (default 120)")
-    parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/...)")
-    args = parser.parse_args(argv)
-    seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 2)))
+    args = peer_parser(__doc__, "enwiki-excerpt, 1 seed, 1 epoch", 2, "seconds to wait, before each run, for the "
+                       "load average to drop (default 120)", max_wait=120.0).parse_args(argv)
+    seeds, out_path, command = peer_run(args, "w2v_vs_gensim", 2)
     dataset, epochs = ("enwiki-excerpt", 1) if args.quick else ("gcide", GENSIM_SETTING["epochs"])
-    out_path = Path(args.out) if args.out else RESULTS_DIR / (
-        "w2v_vs_gensim_quick.json" if args.quick else "w2v_vs_gensim.json")
     if not GENSIM_PYTHON.exists():
         raise SystemExit(f"{GENSIM_PYTHON} is missing: see benchmarks/gensim_contender.py")
     check_setting()
     corpus = CORPORA.get(dataset).fetch() / CORPUS_FILE
-    command = " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/w2v_vs_gensim.py", *sys.argv[1:]])
     gate = LoadGate(args.max_wait)
     started_all = time.perf_counter()
     report: dict[str, Any] = {

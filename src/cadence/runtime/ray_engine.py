@@ -28,6 +28,8 @@ worker that raises abandons the epoch (``WorkerFailed``); every actor is killed 
 from __future__ import annotations
 
 import collections
+import copy
+import dataclasses
 import functools
 import os
 import pickle
@@ -123,9 +125,6 @@ def _unpack(value: Any) -> Any:
 
 
 def _map(value: Any, convert) -> Any:
-    import copy
-    import dataclasses
-
     if type(value) in (tuple, list):
         return type(value)(convert(item) for item in value)
     if isinstance(value, dict):

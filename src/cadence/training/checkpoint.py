@@ -105,10 +105,15 @@ def read_tables(state: dict[str, Any]) -> dict[str, Tensor]:
     parameter-server shard), merged and sorted by key."""
     directory = Path(state[PARTS_DIR])
     pieces = [read_tensors(directory / name, sha) for name, sha in sorted(state[PARTS].items())]
-    keys = torch.cat([p["table.keys"] for p in pieces])
+    return merge_tables([(p["table.keys"], p["table.values"], p["table.state"]) for p in pieces])
+
+
+def merge_tables(parts: list[tuple[Tensor, Tensor, Tensor]]) -> dict[str, Tensor]:
+    """``table.keys/values/state`` of several shards' (keys, values, state), sorted by key."""
+    keys = torch.cat([part[0] for part in parts])
     order = torch.argsort(keys)
-    return {"table.keys": keys[order], **{f"table.{k}": torch.cat([p[f"table.{k}"] for p in pieces])[order]
-                                          for k in ("values", "state")}}
+    return {"table.keys": keys[order], "table.values": torch.cat([part[1] for part in parts])[order],
+            "table.state": torch.cat([part[2] for part in parts])[order]}
 
 
 def load_checkpoint(path: Path, tables: bool = True) -> tuple[dict[str, Tensor], dict[str, Any]]:

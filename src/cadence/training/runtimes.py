@@ -334,11 +334,7 @@ class ParameterServerRuntime(Runtime):
 
     def table_tensors(self) -> dict[str, Tensor]:
         """Every row, gathered here (tests, small tables): ``table.keys/values/state``, sorted by key."""
-        parts = [shard.export_rows() for shard in self.shards]
-        keys = torch.cat([p[0] for p in parts])
-        order = torch.argsort(keys)
-        return {"table.keys": keys[order], "table.values": torch.cat([p[1] for p in parts])[order],
-                "table.state": torch.cat([p[2] for p in parts])[order]}
+        return ckpt.merge_tables([shard.export_rows() for shard in self.shards])
 
     def _import_rows(self, keys: Tensor, values: Tensor, state: Tensor) -> None:
         owner = keys.remainder(len(self.shards))
