@@ -38,6 +38,8 @@ sync's (mean of the per-seed differences, with its interval); (3) hop_bw reaches
 than sync at 4x.
 
     .venv/bin/python benchmarks/gba_stragglers.py [--quick] [--seeds 0 1 2] [--epochs 6] [--latency 0.02]
+    .venv/bin/python benchmarks/gba_stragglers.py --seeds 3 4 5 --severities 1x 4x --modes sync gba --append
+                                                   # more seeds for the 4x bars, added to the runs on record
     .venv/bin/python benchmarks/gba_stragglers.py --reaggregate [--quick]  # targets, tables and bars
                                                    # recomputed from the runs already in the JSON
 
@@ -285,6 +287,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", help="default 0 1 2 (--quick: 0)")
     parser.add_argument("--epochs", type=int, help="default 6 (--quick: 3)")
     parser.add_argument("--latency", type=float, default=0.02, help="ps.emulated_latency, seconds per batch")
+    parser.add_argument("--severities", nargs="+", choices=tuple(SEVERITIES),
+                        help="run only these severities (1x is each seed's target: keep it)")
+    parser.add_argument("--modes", nargs="+", choices=(*MODES, REFERENCE[0]), help="run only these modes")
+    parser.add_argument("--append", action="store_true",
+                        help="add the runs to those already in the JSON (same epochs and latency), "
+                             "replacing any with the same seed, severity and mode")
     parser.add_argument("--reaggregate", action="store_true",
                         help="train nothing: recompute targets, aggregates and bars from the runs in the JSON")
     args = parser.parse_args()
@@ -299,17 +307,35 @@ def main() -> None:
         return
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     epochs = args.epochs or (3 if args.quick else 6)
-    severities = QUICK_SEVERITIES if args.quick else tuple(SEVERITIES)
+    severities = args.severities or (QUICK_SEVERITIES if args.quick else tuple(SEVERITIES))
     common = [f"train.epochs={epochs}", "eval.every=1", f"ps.emulated_latency={args.latency}", "ps.workers=4"]
     plan = [(seed, severity, mode) for seed in seeds for severity in severities
-            for mode in (*MODES, *((REFERENCE[0],) if severity == REFERENCE[1] else ()))]
+            for mode in (*MODES, *((REFERENCE[0],) if severity == REFERENCE[1] else ()))
+            if args.modes is None or mode in args.modes]
+    earlier: list[dict[str, Any]] = []
+    if args.append:
+        if not path.exists():
+            parser.error(f"--append: {path.relative_to(REPO)} does not exist yet")
+        previous = json.loads(path.read_text())
+        if previous["epochs"] != epochs or previous["latency_seconds"] != args.latency:
+            parser.error(f"--append: {path.relative_to(REPO)} has epochs {previous['epochs']} and latency "
+                         f"{previous['latency_seconds']}; these runs would not be comparable")
+        fresh = {(seed, severity, mode) for seed, severity, mode in plan}
+        earlier = [r for r in previous["runs"] if (r["seed"], r["severity"], r["mode"]) not in fresh]
+        seeds = sorted({*previous["seeds"], *seeds})
+        severities = tuple(s for s in SEVERITIES if s in {*previous["severities"], *severities})
     results: dict[str, Any] = {
         "command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "complete": False,
         "config": str(CONFIG.relative_to(REPO)), "common_overrides": common,
         "severities": {s: SEVERITIES[s] for s in severities}, "seeds": seeds, "epochs": epochs,
         "latency_seconds": args.latency, "local_batch": LOCAL_BATCH, "target_margin": TARGET_MARGIN,
-        "machine": machine_info(), "git": git_state(), "runs": [],
+        "machine": machine_info(), "git": git_state(), "runs": earlier,
     }
+    if args.append:
+        additions = [*previous.get("appended", []), {"command": command, "date": results["date"],
+                                                     "runs": len(plan), "git": results["git"]}]
+        results.update({k: previous[k] for k in ("command", "date", "machine", "git") if k in previous})
+        results["appended"] = additions
     RESULTS.mkdir(exist_ok=True)
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cadence-gba-") as scratch:

@@ -324,3 +324,5 @@ def test_dense_on_the_workers_on_ray_equals_the_thread_engine(tmp_path: Path, lo
                                                                   "ctr.hidden=[8]")
     assert_same(threads_state, ray_state)
     assert on_ray["auc"] == threads["auc"] and on_ray["bytes_moved_per_example"] > 0
+    # the actors' start (torch imported, the task built) is setup, recorded apart from training time
+    assert on_ray["engine_start_seconds"] > 0 and threads["engine_start_seconds"] == 0

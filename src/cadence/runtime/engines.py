@@ -104,6 +104,7 @@ class ThreadEngine:
                        for index in range(config.ps.shards)]
         self.router = ShardRouter(self.shards)
         self.dense = dense
+        self.start_seconds = 0.0  # nothing to start: the shards and workers live in this process
         # ps.dense: workers: the run's copy of the dense optimizer (checkpoints); replicas start from it
         self.dense_optimizer = replica_optimizer(config, dense, None) if dense_here(config) else None
 

@@ -35,6 +35,7 @@ import os
 import pickle
 import socket
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -43,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from cadence.errors import ConfigError
+from cadence.runtime.channel import Channel, ChannelClosed, ChannelServer, Reply
 from cadence.runtime.engines import (EpochPlan, ShardLost, WorkerFailed, WorkerReport, abandon, dense_here,
                                      new_data_list, replica_optimizer)
 from cadence.runtime.gates import NoGate
@@ -147,7 +149,7 @@ def _get(refs: Any) -> Any:
 
 
 class _Call:
-    """A remote call in flight (``result`` waits for it)."""
+    """A remote call in flight (``result`` waits for it): a Ray object ref, or a channel's reply."""
 
     def __init__(self, ref: Any, shard: int | None = None):
         self.ref = ref
@@ -155,11 +157,18 @@ class _Call:
 
     def result(self) -> Any:
         try:
+            if isinstance(self.ref, Reply):
+                return _unpack(self.ref.result())
             return _unpack(_get(self.ref))
-        except ray.exceptions.RayActorError as err:
+        except (ray.exceptions.RayActorError, ChannelClosed) as err:
             if self.shard is None:
                 raise
             raise ShardLost(f"server shard {self.shard}'s process died ({type(err).__name__})") from None
+
+
+def _host() -> str:
+    """This node's address, where its actors' channels listen."""
+    return ray.util.get_node_ip_address()
 
 
 class RemoteShard:
@@ -167,34 +176,48 @@ class RemoteShard:
     carries this handle's sequence number and the actor starts one handle's calls in that order
     (``ShardServer.call``), so ``push``, ``drop`` and ``close_token`` are sent without waiting and
     still reach the shard before this handle's next call: program order, as in a thread, without a
-    round trip. ``settle`` waits until the one-way calls sent so far have been applied."""
+    round trip. ``settle`` waits until the one-way calls sent so far have been applied.
+
+    Calls are Ray actor calls, or after ``direct()`` requests on a channel to the actor (a worker's
+    per-batch verbs: ``channel`` module); the sequence numbers order both alike."""
 
     ONE_WAY = ("push", "drop", "close_token")
 
-    def __init__(self, handle: Any, index: int, width: int):
+    def __init__(self, handle: Any, index: int, width: int, address: tuple | None = None):
         self.handle = handle
         self.index = index
         self.width = width
+        self.address = address  # the actor's channel
         self.caller = uuid.uuid4().hex  # each process's copy of a handle is a caller of its own
         self._seq = 0
-        self._pending: list = []
+        self._pending: list[_Call] = []
         self._lock = threading.Lock()  # the coordinator's threads share its handles
+        self._channel: Channel | None = None
 
-    def _remote(self, method: str, args: tuple) -> Any:
+    def direct(self) -> None:
+        """From now on this copy's calls go over a channel to the actor (one caller: a worker)."""
+        if self.address is not None and self._channel is None:
+            try:
+                self._channel = Channel(self.address)
+            except ChannelClosed as err:
+                raise ShardLost(f"server shard {self.index}: {err}") from None
+
+    def _remote(self, method: str, args: tuple) -> _Call:
         packed = _pack(args)
         with self._lock:  # sequence numbers in submission order
-            ref = self.handle.call.remote(self.caller, self._seq, method, *packed)
-            self._seq += 1
-            return ref
+            seq, self._seq = self._seq, self._seq + 1
+            if self._channel is not None:
+                return _Call(self._channel.submit((self.caller, seq, method, packed)), self.index)
+            return _Call(self.handle.call.remote(self.caller, seq, method, *packed), self.index)
 
     def submit(self, method: str, *args: Any) -> _Call:
-        return _Call(self._remote(method, args), self.index)
+        return self._remote(method, args)
 
     def settle(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
-        if pending:
-            _Call(pending, self.index).result()
+        for call in pending:
+            call.result()
 
     def __getattr__(self, method: str):
         if method.startswith("_"):
@@ -204,16 +227,16 @@ class RemoteShard:
         return lambda *args: self.submit(method, *args).result()
 
     def _send(self, method: str, *args: Any) -> None:
-        ref = self._remote(method, args)
+        call = self._remote(method, args)
         with self._lock:
-            self._pending.append(ref)
-            if len(self._pending) >= 256:  # forget the ones already applied (errors surface at settle)
-                done, self._pending = ray.wait(self._pending, num_returns=len(self._pending), timeout=0)
-                if done:
-                    _Call(done, self.index).result()
+            self._pending.append(call)
+            settled = self._pending[:128] if len(self._pending) >= 256 else []
+            del self._pending[:len(settled)]
+        for old in settled:  # long applied by now: collected, so errors surface and replies are read
+            old.result()
 
     def __reduce__(self):
-        return RemoteShard, (self.handle, self.index, self.width)
+        return RemoteShard, (self.handle, self.index, self.width, self.address)
 
 
 # ---- the actors -------------------------------------------------------------------------------------------
@@ -241,6 +264,10 @@ class ShardServer(_Actor):
 
         self.turns = threading.Condition()
         self.next_seq: dict[str, int] = {}  # caller -> sequence number of its next call
+        self.channel = ChannelServer(lambda request: self.call(*request[:3], *request[3]), _host())
+
+    def endpoint(self) -> tuple:
+        return self.channel.address
 
     def call(self, caller: str, seq: int, method: str, *args: Any) -> Any:
         """Run a caller's calls in its order: each waits for its turn, takes the shard's lock, and
@@ -270,6 +297,17 @@ class Coordinator(_Actor):
         self.gate: NoGate = NoGate()
         # worker -> (position, token) of the batches it may hold: with prefetching, the last two taken
         self.held: dict[int, collections.deque] = {}
+        self.channel = ChannelServer(self._direct, _host())
+
+    def endpoint(self) -> tuple:
+        return self.channel.address
+
+    def _direct(self, request: tuple) -> Any:
+        """A worker's request on its channel: only ``take`` (the rest are Ray calls)."""
+        method, worker = request
+        if method != "take":
+            raise ValueError(f"the coordinator's channel serves take, not {method!r}")
+        return self.take(worker)
 
     def begin(self, batches: int, first_token: int, dead: list[int], live: list[int]) -> tuple[str, ...] | None:
         self.data = new_data_list(self.config, self.mode, range(batches), first_token, self.shards)
@@ -328,20 +366,21 @@ class Coordinator(_Actor):
 
 class _RemoteData:
     """What a worker actor sees of the coordinator's data list: positions become its own plans.
-    With ``prefetch`` the next position is asked for as soon as one arrives, so the round trip
-    overlaps the batch's computation (not with fresh tokens, whose token is the step at the take)."""
+    Takes go over the worker's channel to the coordinator. With ``prefetch`` the next position is
+    asked for as soon as one arrives, so the round trip overlaps the batch's computation (not with
+    fresh tokens, whose token is the step at the take)."""
 
-    def __init__(self, coordinator: Any, plans: list, prefetch: bool):
-        self.coordinator, self.plans, self.prefetch = coordinator, plans, prefetch
-        self.ahead = None
+    def __init__(self, coordinator: Any, channel: Channel, plans: list, prefetch: bool):
+        self.coordinator, self.channel, self.plans, self.prefetch = coordinator, channel, plans, prefetch
+        self.ahead: Reply | None = None
 
     def take(self, worker: int):
-        ref, self.ahead = self.ahead or self.coordinator.take.remote(worker), None
-        item = _get(ref)
+        reply, self.ahead = self.ahead or self.channel.submit(("take", worker)), None
+        item = reply.result()
         if item is None:
             return None
         if self.prefetch:
-            self.ahead = self.coordinator.take.remote(worker)
+            self.ahead = self.channel.submit(("take", worker))
         return item[0], self.plans[item[0]], item[1]
 
     def abandon(self, worker: int) -> None:
@@ -384,13 +423,16 @@ class TaskWorker(_Actor):
     """Worker ``index``: builds the task (and reads its data) itself, keeps it for the run."""
 
     def __init__(self, index: int, config, recipe_box: list, shards: list[RemoteShard], coordinator: Any,
-                 threads: int):
+                 coordinator_address: tuple, threads: int):
         from cadence.strategies.parameter_server import PS_MODES
 
         torch.set_num_threads(threads)
         self.index, self.config, self.coordinator = index, config, coordinator
         self.mode = PS_MODES.get(config.strategy)
         self.task = ray.get(recipe_box[0])()
+        for shard in shards:  # this worker's per-batch calls take the channels
+            shard.direct()
+        self.channel = Channel(coordinator_address)
         self.router = ShardRouter(shards)
         self.model = self.task.dense_module()
         self.plans: tuple[int, list] | None = None
@@ -417,7 +459,7 @@ class TaskWorker(_Actor):
         self.router.defer = type(local_gate) is NoGate and not self.mode.fresh_tokens and reducer is None
         self.router.deferred = None
         try:
-            worker.run(_RemoteData(self.coordinator, self.plans[1], prefetch),
+            worker.run(_RemoteData(self.coordinator, self.channel, self.plans[1], prefetch),
                        local_gate or _RemoteGate(self.coordinator, gate))
         finally:
             for shard in self.router.shards:
@@ -465,6 +507,7 @@ class RayEngine:
         self.concurrency = max(32, 3 * config.ps.workers + 8)
         self.placed = 0
         self.actors: list[Any] = []
+        self.start_seconds = 0.0  # waiting for the actors to be built (recorded in summary.json)
         self._start()
         _ENGINES.add(self)
 
@@ -484,13 +527,21 @@ class RayEngine:
         handles = [self._new(ShardServer, self.config, self.spec, self.mode.name, index,
                              self.dense_blob if index == 0 else None, self.threads)
                    for index in range(self.config.ps.shards)]
-        self.shards = [RemoteShard(handle, index, self.spec.width) for index, handle in enumerate(handles)]
+        addresses = _get([handle.endpoint.remote() for handle in handles])
+        self.shards = [RemoteShard(handle, index, self.spec.width, address)
+                       for index, (handle, address) in enumerate(zip(handles, addresses))]
         self.coordinator = self._new(Coordinator, self.config, self.mode.name, self.shards)
+        self.coordinator_address = _get(self.coordinator.endpoint.remote())
         self.workers = {index: self._worker(index) for index in range(self.config.ps.workers)}
-        _get([handle.ping.remote() for handle in handles])
+        # every actor is built (torch imported, the task and its data read) before training starts:
+        # setup, as the thread engine's is, not the first epoch's time
+        started = time.perf_counter()
+        _get([actor.ping.remote() for actor in (self.coordinator, *self.workers.values())])
+        self.start_seconds += time.perf_counter() - started
 
     def _worker(self, index: int) -> Any:
-        return self._new(TaskWorker, index, self.config, self.recipe, self.shards, self.coordinator, self.threads)
+        return self._new(TaskWorker, index, self.config, self.recipe, self.shards, self.coordinator,
+                         self.coordinator_address, self.threads)
 
     # ---- one epoch ----------------------------------------------------------------------------
     def run_epoch(self, plan: EpochPlan, plans: list) -> list[WorkerReport]:

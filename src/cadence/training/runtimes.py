@@ -271,6 +271,8 @@ class ParameterServerRuntime(Runtime):
         return {
             "workers": self.config.ps.workers,
             "engine": self.config.ps.engine,
+            # building the engine's processes before training (ray: actors import torch, read the data)
+            "engine_start_seconds": round(self.engine.start_seconds, 3),
             "worker_examples_per_second": [round(e / seconds, 1) if seconds > 0 else 0.0 for e in self.worker_examples],
             "vocabulary_added": sum(s["vocabulary_added"] for s in per_shard),
             # every batch's gradient reaches every shard: shard 0's counts count each batch once
