@@ -126,6 +126,14 @@ class EmbeddingStore:
         if block.versions is not None:
             self.versions.index_copy_(0, ids, block.versions)
 
+    def prefetch(self, ids: Tensor) -> None:
+        """Bring the rows' pages into memory (memory-mapped tables: a read of each row; in memory,
+        nothing), so that a write under a lock copies memory instead of waiting for the disk."""
+        if self._mapped:
+            self.values.index_select(0, ids)
+            self.state.index_select(0, ids)
+            self.versions.index_select(0, ids)
+
     def push(self, ids: Tensor, delta: Tensor) -> None:
         self.values.index_add_(0, ids, delta)
 

@@ -1,0 +1,269 @@
+"""Where the pipeline pays: a table at least twice the memory the training process may use
+(issue 9; the OAC paper's out-of-core setting). sync, async and oac side by side in one invocation.
+
+What runs: a synthetic power-law graph (``data.dataset=synthetic``), DistMult, the memory-mapped
+store (``store.backend=mmap``: the rows live in files and are paged in on demand). Defaults: 2M
+entities x dim 256 (2.0 GiB of values, plus optimizer state and versions), 150k training edges,
+batch 5000, 128 negatives, 1 epoch. Each run is a child process placed in a cgroup-v1 memory
+cgroup capped at ``--memory-mib`` (900: the Python process with torch takes about 350 of it, the
+page cache of the table gets the rest), the page cache dropped before it; strategies interleaved,
+``--repeats`` times. Evaluation is on: every run writes its final checkpoint, and the final test
+MRR (filtered, ``--eval-triples`` test edges ranked against every entity, both directions) is
+computed from it by a child process outside the cap (ranking holds the whole entity table in
+memory, which the capped process cannot; training time excludes it in any case).
+
+Also, once, OAC's guarantee in this very setting: the first oac run records its computation order
+and a sync run replays it (same cap); their final tables (values and optimizer state, read back
+from the store files) must be bit-identical.
+
+Reported per strategy: edges/s (training seconds only), its median and ratios, the test MRR (mean
+and 95% interval over repetitions), OAC's counters (repaired rows, skipped writes, seconds writers
+waited for and held the store's lock), and the machine's major page faults of each run. Bars
+(printed PASS/FAIL, written in the JSON): async >= 2x sync; oac >= 0.9x async; OAC's MRR within
+the repetitions' noise of sync's; OAC bit-identical to its replay.
+
+Needs root (a memory cgroup, dropping the page cache); without it the benchmark says so and exits
+0 without measuring.
+
+    sudo .venv/bin/python benchmarks/out_of_core.py [--repeats 3] [--quick]
+
+Writes benchmarks/results/out_of_core.json (``--quick``: out_of_core_quick.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+STRATEGIES = ("sync", "async", "oac")
+COUNTERS = ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes", "write_lock_wait_seconds",
+            "write_lock_held_seconds")
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def usable() -> str | None:
+    """Why this machine cannot run the benchmark, or None."""
+    if os.geteuid() != 0:
+        return "needs root (a memory cgroup and dropping the page cache)"
+    if not (CGROUP_ROOT / "cgroup.procs").exists():
+        return f"needs the cgroup-v1 memory controller at {CGROUP_ROOT}"
+    return None
+
+
+def make_cgroup(limit_mib: int) -> Path:
+    group = CGROUP_ROOT / f"cadence-out-of-core-{os.getpid()}"
+    group.mkdir(exist_ok=True)
+    (group / "memory.limit_in_bytes").write_text(str(limit_mib << 20))
+    return group
+
+
+def remove_cgroup(group: Path) -> None:
+    try:
+        group.rmdir()
+    except OSError:
+        pass
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("1")
+
+
+def major_faults() -> int:
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        if line.startswith("pgmajfault "):
+            return int(line.split()[1])
+    return 0
+
+
+def child(out: str, overrides: list[str]) -> None:
+    """Inside the cgroup: one training run; its summary as JSON on stdout. ``--child-eval``
+    (outside it): the test metrics of the run in ``out``."""
+    from cadence import api
+    from cadence.config import load_config
+
+    if overrides == ["--eval"]:
+        print(json.dumps(api.evaluate(out, "test")))
+        return
+    config = load_config(None, ["progress=false", *overrides])
+    config.out = out
+    summary = api.train(config, overwrite=True).summary
+    print(json.dumps(summary))
+
+
+def evaluate(out: Path) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--child", str(out), "--eval"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"evaluating {out} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(group: Path, out: Path, overrides: list[str]) -> dict:
+    drop_caches()
+    faults = major_faults()
+    enter = f"echo $$ > {group / 'cgroup.procs'} && exec \"$0\" \"$@\""
+    command = ["sh", "-c", enter, sys.executable, __file__, "--child", str(out), *overrides]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        killed = int((group / "memory.failcnt").read_text())
+        raise SystemExit(f"a run failed with exit code {done.returncode} (memory cap hit {killed} times; "
+                         f"{' '.join(overrides)}):\n{done.stderr[-3000:]}")
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    summary["run_wall_seconds"] = round(wall, 1)
+    summary["major_page_faults"] = major_faults() - faults
+    summary["peak_memory_mib"] = int((group / "memory.max_usage_in_bytes").read_text()) >> 20
+    (group / "memory.max_usage_in_bytes").write_text("0")
+    summary.update(evaluate(out))
+    shutil.rmtree(out, ignore_errors=True)  # its checkpoint is a copy of the table
+    return summary
+
+
+def table_digest(store: Path) -> dict[str, str]:
+    """sha256 of each file of a memory-mapped store (values, state: the trained table)."""
+    digests = {}
+    for path in sorted(store.iterdir()):
+        if "version" in path.name:  # timestamps differ between a pipelined run and its replay by design
+            continue
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while chunk := handle.read(1 << 24):
+                digest.update(chunk)
+        digests[path.name] = digest.hexdigest()
+    return digests
+
+
+def mean_ci(values: list[float]) -> dict:
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return {"mean": mean, "half_width": None}
+    t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}.get(len(values), 2.571)
+    half = t * statistics.stdev(values) / len(values) ** 0.5
+    return {"mean": mean, "half_width": half, "ci95": [mean - half, mean + half]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test of the harness")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory-mib", type=int, help="the cap (default 900; --quick 700)")
+    parser.add_argument("--entities", type=int)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--edges", type=int)
+    parser.add_argument("--batch", type=int, default=5000)
+    parser.add_argument("--negatives", type=int, default=128)
+    parser.add_argument("--eval-triples", type=int, default=200)
+    parser.add_argument("--no-replay", action="store_true", help="skip OAC's replay check")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], args.child[1:])
+        return
+    why = usable()
+    if why is not None:
+        say(f"out_of_core: skipped: {why}")
+        return
+    entities = args.entities or (200_000 if args.quick else 2_000_000)
+    edges = args.edges or (20_000 if args.quick else 150_000)
+    cap = args.memory_mib or (700 if args.quick else 900)
+    repeats = 1 if args.quick else args.repeats
+    table_mib = entities * (args.dim + 1) * 4 / 2**20  # values + rowwise Adagrad state (+ versions below)
+    table_mib += entities * 8 / 2**20
+    common = ["data.dataset=synthetic", f"data.synthetic.num_entities={entities}",
+              f"data.synthetic.num_edges={edges}", "data.synthetic.holdout=1000", "model.name=distmult",
+              f"model.dim={args.dim}", "train.epochs=1", f"train.batch_size={args.batch}",
+              f"train.negatives={args.negatives}", "eval.every=0", "eval.test=false",
+              f"eval.max_triples={args.eval_triples}", "checkpoint.every=1", "store.backend=mmap", "threads=2"]
+    results: dict = {
+        "command": " ".join([".venv/bin/python", "benchmarks/out_of_core.py", *sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
+        "setting": {"entities": entities, "dim": args.dim, "edges": edges, "batch_size": args.batch,
+                    "negatives": args.negatives, "epochs": 1, "eval_triples": args.eval_triples,
+                    "memory_cap_mib": cap, "table_mib": round(table_mib), "overrides": common},
+        "runs": {name: [] for name in STRATEGIES},
+    }
+    if table_mib < 2 * cap:
+        say(f"warning: the table ({table_mib:.0f} MiB) is less than twice the cap ({cap} MiB)")
+    path = RESULTS / ("out_of_core_quick.json" if args.quick else "out_of_core.json")
+    RESULTS.mkdir(exist_ok=True)
+    group = make_cgroup(cap)
+    try:
+        with tempfile.TemporaryDirectory(prefix="cadence-ooc-", dir=os.environ.get("CADENCE_BENCH_DIR")) as scratch:
+            work = Path(scratch)
+            for repeat in range(repeats):
+                for name in STRATEGIES:  # interleaved: machine noise hits every contender alike
+                    store = work / f"store-{name}-{repeat}"
+                    extra = [f"strategy={name}", f"seed={repeat}", f"store.path={store}"]
+                    replayed = name == "oac" and repeat == 0 and not args.no_replay
+                    if replayed:
+                        extra.append(f"record_order={work / 'oac.order.jsonl'}")
+                    summary = run(group, work / f"run-{name}-{repeat}", common + extra)
+                    results["runs"][name].append(summary)
+                    say(f"[{repeat}] {name:5}: {summary['examples_per_second']:,.0f} edges/s, train "
+                        f"{summary['train_seconds']:.1f}s, test MRR {summary['mrr']:.4f}, major faults "
+                        f"{summary['major_page_faults']:,}, peak {summary['peak_memory_mib']} MiB"
+                        + "".join(f", {k} {summary[k]}" for k in COUNTERS if k in summary))
+                    if replayed:
+                        replay_store = work / "store-replay"
+                        replay = run(group, work / "run-replay", common + [
+                            "strategy=sync", f"seed={repeat}", f"store.path={replay_store}",
+                            f"batch_order={work / 'oac.order.jsonl'}"])
+                        same = table_digest(store) == table_digest(replay_store)
+                        results["oac_replay"] = {"bit_identical": same, "replay_mrr": replay["mrr"],
+                                                 "oac_mrr": summary["mrr"]}
+                        say(f"oac vs its sync replay: {'bit-identical' if same else 'DIFFERENT'}")
+                        shutil.rmtree(replay_store, ignore_errors=True)
+                    shutil.rmtree(store, ignore_errors=True)
+                    path.write_text(json.dumps(results, indent=1) + "\n")
+    finally:
+        remove_cgroup(group)
+    table = {}
+    for name, runs in results["runs"].items():
+        speeds = [r["examples_per_second"] for r in runs]
+        table[name] = {"edges_per_second": speeds, "edges_per_second_median": statistics.median(speeds),
+                       "test_mrr": mean_ci([r["mrr"] for r in runs]),
+                       "major_page_faults": [r["major_page_faults"] for r in runs],
+                       **{k: [r[k] for r in runs] for k in COUNTERS if k in runs[0]}}
+    speed = {name: table[name]["edges_per_second_median"] for name in table}
+    ratios = {"async_over_sync": speed["async"] / speed["sync"], "oac_over_async": speed["oac"] / speed["async"],
+              "oac_over_sync": speed["oac"] / speed["sync"]}
+    gaps = [o["mrr"] - s["mrr"] for o, s in zip(results["runs"]["oac"], results["runs"]["sync"])]
+    gap = mean_ci(gaps)
+    noise = gap["half_width"]
+    bars = {
+        "async_2x_sync": {"value": ratios["async_over_sync"], "passed": ratios["async_over_sync"] >= 2.0},
+        "oac_0.9x_async": {"value": ratios["oac_over_async"], "passed": ratios["oac_over_async"] >= 0.9},
+        "oac_mrr_equals_sync_within_noise": {
+            "oac_minus_sync": gap, "passed": noise is not None and abs(gap["mean"]) <= noise},
+        "oac_bit_identical_to_replay": {"passed": bool(results.get("oac_replay", {}).get("bit_identical"))},
+    }
+    results.update(strategies=table, ratios=ratios, bars=bars, complete=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    for name, row in table.items():
+        print(f"{name:5} {row['edges_per_second_median']:>9,.0f} edges/s  test MRR {row['test_mrr']['mean']:.4f}"
+              + (f" ± {row['test_mrr']['half_width']:.4f}" if row["test_mrr"]["half_width"] else ""))
+    for name, bar in bars.items():
+        print(f"{'PASS' if bar['passed'] else 'FAIL'} {name}: {bar.get('value', bar.get('oac_minus_sync', ''))}")
+    print(f"wrote {path.relative_to(Path(__file__).parents[1])}")
+
+
+if __name__ == "__main__":
+    main()
