@@ -66,6 +66,8 @@ def usable() -> str | None:
 
 
 def make_cgroup(limit_mib: int) -> Path:
+    for stale in CGROUP_ROOT.glob("cadence-out-of-core-*"):  # left by a killed invocation: empty by now
+        remove_cgroup(stale)
     group = CGROUP_ROOT / f"cadence-out-of-core-{os.getpid()}"
     group.mkdir(exist_ok=True)
     (group / "memory.limit_in_bytes").write_text(str(limit_mib << 20))

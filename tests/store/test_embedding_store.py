@@ -86,3 +86,49 @@ def test_mmap_needs_a_path() -> None:
 
     with pytest.raises(ConfigError, match="store.path"):
         create_store(10, 4, 1, "mmap", None)
+
+
+def test_only_copies_towards_an_accelerator_are_asynchronous() -> None:
+    """A writer thread reads a block the moment it is back on the host: a non-blocking copy from a
+    GPU might not have landed yet, so copies to the CPU are synchronous (the device is only named
+    here: no GPU is needed)."""
+    from cadence.store.embedding_store import overlaps
+
+    assert not overlaps("cpu") and not overlaps(torch.device("cpu"))
+    assert overlaps("cuda") and overlaps(torch.device("cuda:1"))
+
+
+def test_striped_conditional_writes_equal_the_one_lock_rule_under_concurrent_writers() -> None:
+    """``write_if_newer`` (a stripe lock at a time) against the rule itself: after every writer is
+    done, each row holds the block with the largest timestamp that touched it, values and state."""
+    import threading
+
+    generator = torch.Generator().manual_seed(0)
+    rows, dim = 500, 4
+    store = create_store(rows, dim, 1)
+    store.values.zero_()
+    writes = []
+    for timestamp in range(64):
+        ids = torch.randperm(rows, generator=generator)[:200]
+        values = torch.full((200, dim), float(timestamp))
+        writes.append((ids, RowBlock(values, values[:, :1] + 0.5, torch.full((200,), timestamp))))
+    expected = torch.full((rows,), -1)
+    for timestamp, (ids, _) in enumerate(writes):
+        expected[ids] = torch.maximum(expected[ids], torch.tensor(timestamp))
+
+    def writer(mine):
+        for ids, block in mine:
+            store.write_if_newer(ids, block)
+
+    threads = [threading.Thread(target=writer, args=(writes[k::4][::-1] if k % 2 else writes[k::4],))
+               for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    touched = expected >= 0
+    assert torch.equal(store.versions[touched], expected[touched])
+    assert torch.equal(store.values[touched, 0], expected[touched].float())
+    assert torch.equal(store.state[touched, 0], expected[touched].float() + 0.5)
+    skipped, _, _ = store.write_if_newer(*writes[0])  # everything it touches is newer by now, or itself
+    assert skipped == 200

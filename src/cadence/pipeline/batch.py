@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from cadence.seeding import derive_seed
-from cadence.store.embedding_store import RowBlock
+from cadence.store.embedding_store import RowBlock, overlaps
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,9 @@ class Batch:
         return self.plan.size
 
     def inputs_to(self, device: torch.device) -> None:
-        self.ids = self.ids.to(device, non_blocking=True)
-        self.inputs = {name: value.to(device, non_blocking=True) for name, value in self.inputs.items()}
+        asynchronous = overlaps(device)  # (never towards the host: the writer reads ids at once)
+        self.ids = self.ids.to(device, non_blocking=asynchronous)
+        self.inputs = {name: value.to(device, non_blocking=asynchronous) for name, value in self.inputs.items()}
 
 
 def unique_keys(keys: Tensor, num_keys: int) -> tuple[Tensor, Tensor]:

@@ -6,11 +6,14 @@ Every strategy reads and writes entity rows only through these verbs:
 - ``set(ids, block)``: overwrite those rows (value and state, and versions when the block has them);
 - ``push(ids, delta)``: add a delta to the values (additive, Hogwild/parameter-server style);
 - ``set_if_newer(ids, block)``: overwrite only rows whose stored version is older than the block's
-  (OAC's rule: a row is overwritten only by a larger timestamp).
+  (OAC's rule: a row is overwritten only by a larger timestamp); ``write_if_newer`` does the same
+  under the store's striped locks, for concurrent writers.
 
 The verbs take no lock themselves; strategies that need a read or write of (value, state, version)
 to be atomic hold ``store.lock`` around one vectorised call (one short lock per operation, acquired
-alone, so no deadlock is possible).
+alone, so no deadlock is possible). ``write_if_newer`` locks per stripe instead (rows by
+``row % STRIPES``), one stripe at a time: each row's compare-and-write is atomic, and writers of
+different stripes copy (and, out of core, wait for the disk) side by side.
 
 Rows are gathered and scattered with vectorised ``index_select`` / ``index_copy_`` (no per-row
 Python). ``versions`` start at -1; OAC (SPEC section 1) uses them as row timestamps. Where the rows
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -35,6 +39,8 @@ from cadence.errors import ConfigError
 from cadence.registry import Registry
 from cadence.store.initial import INIT_CHUNK_ROWS, initial_chunk
 
+STRIPES = 64  # write locks of a store (rows by row % STRIPES)
+
 
 
 @dataclass
@@ -46,10 +52,18 @@ class RowBlock:
     versions: Tensor | None = None  # [n] int64
 
     def to(self, device: torch.device | str) -> "RowBlock":
-        versions = None if self.versions is None else self.versions.to(device, non_blocking=True)
-        return RowBlock(
-            self.values.to(device, non_blocking=True), self.state.to(device, non_blocking=True), versions
-        )
+        asynchronous = overlaps(device)
+        versions = None if self.versions is None else self.versions.to(device, non_blocking=asynchronous)
+        return RowBlock(self.values.to(device, non_blocking=asynchronous),
+                        self.state.to(device, non_blocking=asynchronous), versions)
+
+
+def overlaps(device: torch.device | str) -> bool:
+    """Whether a copy *to* ``device`` may be asynchronous: only towards an accelerator, whose stream
+    orders the copy before any kernel that reads it. A copy back to the host must be synchronous:
+    the host reads it at once (a writer thread's ``index_copy_``), and a non-blocking device-to-host
+    copy may not have landed yet."""
+    return torch.device(device).type != "cpu"
 
 
 # An allocator returns (values, state, versions, mapped arrays to flush) for a table's shape.
@@ -103,6 +117,7 @@ class EmbeddingStore:
         self.backend = backend
         self._mapped = list(mapped)  # memory-mapped arrays behind the tensors, flushed to disk
         self.lock = threading.Lock()
+        self.stripes = [threading.Lock() for _ in range(STRIPES)]
 
     @property
     def num_rows(self) -> int:
@@ -147,6 +162,30 @@ class EmbeddingStore:
         keep = newer.nonzero().squeeze(1)
         self.set(ids[keep], RowBlock(block.values[keep], block.state[keep], block.versions[keep]))
         return ids.shape[0] - keep.shape[0]
+
+    def write_if_newer(self, ids: Tensor, block: RowBlock) -> tuple[int, float, float]:
+        """``set_if_newer`` under the striped locks, one stripe held at a time. Returns (rows skipped,
+        seconds waited for locks, seconds locks were held)."""
+        stripe = ids.remainder(STRIPES)
+        order = torch.argsort(stripe, stable=True)
+        counts = torch.bincount(stripe, minlength=STRIPES).tolist()
+        skipped, waited, held, start = 0, 0.0, 0.0, 0
+        for index, count in enumerate(counts):
+            if not count:
+                continue
+            mine = order[start:start + count]
+            start += count
+            part = RowBlock(block.values.index_select(0, mine), block.state.index_select(0, mine),
+                            block.versions.index_select(0, mine))
+            rows = ids.index_select(0, mine)
+            self.prefetch(rows)
+            asked = time.perf_counter()
+            with self.stripes[index]:
+                got = time.perf_counter()
+                skipped += self.set_if_newer(rows, part)
+                held += time.perf_counter() - got
+            waited += got - asked
+        return skipped, waited, held
 
     def initialize(self, std: float, seed: int) -> None:
         """Fill values with N(0, std^2), chunk by chunk, identically for every backend."""

@@ -21,16 +21,17 @@ still holds (eviction stops at the oldest outstanding batch's MFT), with a times
 the version read, so validation replaces the row whole by the cached one; every write finished
 before the batch began is in storage before the read starts. Reading the versions *after* the
 data would break this (a new version over old data is never repaired): the order is the guarantee
-(tested with injected read latency). Writes stay conditional and atomic under ``store.lock``; their
-rows are faulted in before the lock is taken (``store.prefetch``), so the lock is held for a
-memory copy, not a disk read.
+(tested with injected read latency). Writes stay conditional and atomic per row, under the
+store's striped locks (``store.write_if_newer``: one stripe of rows at a time, so writers of
+different stripes overlap), and each stripe's rows are faulted in before its lock is taken
+(``store.prefetch``). With one lock around the whole write, out of core, the writers held it 89%
+of the run (53.6 s of 60.2 s) and OAC ran at 0.40x of async.
 """
 
 from __future__ import annotations
 
 import operator
 import threading
-import time
 
 import torch
 
@@ -96,13 +97,11 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
         self.cache.insert(batch.ids, batch.rows)
 
     def write(self, batch: Batch) -> None:
-        self.store.prefetch(batch.ids)  # page faults outside the lock
-        asked = time.perf_counter()
-        with self.store.lock:
-            got = time.perf_counter()
-            self.skipped_writes += self.store.set_if_newer(batch.ids, batch.rows)
-            self.write_lock_wait += got - asked
-            self.write_lock_held += time.perf_counter() - got
+        skipped, waited, held = self.store.write_if_newer(batch.ids, batch.rows)
+        with self.meta_lock:
+            self.skipped_writes += skipped
+            self.write_lock_wait += waited
+            self.write_lock_held += held
 
     def finish(self, batch: Batch) -> None:
         with self.meta_lock:
