@@ -27,7 +27,8 @@ Needs root (a memory cgroup, dropping the page cache); without it the benchmark 
 
     sudo .venv/bin/python benchmarks/out_of_core.py [--repeats 3] [--quick]
 
-Writes benchmarks/results/out_of_core.json (``--quick``: out_of_core_quick.json).
+Writes benchmarks/results/out_of_core.json (``--quick``: out_of_core_quick.json; a ``--strategies``
+subset, for diagnosis: out_of_core_subset.json, no bars).
 """
 
 from __future__ import annotations
@@ -172,7 +173,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=5000)
     parser.add_argument("--negatives", type=int, default=128)
     parser.add_argument("--eval-triples", type=int, default=200)
+    parser.add_argument("--staleness-bound", type=int, default=16, help="pipeline.staleness_bound (every strategy)")
     parser.add_argument("--no-replay", action="store_true", help="skip OAC's replay check")
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
+                        help="a subset (diagnosis; the bars need all three)")
     args = parser.parse_args()
     if args.child:
         child(args.child[0], args.child[1:])
@@ -191,7 +195,8 @@ def main() -> None:
               f"data.synthetic.num_edges={edges}", "data.synthetic.holdout=1000", "model.name=distmult",
               f"model.dim={args.dim}", "train.epochs=1", f"train.batch_size={args.batch}",
               f"train.negatives={args.negatives}", "eval.every=0", "eval.test=false",
-              f"eval.max_triples={args.eval_triples}", "checkpoint.every=1", "store.backend=mmap", "threads=2"]
+              f"eval.max_triples={args.eval_triples}", "checkpoint.every=1",
+              f"pipeline.staleness_bound={args.staleness_bound}", "store.backend=mmap", "threads=2"]
     results: dict = {
         "command": " ".join([".venv/bin/python", "benchmarks/out_of_core.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -200,18 +205,20 @@ def main() -> None:
         "setting": {"entities": entities, "dim": args.dim, "edges": edges, "batch_size": args.batch,
                     "negatives": args.negatives, "epochs": 1, "eval_triples": args.eval_triples,
                     "memory_cap_mib": cap, "table_mib": round(table_mib), "overrides": common},
-        "runs": {name: [] for name in STRATEGIES},
+        "runs": {name: [] for name in args.strategies},
     }
     if table_mib < 2 * cap:
         say(f"warning: the table ({table_mib:.0f} MiB) is less than twice the cap ({cap} MiB)")
-    path = RESULTS / ("out_of_core_quick.json" if args.quick else "out_of_core.json")
+    subset = len(args.strategies) < len(STRATEGIES)  # a diagnosis: never over the full results
+    path = RESULTS / ("out_of_core_quick.json" if args.quick else "out_of_core_subset.json" if subset
+                      else "out_of_core.json")
     RESULTS.mkdir(exist_ok=True)
     group = make_cgroup(cap)
     try:
         with tempfile.TemporaryDirectory(prefix="cadence-ooc-", dir=os.environ.get("CADENCE_BENCH_DIR")) as scratch:
             work = Path(scratch)
             for repeat in range(repeats):
-                for name in STRATEGIES:  # interleaved: machine noise hits every contender alike
+                for name in args.strategies:  # interleaved: machine noise hits every contender alike
                     store = work / f"store-{name}-{repeat}"
                     extra = [f"strategy={name}", f"seed={repeat}", f"store.path={store}"]
                     replayed = name == "oac" and repeat == 0 and not args.no_replay
@@ -237,6 +244,8 @@ def main() -> None:
                     path.write_text(json.dumps(results, indent=1) + "\n")
     finally:
         remove_cgroup(group)
+    if subset:
+        return
     table = {}
     for name, runs in results["runs"].items():
         speeds = [r["examples_per_second"] for r in runs]

@@ -98,9 +98,9 @@ def test_only_copies_towards_an_accelerator_are_asynchronous() -> None:
     assert overlaps("cuda") and overlaps(torch.device("cuda:1"))
 
 
-def test_striped_conditional_writes_equal_the_one_lock_rule_under_concurrent_writers() -> None:
-    """``write_if_newer`` (a stripe lock at a time) against the rule itself: after every writer is
-    done, each row holds the block with the largest timestamp that touched it, values and state."""
+def test_conditional_writes_of_concurrent_writers_keep_the_newest_row() -> None:
+    """``write_if_newer`` from four threads against the rule itself: after every writer is done, each
+    row holds the block with the largest timestamp that touched it, values and state."""
     import threading
 
     generator = torch.Generator().manual_seed(0)

@@ -21,11 +21,9 @@ still holds (eviction stops at the oldest outstanding batch's MFT), with a times
 the version read, so validation replaces the row whole by the cached one; every write finished
 before the batch began is in storage before the read starts. Reading the versions *after* the
 data would break this (a new version over old data is never repaired): the order is the guarantee
-(tested with injected read latency). Writes stay conditional and atomic per row, under the
-store's striped locks (``store.write_if_newer``: one stripe of rows at a time, so writers of
-different stripes overlap), and each stripe's rows are faulted in before its lock is taken
-(``store.prefetch``). With one lock around the whole write, out of core, the writers held it 89%
-of the run (53.6 s of 60.2 s) and OAC ran at 0.40x of async.
+(tested with injected read latency). Writes stay conditional and atomic under the store's lock
+(``store.write_if_newer``), their rows faulted in before it is taken; out of core the writers
+still hold it most of the run (docs/strategies/pipelined.md: where the time goes).
 """
 
 from __future__ import annotations
