@@ -7,10 +7,10 @@ a few milliseconds. Ray keeps placing the processes, watching them and carrying 
 over a plain TCP connection from the worker to the actor instead, which costs tens of
 microseconds.
 
-``ChannelServer(dispatch, host)`` listens on ``host`` (the node's address, so workers on other
+``ChannelServer(dispatch, host, secret)`` listens on ``host`` (the node's address, so workers on other
 nodes reach it) and serves each connection on a thread of its own: it reads a request, calls
 ``dispatch(request)``, and writes back the result or the exception it raised, one request after
-the other, so one connection's requests run in the order they were sent. ``Channel(address)`` is
+the other, so one connection's requests run in the order they were sent. ``Channel(address, secret)`` is
 the client: ``submit(request)`` sends at once and returns a ``Reply``; replies come back in order
 and ``Reply.result()`` reads up to its own. Several requests may be in flight (a push sent without
 waiting, a take asked for ahead). A closed connection (the other process died) raises
@@ -20,11 +20,15 @@ A server listens on TCP and, on Linux, also on a Unix socket in the abstract nam
 name, nothing on disk); a client tries the Unix socket first and takes TCP where it is not there
 (another machine). Between two processes of one machine the Unix socket skips the TCP stack: about
 half the kernel time per message. Messages are pickles (protocol 5; numpy arrays travel as raw
-bytes) behind an 8-byte length. Nothing here knows Ray, shards or tasks.
+bytes) behind an 8-byte length. A pickle can run code when it is loaded, so a server loads nothing
+from a connection before the client has sent the run's secret (random bytes the engine hands every
+process of the run through Ray); a connection that sends anything else is closed unread. Nothing
+here knows Ray, shards or tasks.
 """
 
 from __future__ import annotations
 
+import hmac
 import pickle
 import socket
 import struct
@@ -85,8 +89,9 @@ def _portable(err: BaseException) -> BaseException:
 class ChannelServer:
     """Serves ``dispatch`` to every connection on ``host`` (port chosen by the OS: ``address``)."""
 
-    def __init__(self, dispatch: Callable[[Any], Any], host: str):
+    def __init__(self, dispatch: Callable[[Any], Any], host: str, secret: bytes):
         self.dispatch = dispatch
+        self.secret = secret
         self.listeners = [socket.create_server((host, 0))]
         local = None
         if sys.platform.startswith("linux"):
@@ -110,6 +115,14 @@ class ChannelServer:
 
     def _serve(self, sock: socket.socket) -> None:
         with sock:
+            try:
+                sock.settimeout(30.0)
+                offered = bytes(_receive_exactly(sock, len(self.secret)))
+                sock.settimeout(None)
+            except (ChannelClosed, OSError):
+                return
+            if not hmac.compare_digest(offered, self.secret):
+                return  # not one of the run's processes: nothing it sent is unpickled
             while True:
                 try:
                     request = _receive(sock)
@@ -165,7 +178,7 @@ class Reply:
 class Channel:
     """The client end: one connection, requests answered in the order they were sent."""
 
-    def __init__(self, address: tuple, timeout: float = 30.0):
+    def __init__(self, address: tuple, secret: bytes, timeout: float = 30.0):
         host, port, local = (*address, None)[:3]
         self.sock = _local(local) if local else None
         if self.sock is None:
@@ -174,6 +187,10 @@ class Channel:
             except OSError as err:
                 raise ChannelClosed(f"cannot connect to {host}:{port}: {err}") from None
         _connected(self.sock).settimeout(None)
+        try:
+            self.sock.sendall(secret)
+        except OSError as err:
+            raise ChannelClosed(f"cannot connect to {host}:{port}: {err}") from None
         self.owed: deque[Reply] = deque()  # sent, reply not read yet, in order
         self.send_lock = threading.Lock()
         self.read_lock = threading.Lock()

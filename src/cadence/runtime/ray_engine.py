@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import os
 import pickle
+import secrets
 import socket
 import threading
 import time
@@ -183,11 +184,12 @@ class RemoteShard:
 
     ONE_WAY = ("push", "drop", "close_token")
 
-    def __init__(self, handle: Any, index: int, width: int, address: tuple | None = None):
+    def __init__(self, handle: Any, index: int, width: int, address: tuple | None = None, secret: bytes = b""):
         self.handle = handle
         self.index = index
         self.width = width
         self.address = address  # the actor's channel
+        self.secret = secret  # the run's channel secret
         self.caller = uuid.uuid4().hex  # each process's copy of a handle is a caller of its own
         self._seq = 0
         self._pending: list[_Call] = []
@@ -198,7 +200,7 @@ class RemoteShard:
         """From now on this copy's calls go over a channel to the actor (one caller: a worker)."""
         if self.address is not None and self._channel is None:
             try:
-                self._channel = Channel(self.address)
+                self._channel = Channel(self.address, self.secret)
             except ChannelClosed as err:
                 raise ShardLost(f"server shard {self.index}: {err}") from None
 
@@ -236,7 +238,7 @@ class RemoteShard:
             old.result()
 
     def __reduce__(self):
-        return RemoteShard, (self.handle, self.index, self.width, self.address)
+        return RemoteShard, (self.handle, self.index, self.width, self.address, self.secret)
 
 
 # ---- the actors -------------------------------------------------------------------------------------------
@@ -255,7 +257,8 @@ class _Actor:
 class ShardServer(_Actor):
     """Holds server shard ``index`` for the whole run."""
 
-    def __init__(self, config, spec, mode_name: str, index: int, dense_blob: bytes | None, threads: int):
+    def __init__(self, config, spec, mode_name: str, index: int, dense_blob: bytes | None, threads: int,
+                 secret: bytes):
         from cadence.strategies.parameter_server import PS_MODES
 
         torch.set_num_threads(threads)
@@ -264,7 +267,7 @@ class ShardServer(_Actor):
 
         self.turns = threading.Condition()
         self.next_seq: dict[str, int] = {}  # caller -> sequence number of its next call
-        self.channel = ChannelServer(lambda request: self.call(*request[:3], *request[3]), _host())
+        self.channel = ChannelServer(lambda request: self.call(*request[:3], *request[3]), _host(), secret)
 
     def endpoint(self) -> tuple:
         return self.channel.address
@@ -288,7 +291,7 @@ class ShardServer(_Actor):
 class Coordinator(_Actor):
     """One epoch's data list (positions and tokens only) and gate."""
 
-    def __init__(self, config, mode_name: str, shards: list[RemoteShard]):
+    def __init__(self, config, mode_name: str, shards: list[RemoteShard], secret: bytes):
         from cadence.strategies.parameter_server import PS_MODES
 
         self.config, self.mode, self.shards = config, PS_MODES.get(mode_name), shards
@@ -297,7 +300,7 @@ class Coordinator(_Actor):
         self.gate: NoGate = NoGate()
         # worker -> (position, token) of the batches it may hold: with prefetching, the last two taken
         self.held: dict[int, collections.deque] = {}
-        self.channel = ChannelServer(self._direct, _host())
+        self.channel = ChannelServer(self._direct, _host(), secret)
 
     def endpoint(self) -> tuple:
         return self.channel.address
@@ -423,7 +426,7 @@ class TaskWorker(_Actor):
     """Worker ``index``: builds the task (and reads its data) itself, keeps it for the run."""
 
     def __init__(self, index: int, config, recipe_box: list, shards: list[RemoteShard], coordinator: Any,
-                 coordinator_address: tuple, threads: int):
+                 coordinator_address: tuple, threads: int, secret: bytes):
         from cadence.strategies.parameter_server import PS_MODES
 
         torch.set_num_threads(threads)
@@ -432,7 +435,7 @@ class TaskWorker(_Actor):
         self.task = ray.get(recipe_box[0])()
         for shard in shards:  # this worker's per-batch calls take the channels
             shard.direct()
-        self.channel = Channel(coordinator_address)
+        self.channel = Channel(coordinator_address, secret)
         self.router = ShardRouter(shards)
         self.model = self.task.dense_module()
         self.plans: tuple[int, list] | None = None
@@ -507,6 +510,7 @@ class RayEngine:
         self.concurrency = max(32, 3 * config.ps.workers + 8)
         self.placed = 0
         self.actors: list[Any] = []
+        self.secret = secrets.token_bytes(32)  # admits this run's processes to its channels
         self.start_seconds = 0.0  # waiting for the actors to be built (recorded in summary.json)
         self._start()
         _ENGINES.add(self)
@@ -525,12 +529,12 @@ class RayEngine:
     def _start(self) -> None:
         self.placed = 0
         handles = [self._new(ShardServer, self.config, self.spec, self.mode.name, index,
-                             self.dense_blob if index == 0 else None, self.threads)
+                             self.dense_blob if index == 0 else None, self.threads, self.secret)
                    for index in range(self.config.ps.shards)]
         addresses = _get([handle.endpoint.remote() for handle in handles])
-        self.shards = [RemoteShard(handle, index, self.spec.width, address)
+        self.shards = [RemoteShard(handle, index, self.spec.width, address, self.secret)
                        for index, (handle, address) in enumerate(zip(handles, addresses))]
-        self.coordinator = self._new(Coordinator, self.config, self.mode.name, self.shards)
+        self.coordinator = self._new(Coordinator, self.config, self.mode.name, self.shards, self.secret)
         self.coordinator_address = _get(self.coordinator.endpoint.remote())
         self.workers = {index: self._worker(index) for index in range(self.config.ps.workers)}
         # every actor is built (torch imported, the task and its data read) before training starts:
@@ -541,7 +545,7 @@ class RayEngine:
 
     def _worker(self, index: int) -> Any:
         return self._new(TaskWorker, index, self.config, self.recipe, self.shards, self.coordinator,
-                         self.coordinator_address, self.threads)
+                         self.coordinator_address, self.threads, self.secret)
 
     # ---- one epoch ----------------------------------------------------------------------------
     def run_epoch(self, plan: EpochPlan, plans: list) -> list[WorkerReport]:
