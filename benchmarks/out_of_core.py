@@ -46,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from peer_stats import mean_ci  # same folder: the shared 95% t-interval
+
 RESULTS = Path(__file__).parent / "results"
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 STRATEGIES = ("sync", "async", "oac")
@@ -150,15 +152,6 @@ def table_digest(store: Path) -> dict[str, str]:
                 digest.update(chunk)
         digests[path.name] = digest.hexdigest()
     return digests
-
-
-def mean_ci(values: list[float]) -> dict:
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return {"mean": mean, "half_width": None}
-    t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}.get(len(values), 2.571)
-    half = t * statistics.stdev(values) / len(values) ** 0.5
-    return {"mean": mean, "half_width": half, "ci95": [mean - half, mean + half]}
 
 
 def main() -> None:

@@ -38,8 +38,6 @@ from cadence.registry import Registry
 from cadence.store.initial import INIT_CHUNK_ROWS, initial_chunk
 
 
-
-
 @dataclass
 class RowBlock:
     """A copy of some rows of a store, in the order of the ids that were pulled."""
