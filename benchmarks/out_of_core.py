@@ -12,6 +12,11 @@ MRR (filtered, ``--eval-triples`` test edges ranked against every entity, both d
 computed from it by a child process outside the cap (ranking holds the whole entity table in
 memory, which the capped process cannot; training time excludes it in any case).
 
+The store reads rows at random (``store.readahead=false``, cadence's default); ``--set
+store.readahead=true`` restores the kernel's read-ahead, the setting of the first measurements
+(docs/benchmarks.md: it made every strategy several times slower). ``--set KEY=VALUE`` passes any
+override to every strategy's runs.
+
 Also, once, OAC's guarantee in this very setting: the first oac run records its computation order
 and a sync run replays it (same cap); their final tables (values and optimizer state, read back
 from the store files) must be bit-identical.
@@ -51,8 +56,9 @@ from peer_stats import mean_ci  # same folder: the shared 95% t-interval
 RESULTS = Path(__file__).parent / "results"
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 STRATEGIES = ("sync", "async", "oac")
-COUNTERS = ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes", "write_lock_wait_seconds",
-            "write_lock_held_seconds")
+COUNTERS = ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes", "coalesced_writes", "peak_cache_rows",
+            "load_busy_seconds", "compute_busy_seconds", "write_busy_seconds",
+            "write_lock_wait_seconds", "write_lock_held_seconds")
 
 
 def say(text: str) -> None:
@@ -168,6 +174,8 @@ def main() -> None:
     parser.add_argument("--eval-triples", type=int, default=200)
     parser.add_argument("--staleness-bound", type=int, default=16, help="pipeline.staleness_bound (every strategy)")
     parser.add_argument("--no-replay", action="store_true", help="skip OAC's replay check")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="one more config override for every strategy (repeatable)")
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
                         help="a subset (diagnosis; the bars need all three)")
     args = parser.parse_args()
@@ -189,7 +197,7 @@ def main() -> None:
               f"model.dim={args.dim}", "train.epochs=1", f"train.batch_size={args.batch}",
               f"train.negatives={args.negatives}", "eval.every=0", "eval.test=false",
               f"eval.max_triples={args.eval_triples}", "checkpoint.every=1",
-              f"pipeline.staleness_bound={args.staleness_bound}", "store.backend=mmap", "threads=2"]
+              f"pipeline.staleness_bound={args.staleness_bound}", "store.backend=mmap", "threads=2", *args.set]
     results: dict = {
         "command": " ".join([".venv/bin/python", "benchmarks/out_of_core.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from cadence.cli import main
 
@@ -62,6 +63,9 @@ def test_data_list_names_the_registered_datasets(capsys) -> None:
     (["--strategy", "nope"], "unknown strategy 'nope'"),
     (["--dim", "7", "--model", "complex"], "model.dim must be even"),
     (["--epochs", "0"], "train.epochs must be positive"),
+    (["--device", "gpu"], "device: 'gpu' is not a device"),
+    pytest.param(["--device", "cuda", "--strategy", "gba"], "device: 'cuda' was asked for, but no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")),
 ])
 def test_config_mistakes_exit_2_without_traceback_or_output(tiny_graph: Path, tmp_path: Path, args, message) -> None:
     out = tmp_path / "run"
@@ -201,7 +205,7 @@ def test_compare_works_for_another_task(task_data, tmp_path: Path, capsys) -> No
     (["--init-from", "runs/x"], "ctr.init_from belongs to the ctr task; this run's task is kge"),
     (["--task", "ctr", "--set", "w2v.window=3"], "w2v.window belongs to the w2v task; this run's task is ctr"),
     (["--workers", "2", "--batch-order", "order.jsonl"], "batch_order applies to the one-process pipeline"),
-    (["--strategy", "gba", "--set", "device=cpu"], "device applies to the one-process pipeline"),
+    (["--strategy", "gba", "--set", "store.backend=mmap"], "store.backend applies to the one-process pipeline"),
     (["--strategy", "oac", "--workers", "2"], "strategy oac runs in one process"),
     (["--strategy", "oac", "--engine", "ray"], "strategy oac runs in one process"),
     (["--straggler", "0:4"], "ps.stragglers applies to the parameter-server runtime"),

@@ -60,10 +60,12 @@ def assert_same_model(first: Path, second: Path) -> None:
         assert torch.equal(value, other_dense[name]), name
 
 
-@pytest.mark.parametrize("task", TASK_NAMES)
-@pytest.mark.parametrize("strategy", sorted(STRATEGY_SETTINGS))
-def test_every_task_trains_under_every_strategy(task: str, strategy: str, task_data, tmp_path: Path) -> None:
-    result = run(task_data, tmp_path, task, strategy, f"strategy={strategy}", *STRATEGY_SETTINGS[strategy][0])
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def check_trains(task_data, tmp_path: Path, task: str, strategy: str, *overrides: str):
+    result = run(task_data, tmp_path, task, strategy, f"strategy={strategy}", *STRATEGY_SETTINGS[strategy][0],
+                 *overrides)
     summary = result.summary
     metric = summary["primary_metric"]
     assert summary["task"] == task and summary["strategy"] == strategy
@@ -71,22 +73,45 @@ def test_every_task_trains_under_every_strategy(task: str, strategy: str, task_d
     assert math.isfinite(summary[metric]) and math.isfinite(summary[f"best_valid_{metric}"])
     assert summary["examples_per_second"] > 0
     assert [r["epoch"] for r in result.metrics if r["split"] == "valid"] == [1, 2]
+    return result
 
 
 @pytest.mark.parametrize("task", TASK_NAMES)
+@pytest.mark.parametrize("strategy", sorted(STRATEGY_SETTINGS))
+def test_every_task_trains_under_every_strategy(task: str, strategy: str, task_data, tmp_path: Path) -> None:
+    check_trains(task_data, tmp_path, task, strategy)
+
+
+@needs_cuda
+@pytest.mark.parametrize("task", TASK_NAMES)
+@pytest.mark.parametrize("strategy", sorted(STRATEGY_SETTINGS))
+def test_every_task_trains_under_every_strategy_on_cuda(task: str, strategy: str, task_data, tmp_path: Path) -> None:
+    """``--device cuda``: the pipeline's batches and the parameter-server workers' compute on the GPU,
+    and the model they train is the one the CPU trains, up to float rounding."""
+    on_gpu = check_trains(task_data, tmp_path / "cuda", task, strategy, "device=cuda")
+    on_cpu = check_trains(task_data, tmp_path / "cpu", task, strategy, "device=cpu")
+    metric = on_cpu.summary["primary_metric"]
+    assert on_gpu.summary[metric] == pytest.approx(on_cpu.summary[metric], rel=0.05, abs=0.02)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize("task", TASK_NAMES)
 @pytest.mark.parametrize("strategy", sorted(set(STRATEGY_SETTINGS) - {"sync"}))
-def test_degenerate_setting_equals_sync(task: str, strategy: str, task_data, tmp_path: Path) -> None:
-    sync = run(task_data, tmp_path, task, "sync")
-    other = run(task_data, tmp_path, task, strategy, f"strategy={strategy}", *STRATEGY_SETTINGS[strategy][1])
+def test_degenerate_setting_equals_sync(task: str, strategy: str, device: str, task_data, tmp_path: Path) -> None:
+    sync = run(task_data, tmp_path, task, "sync", f"device={device}")
+    other = run(task_data, tmp_path, task, strategy, f"strategy={strategy}", *STRATEGY_SETTINGS[strategy][1],
+                f"device={device}")
     assert other.summary["strategy"] == strategy
     assert_same_model(sync.run_dir, other.run_dir)
     assert other.summary[sync.summary["primary_metric"]] == sync.summary[sync.summary["primary_metric"]]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 @pytest.mark.parametrize("task", TASK_NAMES)
-def test_oac_equals_the_sync_replay_of_its_order(task: str, task_data, tmp_path: Path) -> None:
+def test_oac_equals_the_sync_replay_of_its_order(task: str, device: str, task_data, tmp_path: Path) -> None:
+    """On a GPU with the streams and events of pipeline/transfer.py and deterministic kernels too."""
     order = tmp_path / "order.jsonl"
     oac = run(task_data, tmp_path, task, "oac", "strategy=oac", "pipeline.staleness_bound=8",
-              "pipeline.loader_threads=3", f"record_order={order}")
-    replay = run(task_data, tmp_path, task, "replay", f"batch_order={order}")
+              "pipeline.loader_threads=3", f"record_order={order}", f"device={device}")
+    replay = run(task_data, tmp_path, task, "replay", f"batch_order={order}", f"device={device}")
     assert_same_model(oac.run_dir, replay.run_dir)

@@ -24,7 +24,7 @@ from typing import Any, Iterable
 import torch
 
 from cadence.config import Config, flatten, load_config
-from cadence.device import resolve_device
+from cadence.device import resolve_device, use_deterministic_kernels
 from cadence.errors import CadenceError, CheckpointError, ConfigError
 from cadence.optim import ENTITY_OPTIMIZERS
 from cadence.strategies import PIPELINE, PS_MODES, STRATEGIES, check_strategy, runtime_of
@@ -44,7 +44,7 @@ DEFAULT_ENTITY_OPTIMIZERS = {"kge": "rowwise_adagrad", "ctr": "rowwise_adagrad",
 # keys that only the pipeline runtime reads (a parameter-server run must not set them), and keys that
 # shape the parameter-server runtime itself (a pipeline run must not set them; a mode's own keys,
 # such as ps.tolerance, are ignored by the other modes on either runtime, as by design)
-PIPELINE_KEYS = ("record_order", "batch_order", "device", "store", "pipeline")
+PIPELINE_KEYS = ("record_order", "batch_order", "store", "pipeline")
 SERVER_KEYS = ("ps.shards", "ps.stragglers", "ps.kill_workers", "ps.emulated_latency", "ps.ray_address", "ps.dense")
 
 
@@ -151,9 +151,8 @@ def prepare_config(config: Config) -> Config:
     runtime = runtime_of(config)
     ENTITY_OPTIMIZERS.get(config.optimizer.entity)
     _check_foreign_keys(config, runtime)
-    if runtime == PIPELINE:
-        resolve_device(config.device)
-    else:
+    resolve_device(config.device)
+    if runtime != PIPELINE:
         from cadence.runtime.engines import ENGINES
         from cadence.runtime.worker import Faults
 
@@ -198,12 +197,13 @@ def _init_checkpoint(config: Config) -> tuple[dict[str, torch.Tensor], dict[str,
 def build_runtime(config: Config, task: Task, run: RunDirectory) -> tuple[Runtime, torch.device]:
     if config.threads:
         torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
+    use_deterministic_kernels(device, config.deterministic)
     if runtime_of(config) == PIPELINE:
-        device = resolve_device(config.device)
         strategy = STRATEGIES.get(config.strategy)(config)
         store_path = config.store.path or str(run.path / "store")
         return PipelineRuntime(config, task, store_path, device, strategy), device
-    return ParameterServerRuntime(config, task, PS_MODES.get(config.strategy)), torch.device("cpu")
+    return ParameterServerRuntime(config, task, PS_MODES.get(config.strategy)), device
 
 
 def _connect(config: Config) -> None:

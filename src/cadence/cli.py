@@ -35,6 +35,7 @@ TRAIN_FLAGS: dict[str, tuple[str, type]] = {
     "--workers": ("ps.workers", int),
     "--engine": ("ps.engine", str),
     "--init-from": ("ctr.init_from", str),
+    "--device": ("device", str),
 }
 
 

@@ -78,6 +78,9 @@ class OptimizerConfig:
 class StoreConfig:
     backend: Literal["memory", "mmap"] = "memory"
     path: str | None = None  # mmap backend: directory of the table files (default: <out>/store)
+    # mmap backend: let the kernel read ahead around each row it pages in (off: rows are read at
+    # random, and readahead fills the page cache with their neighbours; docs/strategies/pipelined.md)
+    readahead: bool = False
 
 
 @dataclass
@@ -89,6 +92,9 @@ class PipelineConfig:
     writer_threads: int = 4
     queue_size: int = 4  # capacity of each queue between stages
     stall_timeout: float = 120.0  # seconds without a finished batch before the watchdog stops the run
+    # oac: a batch does not write rows that a batch computed after it also updated (that one writes
+    # them); same model, fewer writes, and writers rarely contend for a row (docs/strategies/pipelined.md)
+    coalesce_writes: bool = True
 
 
 @dataclass
@@ -197,6 +203,7 @@ class Config:
     out: str | None = None  # run directory
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     device: str = "auto"  # compute device for dense parameters and batches: auto | cpu | cuda[:N]
+    deterministic: bool = True  # deterministic kernels on an accelerator (bit-identical replays); false: faster
     record_order: str | None = None  # write the computation order of the batches to this file
     batch_order: str | None = None  # replay the computation order recorded in this file
     progress: bool = True  # progress bars (shown only on a terminal)

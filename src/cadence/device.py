@@ -1,6 +1,9 @@
-"""The compute device a run asks for (``device: auto | cpu | cuda[:N]``)."""
+"""The compute device a run asks for (``device: auto | cpu | cuda[:N]``), and its kernels
+(``deterministic``)."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -17,3 +20,19 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device: {name!r} was asked for, but no CUDA device is available")
     return device
+
+
+def use_deterministic_kernels(device: torch.device, enabled: bool) -> None:
+    """On an accelerator, ``deterministic: true`` (the default) selects deterministic kernels, so a
+    run and its replay (OAC's guarantee, every degenerate-setting equality) are bit-identical there
+    too: CUDA's backward of an index (``index_add_``/``index_put_`` with atomics) otherwise sums a
+    row's gradients in a different order each run, and cuBLAS needs a fixed workspace. They cost
+    speed where many gradients meet one row (a hub entity); ``deterministic: false`` trades the
+    bit-identity for it. Ops with no deterministic kernel warn instead of failing. On the CPU this
+    changes nothing: the kernels cadence uses there are deterministic already (the replay tests
+    check it)."""
+    if device.type == "cpu":
+        return
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(enabled, warn_only=True)

@@ -81,6 +81,31 @@ def test_mmap_backend_persists_to_files(tmp_path: Path) -> None:
     assert np.all(on_disk[4] == 2.5)
 
 
+def _advice_flags(path: Path) -> set[str]:
+    """The kernel's read-advice flags of the mapping of ``path`` in this process (smaps VmFlags:
+    ``rr`` random, ``sr`` sequential)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for index, line in enumerate(lines):
+        if line.endswith(str(path)):
+            flags = next(l for l in lines[index + 1:] if l.startswith("VmFlags:")).split()[1:]
+            return {flag for flag in flags if flag in ("rr", "sr")}
+    raise AssertionError(f"{path} is not mapped")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
+def test_mmap_tables_are_read_at_random_unless_readahead_is_asked_for(tmp_path: Path) -> None:
+    store = create_store(4096, 8, 1, "mmap", str(tmp_path / "t"))
+    values = (tmp_path / "t" / "values.npy").resolve()
+    store.initialize(std=1.0, seed=0)
+    assert _advice_flags(values) == set()  # the kernel's default until the run says
+    store.advise(readahead=False)
+    assert _advice_flags(values) == {"rr"}
+    store.load_tensors({name: tensor.clone() for name, tensor in store.tensors().items()})
+    assert _advice_flags(values) == {"rr"}  # a sweep reads ahead, then the advice is back
+    store.advise(readahead=True)
+    assert _advice_flags(values) == set()
+
+
 def test_mmap_needs_a_path() -> None:
     from cadence.errors import ConfigError
 
@@ -88,25 +113,28 @@ def test_mmap_needs_a_path() -> None:
         create_store(10, 4, 1, "mmap", None)
 
 
-def test_only_copies_towards_an_accelerator_are_asynchronous() -> None:
-    """A writer thread reads a block the moment it is back on the host: a non-blocking copy from a
-    GPU might not have landed yet, so copies to the CPU are synchronous (the device is only named
-    here: no GPU is needed)."""
-    from cadence.store.embedding_store import overlaps
-
-    assert not overlaps("cpu") and not overlaps(torch.device("cpu"))
-    assert overlaps("cuda") and overlaps(torch.device("cuda:1"))
-
-
-def test_conditional_writes_of_concurrent_writers_keep_the_newest_row() -> None:
+@pytest.mark.parametrize("latency", [0.0, 0.002])
+def test_conditional_writes_of_concurrent_writers_keep_the_newest_row(latency: float) -> None:
     """``write_if_newer`` from four threads against the rule itself: after every writer is done, each
-    row holds the block with the largest timestamp that touched it, values and state."""
+    row holds the block with the largest timestamp that touched it, values and state. With latency
+    injected between a write's values and its versions (a page fault mid-copy), writers' copies of
+    the same rows overlap unless the per-row claims keep them apart."""
     import threading
+    import time
 
     generator = torch.Generator().manual_seed(0)
     rows, dim = 500, 4
     store = create_store(rows, dim, 1)
     store.values.zero_()
+
+    def slow_set(ids, block):
+        store.values.index_copy_(0, ids, block.values)
+        time.sleep(latency)
+        store.state.index_copy_(0, ids, block.state)
+        store.versions.index_copy_(0, ids, block.versions)
+
+    if latency:
+        store.set = slow_set
     writes = []
     for timestamp in range(64):
         ids = torch.randperm(rows, generator=generator)[:200]

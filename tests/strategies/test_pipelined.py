@@ -13,6 +13,7 @@ import torch
 from cadence import api
 from cadence.pipeline.runner import PipelineStall
 from cadence.pipeline.stages import ComputeStage
+from cadence.store import embedding_store
 from cadence.store.embedding_store import EmbeddingStore
 from cadence.strategies.pipelined import LastWriterWins, OptimisticAsynchronyControl
 from cadence.training import checkpoint as ckpt
@@ -86,22 +87,27 @@ def test_oac_reads_without_a_lock_beside_writers_and_still_equals_its_replay(tin
     """A slow disk, injected: every read of rows takes milliseconds while writers keep writing. OAC's
     loaders hold no lock, so writes land between a batch's read of its row versions and of the rows
     themselves (counted here); validation repairs them and the model is still its replay's."""
-    original = EmbeddingStore.pull
+    original_pull, original_gather = EmbeddingStore.pull, embedding_store._gather
     landed = []
 
-    def slow_pull(self, ids, with_versions=False):
-        before = self.versions.index_select(0, ids)
-        time.sleep(0.002)  # page faults' worth of latency on each side of the read
-        block = original(self, ids, with_versions)
-        time.sleep(0.006)
-        landed.append(int((self.versions.index_select(0, ids) != before).sum()))
+    def slow_gather(table, ids, pin):
+        block = original_gather(table, ids, pin)
+        time.sleep(0.003)  # page faults' worth of latency after each of a read's parts
         return block
 
-    monkeypatch.setattr(EmbeddingStore, "pull", slow_pull)
+    def counting_pull(self, ids, with_versions=False, pin=False):
+        block = original_pull(self, ids, with_versions, pin)
+        if with_versions:
+            landed.append(int((self.versions.index_select(0, ids) != block.versions).sum()))
+        return block
+
+    monkeypatch.setattr(embedding_store, "_gather", slow_gather)
+    monkeypatch.setattr(EmbeddingStore, "pull", counting_pull)
     oac, replay, _ = run_and_replay(tiny_graph, tmp_path, "oac", "strategy=oac", "pipeline.loader_threads=4",
                                     "pipeline.writer_threads=2", "pipeline.staleness_bound=16", "train.epochs=4")
     assert sum(landed) > 0, "no write landed during a read: the test proves nothing"
     assert oac.summary["repaired_rows"] > 0
+    assert oac.summary["coalesced_writes"] > 0, "no write was coalesced: that path went untested"
     assert_same_model(oac.run_dir, replay.run_dir)
 
 
@@ -119,6 +125,24 @@ def test_async_loses_updates_and_differs_from_its_replay(tiny_graph: Path, tmp_p
     assert async_run.summary["stale_reads"] > 0
     assert async_run.summary["lost_updates"] > 0
     assert not torch.equal(final(async_run.run_dir)["table.values"], final(replay.run_dir)["table.values"])
+
+
+def test_each_stage_reports_the_time_its_threads_spent_on_batches(tiny_graph: Path, tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """``*_busy_seconds``: where an epoch's time went. A compute step made to take 20 ms shows up in
+    the compute stage's count, and in no other."""
+    original = ComputeStage.__call__
+
+    def slow_compute(self, batch):
+        time.sleep(0.02)
+        return original(self, batch)
+
+    monkeypatch.setattr(ComputeStage, "__call__", slow_compute)
+    run = api.train(make_config(tmp_path / "async", f"data.dataset={tiny_graph}", *OVERLAP, "strategy=async"))
+    busy = {stage: run.summary[f"{stage}_busy_seconds"] for stage in ("load", "compute", "write")}
+    assert busy["compute"] >= 0.02 * 10  # two epochs of the tiny graph in batches of 16: more than 10
+    assert busy["compute"] <= run.summary["train_seconds"] + 0.1
+    assert busy["load"] < busy["compute"] and busy["write"] < busy["compute"]
 
 
 def test_oac_repairs_what_async_reads_stale(tiny_graph: Path, tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Pipeline stages (load, transfer, compute, write) that every strategy composes."""
 
 from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch
-from cadence.pipeline.stages import ComputeStage, LoadStage, Stages, TransferStage, WriteStage
+from cadence.pipeline.stages import ComputeStage, LoadStage, Stages, WriteStage
+from cadence.pipeline.transfer import DeviceLink
 
-__all__ = ["Batch", "BatchPlan", "ComputeStage", "LoadStage", "Stages", "TransferStage",
-           "WriteStage", "plan_epoch"]
+__all__ = ["Batch", "BatchPlan", "ComputeStage", "DeviceLink", "LoadStage", "Stages", "WriteStage",
+           "plan_epoch"]

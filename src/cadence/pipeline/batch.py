@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from cadence.seeding import derive_seed
-from cadence.store.embedding_store import RowBlock, overlaps
+from cadence.store.embedding_store import RowBlock
 
 
 @dataclass(frozen=True)
@@ -42,15 +42,14 @@ class Batch:
     timestamp: int = -1  # position in the computation order (OAC's global counter), set at compute
     finished_before: int = -1  # OAC's MFT: every batch with timestamp <= this had been written at read
     safe_to_evict: int = -1  # OAC's STE: cache entries with timestamp <= this may be evicted
+    # on an accelerator (pipeline/transfer.py): the ids on the host, and the events that order streams
+    host_ids: Tensor | None = None
+    uploaded: object | None = None  # torch.cuda.Event: rows, ids and inputs are on the device
+    computed: object | None = None  # torch.cuda.Event: compute (and the validation cache's use) is done
 
     @property
     def size(self) -> int:
         return self.plan.size
-
-    def inputs_to(self, device: torch.device) -> None:
-        asynchronous = overlaps(device)  # (never towards the host: the writer reads ids at once)
-        self.ids = self.ids.to(device, non_blocking=asynchronous)
-        self.inputs = {name: value.to(device, non_blocking=asynchronous) for name, value in self.inputs.items()}
 
 
 def unique_keys(keys: Tensor, num_keys: int) -> tuple[Tensor, Tensor]:

@@ -1,8 +1,8 @@
 """The pipelined runner: Marius-style threads and bounded queues around the same stages.
 
     loader threads ──compute queue──▶ one compute thread ──write queue──▶ writer threads
-    (plan, read rows, to device)       (validate, compute, stamp,        (write rows, finish)
-                                         to host: the critical section)
+    (plan, read rows, upload)          (validate, compute, stamp:        (download, write rows,
+                                         the critical section)             finish)
 
 At most ``staleness_bound`` batches are in flight (a slot is taken before a batch is read and given
 back after it is written). The order in which batches enter the compute thread is the
@@ -44,8 +44,9 @@ class PipelineStall(CadenceError):
 class ConcurrencyControl:
     """Hooks around the stages; the default reads and writes rows with no control at all."""
 
-    def __init__(self, store: EmbeddingStore):
+    def __init__(self, store: EmbeddingStore, pin: bool = False):
         self.store = store
+        self.pin = pin  # read rows into pinned memory (the compute device is an accelerator)
 
     def stats(self) -> dict[str, int]:
         return {}
@@ -54,7 +55,8 @@ class ConcurrencyControl:
         """Loader thread, before the batch reads storage."""
 
     def read(self, batch: Batch) -> None:
-        batch.rows = self.store.pull(batch.ids, with_versions=True)
+        """Loader thread: versions first, then values and state (``EmbeddingStore.pull``)."""
+        batch.rows = self.store.pull(batch.ids, with_versions=True, pin=self.pin)
 
     def validate(self, batch: Batch) -> None:
         """Compute thread, before compute."""
@@ -76,12 +78,16 @@ class _Stage:
         self.name = name
         self.batch: Batch | None = None
         self.since = time.monotonic()
+        self.busy = 0.0  # seconds spent working on batches (the rest: waiting on queues and slots)
 
-    def start(self, batch: Batch) -> None:
-        self.batch, self.since = batch, time.monotonic()
+    def start(self, batch: Batch, since: float | None = None) -> None:
+        self.batch, self.since = batch, time.monotonic() if since is None else since
 
     def idle(self) -> None:
-        self.batch, self.since = None, time.monotonic()
+        now = time.monotonic()
+        if self.batch is not None:
+            self.busy += now - self.since
+        self.batch, self.since = None, now
 
 
 class PipelineRunner:
@@ -117,6 +123,15 @@ class PipelineRunner:
         writers = self._spawn("write", self.config.writer_threads, self._write)
         self._watch(loaders, computer, writers)
         return self._timestamp
+
+    def busy_seconds(self) -> dict[str, float]:
+        """Where the time went: seconds each stage's threads spent on batches, summed over its
+        threads (``load_busy_seconds`` of 4 loaders busy all of a 10 s epoch is 40)."""
+        busy: dict[str, float] = {}
+        for state in self._states:
+            key = f"{state.name}_busy_seconds"
+            busy[key] = busy.get(key, 0.0) + state.busy
+        return {key: round(value, 4) for key, value in busy.items()}
 
     # ---- threads --------------------------------------------------------------------------------
     def _spawn(self, name: str, count: int, body: Callable[[_Stage], None]) -> list[threading.Thread]:
@@ -165,11 +180,12 @@ class PipelineRunner:
             if plan is None:
                 self._slots.release()
                 return
+            began = time.monotonic()
             batch = self._stages.load.prepare(plan)
-            state.start(batch)
+            state.start(batch, since=began)
             self.control.begin(batch)
             self.control.read(batch)
-            batch = self._stages.to_device(batch)
+            batch = self._stages.link.upload(batch)
             state.idle()
             if not self._put(self._compute_queue, batch):
                 return
@@ -183,12 +199,12 @@ class PipelineRunner:
             if batch is _DONE:
                 break
             state.start(batch)
-            self.control.validate(batch)
-            batch.timestamp = self._timestamp
-            self._timestamp += 1
-            batch = self._stages.compute(batch)
-            self.control.stamp(batch)
-            batch = self._stages.to_host(batch)
+            with self._stages.link.computing(batch):
+                self.control.validate(batch)
+                batch.timestamp = self._timestamp
+                self._timestamp += 1
+                batch = self._stages.compute(batch)
+                self.control.stamp(batch)
             state.idle()
             if not self._put(self._write_queue, batch):
                 return
@@ -202,6 +218,7 @@ class PipelineRunner:
             if batch is None or batch is _DONE:
                 return
             state.start(batch)
+            batch = self._stages.link.download(batch)
             self.control.write(batch)
             self.control.finish(batch)
             state.idle()

@@ -1,12 +1,13 @@
 """The stages a batch passes through, as in Marius/OAC (SPEC section 1):
 
-    load (the task prepares the batch, rows are read from the store) -> transfer to the compute
+    load (the task prepares the batch, rows are read from the store) -> upload to the compute
     device -> compute (the task's loss, backward, optimizer steps: the critical section)
-    -> transfer back -> write (rows into the store)
+    -> download -> write (rows into the store)
 
 Running the stages in this order, one batch at a time, is synchronous training; strategies differ
 only in how they schedule the same stages (threads, queues, validation), never in their math. The
-stages know no task: ``task.prepare`` and ``task.loss`` are their only task-specific calls.
+stages know no task: ``task.prepare`` and ``task.loss`` are their only task-specific calls. The
+transfers, their streams and events are the ``DeviceLink``'s (pipeline/transfer.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import Tensor, nn
 
 from cadence.optim import EntityOptimizer
 from cadence.pipeline.batch import Batch, BatchPlan
+from cadence.pipeline.transfer import DeviceLink
 from cadence.store.embedding_store import EmbeddingStore
 
 
@@ -45,11 +47,13 @@ class KeyIndex:
 class LoadStage:
     """Builds a batch from its plan (``task.prepare``): the unique rows it touches, in store rows."""
 
-    def __init__(self, store: EmbeddingStore, task, index: KeyIndex | None = None, with_versions: bool = False):
+    def __init__(self, store: EmbeddingStore, task, index: KeyIndex | None = None, with_versions: bool = False,
+                 pin: bool = False):
         self.store = store
         self.task = task
         self.index = index  # None: keys are rows
         self.with_versions = with_versions
+        self.pin = pin  # rows into pinned memory (for an accelerator)
 
     def prepare(self, plan: BatchPlan) -> Batch:
         """The store-independent part: which rows, in which local positions."""
@@ -59,24 +63,11 @@ class LoadStage:
         return batch
 
     def read(self, batch: Batch) -> Batch:
-        batch.rows = self.store.pull(batch.ids, with_versions=self.with_versions)
+        batch.rows = self.store.pull(batch.ids, with_versions=self.with_versions, pin=self.pin)
         return batch
 
     def __call__(self, plan: BatchPlan) -> Batch:
         return self.read(self.prepare(plan))
-
-
-class TransferStage:
-    """Moves a batch's rows and inputs to (or back from) a device; free when the device is the CPU."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def __call__(self, batch: Batch) -> Batch:
-        if batch.rows is not None and batch.rows.values.device != self.device:
-            batch.rows = batch.rows.to(self.device)
-            batch.inputs_to(self.device)
-        return batch
 
 
 class ComputeStage:
@@ -121,11 +112,13 @@ class WriteStage:
 @dataclass
 class Stages:
     load: LoadStage
-    to_device: TransferStage
+    link: DeviceLink  # upload, the compute stream, download
     compute: ComputeStage
-    to_host: TransferStage
     write: WriteStage
 
     def run(self, plan: BatchPlan) -> Batch:
         """All stages in order: one synchronous step."""
-        return self.write(self.to_host(self.compute(self.to_device(self.load(plan)))))
+        batch = self.link.upload(self.load(plan))
+        with self.link.computing(batch):
+            batch = self.compute(batch)
+        return self.write(self.link.download(batch))

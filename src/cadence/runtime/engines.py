@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cadence.device import resolve_device
 from cadence.optim import dense_optimizer
 from cadence.pipeline.batch import BatchPlan
 from cadence.registry import Registry
@@ -104,6 +105,7 @@ class ThreadEngine:
                        for index in range(config.ps.shards)]
         self.router = ShardRouter(self.shards)
         self.dense = dense
+        self.device = resolve_device(config.device)  # where the workers compute
         self.start_seconds = 0.0  # nothing to start: the shards and workers live in this process
         # ps.dense: workers: the run's copy of the dense optimizer (checkpoints); replicas start from it
         self.dense_optimizer = replica_optimizer(config, dense, None) if dense_here(config) else None
@@ -123,7 +125,8 @@ class ThreadEngine:
                 state = self.dense_optimizer.state_dict() if self.dense_optimizer is not None else None
                 optimizer = replica_optimizer(self.config, model, state)
             workers.append(Worker(index, self.router, model, self.task, plan.faults.slowdown_in(index, plan.epoch),
-                                  plan.kill_after.get(index), self.config.ps.emulated_latency, reducer, optimizer))
+                                  plan.kill_after.get(index), self.config.ps.emulated_latency, reducer, optimizer,
+                                  self.device))
         errors: list[tuple[int, BaseException]] = []
 
         def guarded(worker: Worker) -> None:

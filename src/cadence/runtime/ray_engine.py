@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from cadence.device import resolve_device
 from cadence.errors import ConfigError
 from cadence.runtime.channel import Channel, ChannelClosed, ChannelServer, Reply
 from cadence.runtime.engines import (EpochPlan, ShardLost, WorkerFailed, WorkerReport, abandon, dense_here,
@@ -437,7 +438,8 @@ class TaskWorker(_Actor):
             shard.direct()
         self.channel = Channel(coordinator_address, secret)
         self.router = ShardRouter(shards)
-        self.model = self.task.dense_module()
+        self.device = resolve_device(config.device)  # the GPU Ray gave this actor, when it asked for one
+        self.model = self.task.dense_module().to(self.device)
         self.plans: tuple[int, list] | None = None
 
     def run_epoch(self, epoch: int, slowdown: float, kill_after: int | None, gate: tuple[str, ...] | None,
@@ -454,7 +456,7 @@ class TaskWorker(_Actor):
             optimizer = replica_optimizer(self.config, self.model, optimizer_state)
             reducer = _RemoteReducer(self.coordinator)
         worker = Worker(self.index, self.router, self.model, self.task, slowdown, kill_after,
-                        self.config.ps.emulated_latency, reducer, optimizer)
+                        self.config.ps.emulated_latency, reducer, optimizer, self.device)
         local_gate = self.mode.gate(self.config.ps, self.router.shards) if gate is None else None
         # a worker fated to die (fault injection) takes no batch ahead: it dies with exactly one
         prefetch = not self.mode.fresh_tokens and kill_after is None
@@ -515,14 +517,17 @@ class RayEngine:
         self._start()
         _ENGINES.add(self)
 
-    def _new(self, cls: type, *args: Any) -> Any:
+    def _new(self, cls: type, *args: Any, gpus: float = 0.0) -> Any:
         """An actor of ``cls`` on the next node in turn. ``num_cpus=0``: actors never wait for a CPU
-        (three 1-CPU actors on a 2-CPU node would leave one pending forever)."""
+        (three 1-CPU actors on a 2-CPU node would leave one pending forever). An actor that asks
+        for ``gpus`` (a worker of a ``device: cuda`` run: a share of one GPU each) goes wherever
+        Ray finds that share instead."""
         nodes = _nodes()
         node = nodes[self.placed % len(nodes)]
         self.placed += 1
-        actor = _remote(cls).options(num_cpus=0, max_concurrency=self.concurrency,
-                                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(*args)
+        where = {"num_gpus": gpus} if gpus else {
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+        actor = _remote(cls).options(num_cpus=0, max_concurrency=self.concurrency, **where).remote(*args)
         self.actors.append(actor)
         return actor
 
@@ -544,8 +549,9 @@ class RayEngine:
         self.start_seconds += time.perf_counter() - started
 
     def _worker(self, index: int) -> Any:
+        gpus = 1.0 / self.config.ps.workers if resolve_device(self.config.device).type == "cuda" else 0.0
         return self._new(TaskWorker, index, self.config, self.recipe, self.shards, self.coordinator,
-                         self.coordinator_address, self.threads, self.secret)
+                         self.coordinator_address, self.threads, self.secret, gpus=gpus)
 
     # ---- one epoch ----------------------------------------------------------------------------
     def run_epoch(self, plan: EpochPlan, plans: list) -> list[WorkerReport]:

@@ -156,10 +156,12 @@ class Worker:
 
     def __init__(self, index: int, router: ShardRouter, model: nn.Module, task,
                  slowdown: float = 1.0, kill_after: int | None = None, emulated_latency: float = 0.0,
-                 reducer=None, dense_optimizer: torch.optim.Optimizer | None = None):
+                 reducer=None, dense_optimizer: torch.optim.Optimizer | None = None,
+                 device: torch.device = torch.device("cpu")):
         self.index = index
         self.router = router
-        self.model = model  # a replica: overwritten by every pull, or (``reducer``) the worker's own
+        self.device = device  # where the batch is computed: rows and inputs go there, gradients come back
+        self.model = model.to(device)  # a replica: overwritten by every pull, or (``reducer``) the worker's own
         self.reducer = reducer  # ps.dense: workers: dense gradients are all-reduced, not pushed
         self.dense_optimizer = dense_optimizer
         self.task = task
@@ -217,7 +219,7 @@ class Worker:
                     return
                 self.bytes_moved += 2 * _nbytes(total)  # an all-reduce moves about twice the gradients
                 for name, parameter in self.model.named_parameters():
-                    parameter.grad = total[name].div(count)
+                    parameter.grad = total[name].div(count).to(self.device)
                 if self.dense_optimizer is not None:
                     self.dense_optimizer.step()
                 self.model.zero_grad(set_to_none=True)
@@ -241,17 +243,23 @@ class Worker:
             self.model.load_state_dict(dense_state)
         else:
             rows, dense_state, pulled_step = self.router.pull(batch.ids), None, None
+        ids = batch.ids  # pushed from the host
+        if self.device.type != "cpu":
+            rows = rows.to(self.device)
+            batch.ids = batch.ids.to(self.device)
+            batch.inputs = {name: value.to(self.device) for name, value in batch.inputs.items()}
         rows.requires_grad_(True)
         self.model.zero_grad(set_to_none=True)
         loss = self.task.loss(batch, rows, self.model)
         loss.backward()
         self.loss_total += self.task.loss_total(float(loss.detach()), plan.size)
-        dense = {name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+        dense = {name: (p.grad.detach() if p.grad is not None else torch.zeros_like(p)).to("cpu", copy=True)
                  for name, p in self.model.named_parameters()}
+        batch.ids = ids
         here = self.reducer is not None  # (then the dense gradients travel in the all-reduce instead)
         self.bytes_moved += 2 * _nbytes(batch.ids) + 2 * _nbytes(rows) + _nbytes(dense_state) + (0 if here else _nbytes(dense))
         self.delay(time.perf_counter() - started)  # between pull and push: the gradient goes stale
-        self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, rows.grad,
+        self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, rows.grad.cpu(),
                                   None if here else dense, pulled_step))
         return dense if here else None
 

@@ -7,11 +7,10 @@ Every strategy reads and writes entity rows only through these verbs:
 - ``push(ids, delta)``: add a delta to the values (additive, Hogwild/parameter-server style);
 - ``set_if_newer(ids, block)``: overwrite only rows whose stored version is older than the block's
   (OAC's rule: a row is overwritten only by a larger timestamp); ``write_if_newer`` does the same
-  under ``lock`` for concurrent writers, its rows faulted in before the lock is taken.
+  for concurrent writers, atomically per row, the copies of different writers side by side.
 
-The verbs take no lock themselves; strategies that need a read or write of (value, state, version)
-to be atomic hold ``store.lock`` around one vectorised call (one short lock per operation, acquired
-alone, so no deadlock is possible).
+The other verbs take no lock: ``write_if_newer`` is the one verb made for writers running side by
+side; everything else is called by one thread at a time, or tolerates races by design (Hogwild).
 
 Rows are gathered and scattered with vectorised ``index_select`` / ``index_copy_`` (no per-row
 Python). ``versions`` start at -1; OAC (SPEC section 1) uses them as row timestamps. Where the rows
@@ -23,11 +22,13 @@ tables may exceed RAM (the page cache holds the hot rows). Backends register by 
 from __future__ import annotations
 
 import json
+import mmap
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -45,20 +46,6 @@ class RowBlock:
     values: Tensor  # [n, dim] float32
     state: Tensor  # [n, state_width] float32
     versions: Tensor | None = None  # [n] int64
-
-    def to(self, device: torch.device | str) -> "RowBlock":
-        asynchronous = overlaps(device)
-        versions = None if self.versions is None else self.versions.to(device, non_blocking=asynchronous)
-        return RowBlock(self.values.to(device, non_blocking=asynchronous),
-                        self.state.to(device, non_blocking=asynchronous), versions)
-
-
-def overlaps(device: torch.device | str) -> bool:
-    """Whether a copy *to* ``device`` may be asynchronous: only towards an accelerator, whose stream
-    orders the copy before any kernel that reads it. A copy back to the host must be synchronous:
-    the host reads it at once (a writer thread's ``index_copy_``), and a non-blocking device-to-host
-    copy may not have landed yet."""
-    return torch.device(device).type != "cpu"
 
 
 # An allocator returns (values, state, versions, mapped arrays to flush) for a table's shape.
@@ -111,7 +98,13 @@ class EmbeddingStore:
         self.versions = versions
         self.backend = backend
         self._mapped = list(mapped)  # memory-mapped arrays behind the tensors, flushed to disk
+        self.readahead = True  # the kernel's default, until ``advise``
         self.lock = threading.Lock()
+        # write_if_newer's state, under ``lock``: the timestamp of the writer copying each row (-1:
+        # none; allocated on first use), and the rows newer writers handed over to a claimant
+        self._claimant: Tensor | None = None
+        self._handed: dict[int, list[tuple[Tensor, RowBlock]]] = {}
+        self._scratch = _Scratch()
 
     @property
     def num_rows(self) -> int:
@@ -125,23 +118,18 @@ class EmbeddingStore:
     def state_width(self) -> int:
         return self.state.shape[1]
 
-    def pull(self, ids: Tensor, with_versions: bool = False) -> RowBlock:
-        versions = self.versions.index_select(0, ids) if with_versions else None
-        return RowBlock(self.values.index_select(0, ids), self.state.index_select(0, ids), versions)
+    def pull(self, ids: Tensor, with_versions: bool = False, pin: bool = False) -> RowBlock:
+        """A copy of the rows; with ``pin``, in pinned (page-locked) host memory, ready for an
+        asynchronous copy to an accelerator. The versions are read *before* the values and state:
+        OAC's lock-free read relies on this order (strategies/pipelined.py)."""
+        versions = _gather(self.versions, ids, pin) if with_versions else None
+        return RowBlock(_gather(self.values, ids, pin), _gather(self.state, ids, pin), versions)
 
     def set(self, ids: Tensor, block: RowBlock) -> None:
         self.values.index_copy_(0, ids, block.values)
         self.state.index_copy_(0, ids, block.state)
         if block.versions is not None:
             self.versions.index_copy_(0, ids, block.versions)
-
-    def prefetch(self, ids: Tensor) -> None:
-        """Bring the rows' pages into memory (memory-mapped tables: a read of each row; in memory,
-        nothing), so that a write under a lock copies memory instead of waiting for the disk."""
-        if self._mapped:
-            self.values.index_select(0, ids)
-            self.state.index_select(0, ids)
-            self.versions.index_select(0, ids)
 
     def push(self, ids: Tensor, delta: Tensor) -> None:
         self.values.index_add_(0, ids, delta)
@@ -157,29 +145,109 @@ class EmbeddingStore:
         self.set(ids[keep], RowBlock(block.values[keep], block.state[keep], block.versions[keep]))
         return ids.shape[0] - keep.shape[0]
 
-    def write_if_newer(self, ids: Tensor, block: RowBlock) -> tuple[int, float, float]:
-        """``set_if_newer`` for concurrent writers: the rows are faulted in first (``prefetch``), then
-        compared and written under ``lock``, so the lock is held for a memory copy rather than a
-        disk read. Returns (rows skipped, seconds waited for the lock, seconds it was held).
+    def write_if_newer(self, ids: Tensor, block: RowBlock, positions: Tensor | None = None
+                       ) -> tuple[int, float, float]:
+        """``set_if_newer`` for concurrent writers, atomic per row and never waiting for another
+        writer (the OAC paper's per-row locks, vectorised and without their waits). ``positions``:
+        write only these rows of the block (default: all). The block's versions must all be one
+        timestamp (a batch's).
 
-        One lock, not one per stripe of rows: striped locks let four writers fault pages in side by
-        side, and under a memory cap that working set thrashed the page cache (a 2 GiB table, 900 MiB
-        cap: the first batch's write took 118 s) where one lock runs the same epoch in 60 s."""
-        self.prefetch(ids)
+        Under ``lock`` a writer *claims* the rows it will copy, recording its timestamp as their
+        claimant: those nobody is copying and whose stored version is older than its own. It copies
+        them with the lock released. A row another writer is copying is never copied by two:
+        if that claimant is newer, this write would lose anyway and is skipped; if it is older,
+        this writer *hands the row over* (a copy of its value, state and version) to the claimant,
+        which applies it once its own copy is done, before it frees its claims. So no writer
+        waits, a row is overwritten only by a larger timestamp, and a write finished (the call
+        returned) has landed whole: handed-over rows of a newer batch land before the *older*
+        claimant returns, and OAC counts a batch finished only after every older batch has (its
+        MFT), so a reader never trusts storage for them early.
+
+        A part of a block is gathered into the writer thread's scratch buffers, not new memory (out
+        of core, memory churned by copies is page cache the table loses).
+
+        Returns (rows skipped, seconds spent waiting for the lock, seconds holding it)."""
+        assert block.versions is not None, "a conditional write needs the block's versions"
+        wanted = torch.arange(ids.shape[0]) if positions is None else positions
+        if not wanted.numel():
+            return 0, 0.0, 0.0
+        stamp = int(block.versions[wanted[0]])
         asked = time.perf_counter()
         with self.lock:
             got = time.perf_counter()
-            skipped = self.set_if_newer(ids, block)
+            if self._claimant is None:
+                self._claimant = torch.full((self.num_rows,), -1, dtype=torch.int64)
+            rows = ids.index_select(0, wanted)
+            claimant = self._claimant.index_select(0, rows)
+            free = claimant < 0
+            newer = block.versions.index_select(0, wanted) > self.versions.index_select(0, rows)
+            mine = wanted[free & newer]
+            older = (claimant >= 0) & (claimant < stamp)
+            skipped = int(wanted.shape[0] - mine.shape[0] - older.sum())
+            if bool(older.any()):  # hand these over to the older writers copying them
+                handed = wanted[older]
+                copy = RowBlock(block.values.index_select(0, handed), block.state.index_select(0, handed),
+                                block.versions.index_select(0, handed))
+                owners = claimant[older]
+                for owner in owners.unique().tolist():
+                    take = (owners == owner).nonzero().squeeze(1)
+                    self._handed.setdefault(owner, []).append(
+                        (ids.index_select(0, handed.index_select(0, take)),
+                         RowBlock(copy.values[take], copy.state[take], copy.versions[take])))
+            claimed = ids.index_select(0, mine)
+            self._claimant.index_fill_(0, claimed, stamp)
             held = time.perf_counter() - got
-        return skipped, got - asked, held
+        waited = got - asked
+        if mine.numel():
+            if mine.shape[0] == ids.shape[0]:  # the whole block at once: no copy of it
+                self.set(ids, block)
+            else:
+                self.set(claimed, self._scratch.gather(block, mine))
+        while True:  # apply what newer writers handed over, until none is left; then free the rows
+            asked = time.perf_counter()
+            with self.lock:
+                got = time.perf_counter()
+                handed_over = self._handed.pop(stamp, [])
+                if not handed_over:
+                    self._claimant.index_fill_(0, claimed, -1)
+                held += time.perf_counter() - got
+            waited += got - asked
+            if not handed_over:
+                return skipped, waited, held
+            for rows, part in sorted(handed_over, key=lambda item: int(item[1].versions[0])):
+                self.set_if_newer(rows, part)  # rows this writer still claims: nobody else writes them
+
+    def advise(self, readahead: bool) -> None:
+        """How the kernel pages a memory-mapped table in (``store.readahead``; in memory, nothing).
+        Training reads rows at random, a row far smaller than the kernel's read-around window
+        (128 KiB: 128 rows of dim 256): with readahead each fault reads a row's neighbours too,
+        which fills the page cache with rows nobody asked for. Off (``MADV_RANDOM``) by default;
+        sweeps over the whole table (``initialize``, ``load_tensors``) read ahead regardless."""
+        self.readahead = readahead
+        self._advise(mmap.MADV_NORMAL if readahead else mmap.MADV_RANDOM)
+
+    def _advise(self, advice: int) -> None:
+        for array in self._mapped:
+            if getattr(array, "_mmap", None) is not None:
+                array._mmap.madvise(advice)
+
+    @contextmanager
+    def sweeping(self) -> Iterator[None]:
+        """Around a read or write of every row, in order: the kernel reads ahead meanwhile."""
+        self._advise(mmap.MADV_SEQUENTIAL)
+        try:
+            yield
+        finally:
+            self._advise(mmap.MADV_NORMAL if self.readahead else mmap.MADV_RANDOM)
 
     def initialize(self, std: float, seed: int) -> None:
         """Fill values with N(0, std^2), chunk by chunk, identically for every backend."""
-        for chunk, start in enumerate(range(0, self.num_rows, INIT_CHUNK_ROWS)):
-            stop = min(start + INIT_CHUNK_ROWS, self.num_rows)
-            self.values[start:stop] = initial_chunk(chunk, self.num_rows, self.dim, std, seed)
-        self.state.zero_()
-        self.versions.fill_(-1)
+        with self.sweeping():
+            for chunk, start in enumerate(range(0, self.num_rows, INIT_CHUNK_ROWS)):
+                stop = min(start + INIT_CHUNK_ROWS, self.num_rows)
+                self.values[start:stop] = initial_chunk(chunk, self.num_rows, self.dim, std, seed)
+            self.state.zero_()
+            self.versions.fill_(-1)
 
     def tensors(self) -> dict[str, Tensor]:
         return {"values": self.values, "state": self.state, "versions": self.versions}
@@ -192,12 +260,42 @@ class EmbeddingStore:
                     f"store {name}: checkpoint has {tuple(source.shape)} {source.dtype}, "
                     f"the run has {tuple(target.shape)} {target.dtype}"
                 )
-            target.copy_(source)
+        with self.sweeping():
+            for name, target in self.tensors().items():
+                target.copy_(tensors[name])
 
     def flush(self) -> None:
         """Write mapped pages to disk (a no-op in memory)."""
         for array in self._mapped:
             array.flush()
+
+
+class _Scratch(threading.local):
+    """Per-thread buffers a part of a block is gathered into, grown as needed and reused."""
+
+    def __init__(self) -> None:
+        self.block: RowBlock | None = None
+
+    def gather(self, block: RowBlock, positions: Tensor) -> RowBlock:
+        count = positions.shape[0]
+        if self.block is None or self.block.values.shape[0] < count or self.block.values.shape[1:] != block.values.shape[1:] \
+                or self.block.state.shape[1:] != block.state.shape[1:]:
+            size = max(count, 1024) * 3 // 2
+            self.block = RowBlock(block.values.new_empty(size, *block.values.shape[1:]),
+                                  block.state.new_empty(size, *block.state.shape[1:]),
+                                  torch.empty(size, dtype=torch.int64))
+        out = RowBlock(self.block.values[:count], self.block.state[:count], self.block.versions[:count])
+        torch.index_select(block.values, 0, positions, out=out.values)
+        torch.index_select(block.state, 0, positions, out=out.state)
+        torch.index_select(block.versions, 0, positions, out=out.versions)
+        return out
+
+
+def _gather(table: Tensor, ids: Tensor, pin: bool) -> Tensor:
+    if not pin:
+        return table.index_select(0, ids)
+    out = torch.empty((ids.shape[0], *table.shape[1:]), dtype=table.dtype, pin_memory=True)
+    return torch.index_select(table, 0, ids, out=out)
 
 
 def create_store(

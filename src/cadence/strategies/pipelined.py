@@ -12,18 +12,18 @@ Both run the same stages in loader / compute / writer threads; they differ only 
   of the batches in their computation order, bit for bit.
 
 Why OAC's reads take no lock. A loader reads a batch's row *versions first*, then the rows'
-values and optimizer state, with nothing held: loaders fault their rows in from disk side by side,
-and beside the writers (out of core, that is where the time goes). A writer may be writing one of
-those rows meanwhile, so the values read may be newer than the version read (even a mix of two
-writes). That is harmless: every write that was not finished when the batch began (``begin``,
-before the read) belongs to a batch that was computed before it and whose rows the validation cache
-still holds (eviction stops at the oldest outstanding batch's MFT), with a timestamp larger than
-the version read, so validation replaces the row whole by the cached one; every write finished
-before the batch began is in storage before the read starts. Reading the versions *after* the
-data would break this (a new version over old data is never repaired): the order is the guarantee
-(tested with injected read latency). Writes stay conditional and atomic under the store's lock
-(``store.write_if_newer``), their rows faulted in before it is taken; out of core the writers
-still hold it most of the run (docs/strategies/pipelined.md: where the time goes).
+values and optimizer state (``EmbeddingStore.pull`` keeps that order), with nothing held: loaders
+fault their rows in from disk side by side, and beside the writers (out of core, that is where the
+time goes). A writer may be writing one of those rows meanwhile, so the values read may be newer
+than the version read (even a mix of two writes). That is harmless: every write that was not
+finished when the batch began (``begin``, before the read) belongs to a batch that was computed
+before it and whose rows the validation cache still holds (eviction stops at the oldest
+outstanding batch's MFT), with a timestamp larger than the version read, so validation replaces
+the row whole by the cached one; every write finished before the batch began is in storage before
+the read starts. Reading the versions *after* the data would break this (a new version over old
+data is never repaired): the order is the guarantee (tested with injected read latency). Writes
+are conditional and atomic per row (``store.write_if_newer``: rows claimed under a short lock,
+copied outside it), so writers too fault pages in side by side.
 """
 
 from __future__ import annotations
@@ -35,14 +35,15 @@ import torch
 
 from cadence.pipeline.batch import Batch
 from cadence.pipeline.runner import ConcurrencyControl, PipelineRunner
+from cadence.pipeline.transfer import accelerated
 from cadence.pipeline.validation_cache import ValidationCache
-from cadence.store.embedding_store import EmbeddingStore, RowBlock
+from cadence.store.embedding_store import EmbeddingStore
 from cadence.strategies.base import STRATEGIES, Strategy
 
 
 class LastWriterWins(ConcurrencyControl):
     def __init__(self, store: EmbeddingStore, device: torch.device):
-        super().__init__(store)
+        super().__init__(store, pin=accelerated(device))
         self.newest = store.versions.to(device, copy=True)  # timestamp of each row's newest compute
         self.stale_reads = 0
         self.lost_updates = 0
@@ -63,9 +64,14 @@ class LastWriterWins(ConcurrencyControl):
 
 
 class OptimisticAsynchronyControl(ConcurrencyControl):
-    def __init__(self, store: EmbeddingStore, device: torch.device, first_timestamp: int):
-        super().__init__(store)
+    def __init__(self, store: EmbeddingStore, device: torch.device, first_timestamp: int, coalesce: bool = True):
+        super().__init__(store, pin=accelerated(device))
         self.cache = ValidationCache(store.num_rows, store.dim, store.state_width, device)
+        # timestamp of each row's newest compute, on the host (written by the compute thread, read by
+        # writers; it only grows, so a writer that reads an older value merely writes a row it could
+        # have left): None when writes are not coalesced
+        self.newest = store.versions.clone() if coalesce else None
+        self.coalesced_writes = 0
         self.meta_lock = threading.Lock()  # guards the MFT and the outstanding-batches map
         self.finished_upto = first_timestamp - 1  # MFT: every batch stamped <= this has been written
         self.finished_ahead: set[int] = set()  # written batches beyond the MFT
@@ -81,11 +87,6 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
             self.outstanding[(batch.plan.epoch, batch.plan.index)] = self.finished_upto
             batch.safe_to_evict = min(self.outstanding.values())
 
-    def read(self, batch: Batch) -> None:
-        versions = self.store.versions.index_select(0, batch.ids)  # first (module docstring)
-        block = self.store.pull(batch.ids)  # no lock: loaders and writers overlap their disk reads
-        batch.rows = RowBlock(block.values, block.state, versions)
-
     def validate(self, batch: Batch) -> None:
         self.cache.evict_upto(batch.safe_to_evict)
         self.repaired_rows += self.cache.repair(batch.ids, batch.rows)
@@ -93,10 +94,21 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
     def stamp(self, batch: Batch) -> None:
         batch.rows.versions.fill_(batch.timestamp)
         self.cache.insert(batch.ids, batch.rows)
+        if self.newest is not None:
+            self.newest.index_fill_(0, batch.ids if batch.host_ids is None else batch.host_ids, batch.timestamp)
 
     def write(self, batch: Batch) -> None:
-        skipped, waited, held = self.store.write_if_newer(batch.ids, batch.rows)
+        """A conditional write of the batch's rows, less those a later batch has computed since
+        (coalescing): that batch writes them, and until it has, the validation cache holds its
+        version (its entry outlives it: eviction stops at the MFT, which it has not passed), so any
+        batch reading such a row meanwhile is repaired as if it had been written."""
+        mine, coalesced = None, 0
+        if self.newest is not None:
+            mine = (self.newest.index_select(0, batch.ids) <= batch.timestamp).nonzero().squeeze(1)
+            coalesced = batch.ids.shape[0] - mine.shape[0]
+        skipped, waited, held = self.store.write_if_newer(batch.ids, batch.rows, mine)
         with self.meta_lock:
+            self.coalesced_writes += coalesced
             self.skipped_writes += skipped
             self.write_lock_wait += waited
             self.write_lock_held += held
@@ -111,6 +123,7 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
 
     def stats(self) -> dict[str, int]:
         return {"repaired_rows": self.repaired_rows, "skipped_writes": self.skipped_writes,
+                "coalesced_writes": self.coalesced_writes,
                 "peak_cache_rows": self.cache.peak_rows, "evicted_rows": self.cache.evicted_rows,
                 "write_lock_wait_seconds": round(self.write_lock_wait, 4),
                 "write_lock_held_seconds": round(self.write_lock_held, 4)}
@@ -132,11 +145,12 @@ class PipelinedStrategy(Strategy):
 
     def run_epoch(self, plans, stages, on_batch):
         store = stages.write.store
-        device = stages.to_device.device
+        device = stages.link.device
         first = max(self.next_timestamp, int(store.versions.max()) + 1)
         control = self.make_control(store, device, first)
-        self.next_timestamp = PipelineRunner(self.config.pipeline, control).run(plans, stages, on_batch, first)
-        for key, value in control.stats().items():  # counters add up over epochs; peaks take the max
+        runner = PipelineRunner(self.config.pipeline, control)
+        self.next_timestamp = runner.run(plans, stages, on_batch, first)
+        for key, value in {**control.stats(), **runner.busy_seconds()}.items():  # counters add up over epochs; peaks take the max
             merge = max if key in PEAK_COUNTERS else operator.add
             self.totals[key] = merge(self.totals.get(key, 0), value)
 
@@ -153,4 +167,4 @@ class AsyncStrategy(PipelinedStrategy):
 @STRATEGIES.register("oac")
 class OacStrategy(PipelinedStrategy):
     def make_control(self, store, device, first_timestamp):
-        return OptimisticAsynchronyControl(store, device, first_timestamp)
+        return OptimisticAsynchronyControl(store, device, first_timestamp, self.config.pipeline.coalesce_writes)

@@ -23,7 +23,8 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +32,8 @@ from torch import Tensor, nn
 from cadence.config import Config
 from cadence.optim import ENTITY_OPTIMIZERS, dense_optimizer
 from cadence.pipeline.batch import Batch, BatchPlan
-from cadence.pipeline.stages import ComputeStage, KeyIndex, LoadStage, Stages, TransferStage, WriteStage
+from cadence.pipeline.stages import ComputeStage, KeyIndex, LoadStage, Stages, WriteStage
+from cadence.pipeline.transfer import DeviceLink
 from cadence.runtime.engines import ENGINES, EpochPlan, dense_here
 from cadence.runtime.worker import Faults, ShardRouter
 from cadence.store.embedding_store import create_store
@@ -87,6 +89,10 @@ class Runtime(ABC):
     def close(self) -> None:
         """Release threads or remote resources."""
 
+    def sweeping(self) -> ContextManager[None]:
+        """Around a read of every row (a checkpoint): a memory-mapped table reads ahead meanwhile."""
+        return nullcontext()
+
     def recover(self) -> None:
         """Restart what a ``ShardLost`` took (the trainer then reloads the last checkpoint)."""
 
@@ -141,14 +147,15 @@ class PipelineRuntime(Runtime):
         mapped = store_path if config.store.backend == "mmap" else None
         self.store = create_store(rows, spec.width, state_width, config.store.backend, mapped)
         spec.initialize(self.store, None if self.index is None else self.index.keys)
+        self.store.advise(config.store.readahead)
         self.module = task.dense_module().to(device)
         self.dense_optimizer = _dense_optimizer(config, self.module)
         self.device = device
+        link = DeviceLink(device)
         self.stages = Stages(
-            load=LoadStage(self.store, task, self.index),
-            to_device=TransferStage(device),
+            load=LoadStage(self.store, task, self.index, pin=link.accelerated),
+            link=link,
             compute=ComputeStage(task, self.module, self.entity_optimizer_class(config.optimizer), self.dense_optimizer),
-            to_host=TransferStage(torch.device("cpu")),
             write=WriteStage(self.store),
         )
         self.strategy = strategy
@@ -203,6 +210,9 @@ class PipelineRuntime(Runtime):
 
     def close(self) -> None:
         self.strategy.close()
+
+    def sweeping(self) -> ContextManager[None]:
+        return self.store.sweeping()
 
 
 class ParameterServerRuntime(Runtime):

@@ -216,8 +216,9 @@ class Trainer:
         tensors, meta = self.runtime.state()
         state = {"progress": self.progress.__dict__, "runtime": self.runtime.name, **meta}
         keep = self.config.checkpoint.keep if name is None else None
-        ckpt.save_checkpoint(self.run.path, name or ckpt.epoch_name(self.progress.epoch), tensors, state, keep=keep,
-                             parts=self.runtime.write_parts)
+        with self.runtime.sweeping():
+            ckpt.save_checkpoint(self.run.path, name or ckpt.epoch_name(self.progress.epoch), tensors, state,
+                                 keep=keep, parts=self.runtime.write_parts)
 
     def load_state(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         self.runtime.load_state(tensors, state)
