@@ -72,6 +72,9 @@ class DeviceLink:
             yield
             return
         with torch.cuda.stream(self.compute_stream):
+            # after what the main thread queued on the default stream (the dense module moved to the
+            # device, the validation cache allocated): PyTorch's side streams do not wait for it
+            self.compute_stream.wait_stream(torch.cuda.default_stream(self.device))
             if batch.uploaded is not None:
                 self.compute_stream.wait_event(batch.uploaded)
             for tensor in _device_tensors(batch):
