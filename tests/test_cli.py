@@ -1,6 +1,7 @@
 """The ``cadence`` command end to end: outputs are a public contract; mistakes exit 2 cleanly."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -214,3 +215,19 @@ def test_a_key_of_another_task_or_runtime_is_an_error_naming_it(args, message, t
     done = run_cli("train", *args, "--out", str(tmp_path / "x"))
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("task_args", [["--task", "ctr", "--dataset", "ml-100k", "--dim", "8"], None])
+@pytest.mark.parametrize("strategy", ["async", "oac"])
+def test_a_pipeline_stall_exits_3_naming_stage_epoch_and_batch(task_args, strategy, tiny_graph: Path,
+                                                               tmp_path: Path) -> None:
+    """The watchdog stops a run whose stage threads are busy in torch: the command still exits with
+    the stall's code and one line, never an abort from tearing the interpreter down under them."""
+    task_args = task_args or ["--dataset", str(tiny_graph), "--set", "train.negatives=8"]
+    done = run_cli("train", *task_args, "--strategy", strategy, "--epochs", "3", "--out", str(tmp_path / "r"),
+                   "--no-progress", "--set", "pipeline.stall_timeout=0.01")
+    assert done.returncode == 3, done.stderr[-2000:]
+    error = [line for line in done.stderr.splitlines() if line.startswith("cadence: error:")]
+    assert len(error) == 1 and "pipeline stalled" in error[0]
+    assert re.search(r"the \w+ stage has held batch \d+ of epoch \d+|every stage is waiting", error[0])
+    assert "terminate called" not in done.stderr and "Traceback" not in done.stderr

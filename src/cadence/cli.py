@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from typing import Any, Sequence
 
 from cadence.errors import CadenceError
@@ -272,11 +273,17 @@ def entry() -> None:
     aborts the process. Nothing is lost: every file a run writes is written whole or not at all,
     and ``--resume`` continues from the newest checkpoint."""
     code = main()
-    if code == 130:
+    if code == 130 or (code and _stage_threads_alive()):
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(code)
     sys.exit(code)
+
+
+def _stage_threads_alive() -> bool:
+    """Whether a pipeline stage thread outlived a failed run (one stuck in a stage when the
+    watchdog stopped it): the interpreter's teardown would abort under it (exit 134)."""
+    return any(thread.name.startswith("cadence-") and thread.is_alive() for thread in threading.enumerate())
 
 
 if __name__ == "__main__":

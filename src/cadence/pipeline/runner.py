@@ -33,6 +33,7 @@ from cadence.store.embedding_store import EmbeddingStore
 
 _DONE = object()  # end-of-stream marker in a queue
 _POLL = 0.05  # seconds between checks of the stop flag while blocked
+STOP_GRACE = 5.0  # seconds the stage threads get to leave after a stop
 
 
 class PipelineStall(CadenceError):
@@ -254,20 +255,29 @@ class PipelineRunner:
 
     # ---- the calling thread ---------------------------------------------------------------------
     def _watch(self, loaders, computer, writers) -> None:
+        threads = loaders + computer + writers
         check_every = min(1.0, self.config.stall_timeout / 4)
-        while not self._finished.wait(timeout=check_every):
-            if self._remaining and time.monotonic() - self._last_progress > self.config.stall_timeout:
-                self._stop.set()
-                raise PipelineStall(self._stall_report())
-        self._join_all(loaders + computer + writers)
+        try:
+            while not self._finished.wait(timeout=check_every):
+                if self._remaining and time.monotonic() - self._last_progress > self.config.stall_timeout:
+                    raise PipelineStall(self._stall_report())
+        except BaseException:  # a stall, or Ctrl-C on this thread: every stage thread stops first
+            self._stop.set()
+            self._join_all(threads)
+            raise
+        self._join_all(threads)
         if self._errors:
             raise self._errors[0]
 
     def _join_all(self, threads: list[threading.Thread]) -> None:
+        """Wait for the stage threads to leave (at their next queue poll, or when the stage call
+        they are in returns); one truly stuck stays behind, and the ``cadence`` command exits
+        without tearing the interpreter down under it (cli.entry)."""
         if self._errors:
             self._stop.set()
+        deadline = time.monotonic() + STOP_GRACE
         for thread in threads:
-            thread.join(timeout=1.0)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _stall_report(self) -> str:
         busy = [s for s in self._states if s.batch is not None]
