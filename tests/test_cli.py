@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from cadence.cli import main
 
@@ -63,7 +64,7 @@ def test_data_list_names_the_registered_datasets(capsys) -> None:
     (["--model", "complx"], "unknown model 'complx' (did you mean 'complex'?)"),
     (["--strategy", "nope"], "unknown strategy 'nope'"),
     (["--dim", "7", "--model", "complex"], "model.dim must be even"),
-    (["--epochs", "0"], "train.epochs must be positive"),
+    (["--epochs", "0"], "cadence: error: --epochs 0: train.epochs must be positive"),
     (["--device", "gpu"], "device: 'gpu' is not a device"),
     pytest.param(["--device", "cuda", "--strategy", "gba"], "device: 'cuda' was asked for, but no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")),
@@ -231,3 +232,15 @@ def test_a_pipeline_stall_exits_3_naming_stage_epoch_and_batch(task_args, strate
     assert len(error) == 1 and "pipeline stalled" in error[0]
     assert re.search(r"the \w+ stage has held batch \d+ of epoch \d+|every stage is waiting", error[0])
     assert "terminate called" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_flag_values_are_taken_as_typed_never_reread_as_yaml(tiny_graph: Path, tmp_path: Path, monkeypatch) -> None:
+    """``--out 2025`` is a directory named 2025 (YAML would make it an int), ``--lr 1e-5`` a float
+    (YAML 1.1 would make it a string), ``--out "exp #3"`` keeps its ``#`` (YAML: a comment)."""
+    monkeypatch.chdir(tmp_path)
+    common = ["--dataset", str(tiny_graph), "--epochs", "1", "--no-progress", "--set", "train.negatives=8"]
+    assert main(["-q", "train", *common, "--out", "2025", "--lr", "1e-5"]) == 0
+    assert (tmp_path / "2025" / "summary.json").exists()
+    assert yaml.safe_load((tmp_path / "2025" / "config.yaml").read_text())["optimizer"]["lr"] == 1e-5
+    assert main(["-q", "train", *common, "--out", "exp #3"]) == 0
+    assert (tmp_path / "exp #3" / "summary.json").exists()

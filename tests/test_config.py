@@ -50,6 +50,35 @@ def test_invalid_yaml_reports_line(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_exponent_floats_are_numbers_in_files_and_overrides(tmp_path: Path) -> None:
+    """YAML 1.1 reads ``1e-5`` as a string; a config means the number (as YAML 1.2, JSON, Python)."""
+    import yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text("optimizer:\n  lr: 1e-5\n  dense_lr: 2.5E+2\nseed: 12\n")
+    config = load_config(path)
+    assert config.optimizer.lr == 1e-5 and config.optimizer.dense_lr == 250.0 and config.seed == 12
+    assert load_config(None, ["optimizer.lr=3e-4"]).optimizer.lr == 3e-4
+    assert yaml.safe_load("x: 1e-5")["x"] == "1e-5", "the stock SafeLoader must stay as it was"
+
+
+def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path: Path) -> None:
+    path = tmp_path / "dup.yaml"
+    path.write_text("train:\n  epochs: 1\nseed: 3\ntrain:\n  epochs: 2\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml:4: invalid YAML: duplicate key 'train' \(first on line 1\)"):
+        load_config(path)
+    path.write_text("train:\n  epochs: 1\n  epochs: 2\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml:3: .*duplicate key 'epochs' \(first on line 2\)"):
+        load_config(path)
+
+
+def test_typed_values_are_set_as_they_are_and_named_as_typed() -> None:
+    config = load_config(None, ["out=ignored"], values=[("out", "2025", "--out 2025"), ("optimizer.lr", 1e-5, "--lr 1e-05")])
+    assert config.out == "2025" and config.optimizer.lr == 1e-5
+    with pytest.raises(ConfigError, match=r"^--epochs 0: train.epochs must be positive"):
+        load_config(None, values=[("train.epochs", 0, "--epochs 0")])
+
+
 def test_shipped_configs_load() -> None:
     configs = sorted(Path(__file__).parents[1].joinpath("configs").glob("*.yaml"))
     assert configs, "the repository ships experiment configs"

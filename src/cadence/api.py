@@ -85,8 +85,8 @@ def resume(run_dir: str | Path, overrides: dict[str, Any] | None = None,
         if unsupported:
             raise ConfigError(f"--resume uses the run's config.yaml; {', '.join(unsupported)} cannot be "
                               f"changed (only {', '.join(sorted(RESUMABLE_KEYS))})")
-        items = [f"{k}={v}" for k, v in overrides.items()]
-        config = load_config(run.config_path, items)
+        given = [(key, value, f"{key} (given with --resume)") for key, value in overrides.items()]
+        config = load_config(run.config_path, values=given)
     config = prepare_config(config)
     task = TASKS.get(config.task)(config)
     _connect(config)

@@ -12,7 +12,6 @@ A user's mistake (``CadenceError``) prints one line, ``cadence: error: ...``, an
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -92,23 +91,29 @@ def _add_training_options(parser: argparse.ArgumentParser) -> None:
                         help="fault injection (parameter server): kill a worker after this many batches; repeatable")
 
 
-def _training_overrides(args: argparse.Namespace) -> list[str]:
-    overrides = list(args.set)
+def _training_values(args: argparse.Namespace) -> list[tuple[str, Any, str]]:
+    """(config key, value, what the user typed) of the training options: ``--set`` items read as
+    YAML, in order; then every flag as the value argparse typed (never re-read as YAML), named
+    in messages as the user typed it."""
+    from cadence.config import parse_override
+
+    values = [(*parse_override(item), f"--set {item}") for item in args.set]
     for flag, (key, _) in TRAIN_FLAGS.items():
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
-            overrides.append(f"{key}={value}")
+            values.append((key, value, f"{flag} {value}"))
     if args.strict:
-        overrides.append("data.strict=true")
+        values.append(("data.strict", True, "--strict"))
     if args.no_progress:
-        overrides.append("progress=false")
+        values.append(("progress", False, "--no-progress"))
     for option, key in (("straggler", "ps.stragglers"), ("kill_worker", "ps.kill_workers")):
         if getattr(args, option):
-            overrides.append(f"{key}={json.dumps(getattr(args, option))}")
+            flag = "--" + option.replace("_", "-")
+            values.append((key, list(getattr(args, option)), " ".join(f"{flag} {v}" for v in getattr(args, option))))
     for option, key in (("record_order", "record_order"), ("batch_order", "batch_order")):
         if getattr(args, option, None):
-            overrides.append(f"{key}={getattr(args, option)}")
-    return overrides
+            values.append((key, getattr(args, option), f"--{option.replace('_', '-')} {getattr(args, option)}"))
+    return values
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,15 +151,15 @@ def _data(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from cadence import api
-    from cadence.config import load_config, parse_override
+    from cadence.config import load_config
 
-    overrides = _training_overrides(args)
+    values = _training_values(args)
     if args.resume:
         if args.config:
             raise CadenceError("--resume continues a run with its own config.yaml; drop --config")
-        result = api.resume(args.resume, dict(parse_override(item) for item in overrides))
+        result = api.resume(args.resume, {key: value for key, value, _ in values})
     else:
-        result = api.train(load_config(args.config, overrides), overwrite=args.overwrite)
+        result = api.train(load_config(args.config, values=values), overwrite=args.overwrite)
     _print_summary(result.summary)
     print(f"run directory: {result.run_dir}")
     return 0
@@ -164,7 +169,7 @@ def _compare(args: argparse.Namespace) -> int:
     from cadence import api
     from cadence.config import load_config
 
-    config = load_config(args.config, _training_overrides(args))
+    config = load_config(args.config, values=_training_values(args))
     if config.out is None:
         raise CadenceError("compare needs --out DIR for its runs, comparison.json and plots")
     strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -251,8 +252,11 @@ def from_dict(data: dict[str, Any], where: dict[str, str] | None = None) -> Conf
     return config
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Load a YAML file (optional) and apply ``key=value`` dotted overrides on top."""
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                values: list[tuple[str, Any, str]] | None = None) -> Config:
+    """Load a YAML file (optional) and apply ``key=value`` dotted overrides on top (each value read
+    as YAML, as ``--set`` does), then ``values``: (dotted key, value, where it came from) set as
+    they are, never re-read (the command line's typed flags: ``--out 2025`` stays a string)."""
     data: dict[str, Any] = {}
     where: dict[str, str] = {}
     if path is not None:
@@ -261,7 +265,40 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         key, value = parse_override(item)
         set_dotted(data, key, value)
         where[key] = f"--set {item}"
+    for key, value, origin in values or []:
+        set_dotted(data, key, value)
+        where[key] = origin
     return from_dict(data, where)
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """YAML as a config file means it: YAML 1.2's floats (``1e-5`` is a number, as in JSON and
+    Python; YAML 1.1 reads it as a string) and no key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first != key_node.start_mark.line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first + 1})", key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+_YamlLoader.yaml_implicit_resolvers = {first: list(resolvers)  # a copy: SafeLoader's lists stay as they are
+                                       for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_YamlLoader)
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -272,7 +309,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"override {item!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = _yaml(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -297,8 +334,8 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=_YamlLoader)
+        data = _yaml(text)
     except yaml.MarkedYAMLError as err:
         line = err.problem_mark.line + 1 if err.problem_mark else "?"
         raise ConfigError(f"{path}:{line}: invalid YAML: {err.problem}") from None
