@@ -79,6 +79,20 @@ def test_typed_values_are_set_as_they_are_and_named_as_typed() -> None:
         load_config(None, values=[("train.epochs", 0, "--epochs 0")])
 
 
+@pytest.mark.parametrize("item", ["optimizer.lr=.nan", "optimizer.lr=.inf", "model.init_std=-.inf",
+                                  "pipeline.stall_timeout=.inf", "optimizer.dense_lr=.nan", "data.synthetic.exponent=.nan"])
+def test_nan_and_infinities_are_rejected(item: str, tmp_path: Path) -> None:
+    key = item.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key} must be a finite number"):
+        load_config(None, [item])
+    path = tmp_path / "c.yaml"  # the same from a file, naming its line
+    section, name = key.rsplit(".", 1)
+    text = "".join(f"{'  ' * depth}{part}:\n" for depth, part in enumerate(section.split(".")))
+    path.write_text(f"seed: 1\n{text}{'  ' * len(section.split('.'))}{name}: {item.split('=')[1]}\n")
+    with pytest.raises(ConfigError, match=rf"c.yaml:\d+: {key} must be a finite number"):
+        load_config(path)
+
+
 def test_shipped_configs_load() -> None:
     configs = sorted(Path(__file__).parents[1].joinpath("configs").glob("*.yaml"))
     assert configs, "the repository ships experiment configs"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -417,6 +418,8 @@ def _convert(tp: Any, value: Any, key: str, where: dict[str, str]) -> Any:
         raise ConfigError(
             f"{_locate(key, where)}{key} must be of type {tp.__name__}, got {type(value).__name__} {value!r}"
         )
+    if tp is float and not math.isfinite(value):  # no setting means NaN or an infinity
+        raise ConfigError(f"{_locate(key, where)}{key} must be a finite number, got {value!r}")
     return float(value) if tp is float else value
 
 
