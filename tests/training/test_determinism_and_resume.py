@@ -88,6 +88,36 @@ def test_a_corrupt_checkpoint_is_reported_and_the_previous_one_used(tiny_graph: 
     assert torch.equal(final_entities(result.run_dir), final_entities(reference.run_dir))
 
 
+def test_an_edited_or_mismatched_checkpoint_is_skipped_for_the_previous_one(tiny_graph: Path, tmp_path: Path,
+                                                                           caplog) -> None:
+    """The checksum covers state.json too: a hand edit is caught. A checkpoint whose tensors do not
+    fit the run (another run's, other shapes) is reported and the one before it used, as is one
+    whose state is incomplete."""
+    import json
+    import shutil
+
+    config = make_config(tmp_path / "run", f"data.dataset={tiny_graph}", "train.epochs=3", "checkpoint.keep=3")
+    reference = api.train(make_config(tmp_path / "reference", f"data.dataset={tiny_graph}", "train.epochs=3"))
+    api.train(config)
+    newest = ckpt.epoch_checkpoints(tmp_path / "run")[-1]
+    state_file = newest / ckpt.STATE
+    state_file.write_text(state_file.read_text().replace('"epoch": 3', '"epoch": 30', 1))
+    with pytest.raises(ckpt.CheckpointError, match="checksum does not match"):
+        ckpt.load_checkpoint(newest)
+    other = api.train(make_config(tmp_path / "other", f"data.dataset={tiny_graph}", "train.epochs=1", "model.dim=6"))
+    shutil.rmtree(newest)
+    shutil.copytree(ckpt.epoch_checkpoints(other.run_dir)[-1], newest)  # another run's epoch 1, as epoch 3 here
+    result = api.resume(tmp_path / "run")
+    assert "does not match this run" in caplog.text
+    assert torch.equal(final_entities(result.run_dir), final_entities(reference.run_dir))
+    legacy = ckpt.epoch_checkpoints(tmp_path / "run")[-1]  # a checkpoint of format 1 (no state checksum) still loads
+    body = json.loads((legacy / ckpt.STATE).read_text())
+    body.pop(ckpt.STATE_SHA)
+    body["format"] = ckpt.LEGACY_FORMAT
+    (legacy / ckpt.STATE).write_text(json.dumps(body))
+    assert ckpt.load_checkpoint(legacy)[1]["progress"]["epoch"] == body["state"]["progress"]["epoch"]
+
+
 def test_checkpoints_are_pruned_and_partial_ones_ignored(tiny_graph: Path, tmp_path: Path) -> None:
     api.train(make_config(tmp_path / "run", f"data.dataset={tiny_graph}", "train.epochs=4", "checkpoint.keep=2"))
     names = [p.name for p in ckpt.epoch_checkpoints(tmp_path / "run")]

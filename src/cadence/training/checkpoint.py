@@ -2,7 +2,7 @@
 
 Layout: ``<run>/checkpoints/<name>/{tensors.safetensors, state.json}``, plus the *parts* of a
 parameter server (``shard-XXX-of-YYY.safetensors``, each written by its shard, wherever that runs);
-``state.json`` carries the sha256 of every tensor file. A checkpoint is written into a hidden ``.partial-*`` directory, every
+``state.json`` carries the sha256 of every tensor file and of its own content. A checkpoint is written into a hidden ``.partial-*`` directory, every
 file is fsynced, and the directory is renamed into place (then the parent fsynced): a reader sees a
 whole checkpoint or none. Older checkpoints are pruned only after the new one is in place. Loading
 never unpickles (safetensors holds only tensors; the rest is JSON); a checkpoint whose checksum or
@@ -29,7 +29,9 @@ from cadence.errors import CheckpointError
 
 log = logging.getLogger("cadence")
 
-FORMAT = 1
+FORMAT = 2  # 2: state.json carries a checksum of itself (STATE_SHA)
+LEGACY_FORMAT = 1  # still read: its tensors are verified, its JSON is not
+STATE_SHA = "state_sha256"
 TENSORS = "tensors.safetensors"
 STATE = "state.json"
 EPOCH_PATTERN = re.compile(r"^epoch-(\d{6})$")
@@ -59,6 +61,7 @@ def save_checkpoint(run_dir: Path, name: str, tensors: dict[str, Tensor], state:
     body = {"format": FORMAT, "sha256": digest, "state": state}
     if parts is not None:
         body["parts"] = parts(partial)
+    body[STATE_SHA] = _body_digest(body)
     state_path = partial / STATE
     state_path.write_text(json.dumps(body, indent=1))
     _fsync(state_path)
@@ -129,7 +132,11 @@ def load_checkpoint(path: Path, tables: bool = True) -> tuple[dict[str, Tensor],
         raise CheckpointError(f"{path}: {STATE} is missing") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{path / STATE}: unreadable ({err})") from None
-    if not isinstance(body, dict) or body.get("format") != FORMAT or "sha256" not in body:
+    if not isinstance(body, dict) or body.get("format") not in (LEGACY_FORMAT, FORMAT) or "sha256" not in body:
+        raise CheckpointError(f"{path / STATE}: not a cadence checkpoint of format {FORMAT}")
+    if body["format"] == FORMAT and body.get(STATE_SHA) != _body_digest(body):
+        raise CheckpointError(f"{path / STATE}: its checksum does not match (edited or corrupt)")
+    if not isinstance(body.get("state"), dict):
         raise CheckpointError(f"{path / STATE}: not a cadence checkpoint of format {FORMAT}")
     tensor_path = path / TENSORS
     if not tensor_path.is_file():
@@ -148,17 +155,29 @@ def load_checkpoint(path: Path, tables: bool = True) -> tuple[dict[str, Tensor],
     return tensors, state
 
 
-def load_latest(run_dir: Path, tables: bool = True) -> tuple[dict[str, Tensor], dict[str, Any], Path] | None:
-    """The newest checkpoint that verifies; corrupt ones are reported and skipped."""
+def load_latest(run_dir: Path, tables: bool = True,
+                apply: Callable[[dict[str, Tensor], dict[str, Any]], None] | None = None
+                ) -> tuple[dict[str, Tensor], dict[str, Any], Path] | None:
+    """The newest checkpoint that verifies (and that ``apply`` accepts: a checkpoint whose
+    tensors do not fit the run, other shapes or another task, raises there); every one that does
+    not is reported and skipped for the one before it."""
     candidates = epoch_checkpoints(run_dir)
     problems = []
     for path in reversed(candidates):
         try:
             tensors, state = load_checkpoint(path, tables)
-            return tensors, state, path
         except CheckpointError as err:
             log.warning("skipping corrupt checkpoint: %s", err)
             problems.append(str(err))
+            continue
+        try:
+            if apply is not None:
+                apply(tensors, state)
+        except (KeyError, ValueError, TypeError, RuntimeError) as err:
+            log.warning("skipping checkpoint %s: it does not match this run (%s)", path, err)
+            problems.append(f"{path}: does not match this run ({err})")
+            continue
+        return tensors, state, path
     if problems:
         raise CheckpointError("no usable checkpoint: " + "; ".join(problems))
     return None
@@ -187,6 +206,12 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, Tenso
     for param_id, entries in meta["scalars"].items():
         state.setdefault(int(param_id), {}).update(entries)
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def _body_digest(body: dict[str, Any]) -> str:
+    """sha256 of ``state.json``'s content but its own checksum, in a canonical JSON form."""
+    content = {key: value for key, value in body.items() if key != STATE_SHA}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _sha256(path: Path) -> str:

@@ -226,11 +226,11 @@ class Trainer:
 
     def resume(self) -> bool:
         """Continue from the newest valid checkpoint, if any; returns whether one was loaded."""
-        found = ckpt.load_latest(self.run.path, tables=False)  # server shards read their own rows
+        # server shards read their own rows; a checkpoint that does not fit is skipped for the previous
+        found = ckpt.load_latest(self.run.path, tables=False, apply=self.load_state)
         if found is None:
             return False
-        tensors, state, path = found
-        self.load_state(tensors, state)
+        _, _, path = found
         self.run.write_metrics(self.progress.history)  # drop records written after the checkpoint
         log.info("resumed from %s (epoch %d)", path, self.progress.epoch)
         return True
