@@ -67,12 +67,18 @@ def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] 
         config.out = default_run_dir(task.dataset_name, config.model.name, config.strategy)
     _connect(config)  # an unreachable cluster fails here, before a run directory exists
     run = RunDirectory(config.out)
-    run.create(config, overwrite=overwrite)
-    task.write_metadata(run.path)
-    trainer = build_trainer(config, task, run, hooks)
-    if init is not None:
-        trainer.init_from(config.ctr.init_from, *init)
-    return _fit(trainer, run)
+    run.check_empty(overwrite)
+    with run.locked():  # one writer per run directory
+        trainer = build_trainer(config, task, run, hooks)
+        try:
+            run.create(config, overwrite=overwrite)  # an old run (--overwrite) goes only now
+            task.write_metadata(run.path)
+            if init is not None:
+                trainer.init_from(config.ctr.init_from, *init)
+        except BaseException:
+            trainer.runtime.close()
+            raise
+        return _fit(trainer, run)
 
 
 def resume(run_dir: str | Path, overrides: dict[str, Any] | None = None,
@@ -90,12 +96,17 @@ def resume(run_dir: str | Path, overrides: dict[str, Any] | None = None,
     config = prepare_config(config)
     task = TASKS.get(config.task)(config)
     _connect(config)
-    trainer = build_trainer(config, task, run, hooks)
-    if not trainer.resume():
-        log.warning("%s has no checkpoint yet: training from the start", run.path)
-    if overrides:
-        write_atomic(run.config_path, config.to_yaml())
-    return _fit(trainer, run)
+    with run.locked():  # one writer per run directory
+        trainer = build_trainer(config, task, run, hooks)
+        try:
+            if not trainer.resume():
+                log.warning("%s has no checkpoint yet: training from the start", run.path)
+        except BaseException:
+            trainer.runtime.close()
+            raise
+        if overrides:
+            write_atomic(run.config_path, config.to_yaml())
+        return _fit(trainer, run)
 
 
 def compare(config: Config, strategies: list[str], out: str | Path, overwrite: bool = False) -> dict[str, Any]:

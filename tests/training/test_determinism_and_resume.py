@@ -183,3 +183,29 @@ def test_a_driver_killed_on_the_ray_engine_resumes_where_an_uninterrupted_run_en
     shards = ["--set", "ps.shards=2"]
     killed = killed_then_resumed(tmp_path, [*CTR_ARGS, "--engine", "ray", *shards], [*CTR_ARGS, *shards])
     assert killed["engine"] == "ray"
+
+
+def test_one_writer_per_run_directory(tiny_graph: Path, tmp_path: Path) -> None:
+    """While a process holds a run directory, training or resuming into it is refused naming that
+    process; once it is gone (even SIGKILLed: the kernel drops its lock) the directory is free."""
+    from cadence.errors import CadenceError
+
+    run_dir = tmp_path / "run"
+    api.train(make_config(run_dir, f"data.dataset={tiny_graph}", "train.epochs=1"))
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from cadence.training.run_directory import RunDirectory\n"
+        f"with RunDirectory({str(run_dir)!r}).locked():\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CadenceError, match=rf"another cadence process \(pid {holder.pid}\) is writing this run"):
+            api.resume(run_dir)
+        with pytest.raises(CadenceError, match="another cadence process"):
+            api.train(make_config(run_dir, f"data.dataset={tiny_graph}", "train.epochs=1"), overwrite=True)
+        assert (run_dir / "summary.json").exists() and (run_dir / "checkpoints").is_dir()  # nothing deleted
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    api.train(make_config(run_dir, f"data.dataset={tiny_graph}", "train.epochs=1"), overwrite=True)

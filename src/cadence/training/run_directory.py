@@ -11,17 +11,20 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from cadence.config import Config, load_config
 from cadence.errors import CadenceError
 
 CONFIG = "config.yaml"
+LOCK = ".lock"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 
@@ -37,12 +40,44 @@ class RunDirectory:
     def has_run(self) -> bool:
         return self.config_path.exists() or (self.path / "checkpoints").exists()
 
-    def create(self, config: Config, overwrite: bool = False) -> None:
-        if self.path.exists() and any(self.path.iterdir()) and not overwrite:
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the run directory for this process: one writer at a time. An advisory lock
+        (``flock``) on ``.lock`` in it, released by the kernel when the process ends however it
+        ends, so a crash leaves nothing to clean up; the file names the holder's pid."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path / LOCK, "a+")
+        except OSError as err:
+            raise CadenceError(f"{self.path}: cannot use it as a run directory ({err.strerror})") from None
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "?"
+                raise CadenceError(f"{self.path}: another cadence process (pid {holder}) is writing this run; "
+                                   "wait for it to finish, or use another --out") from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(str(os.getpid()))
+            handle.flush()
+            yield
+        finally:
+            handle.close()  # releases the lock
+
+    def check_empty(self, overwrite: bool) -> None:
+        """Whether a new run may go here: an empty directory, or ``overwrite``."""
+        if self.path.exists() and any(p.name != LOCK for p in self.path.iterdir()) and not overwrite:
             raise CadenceError(
                 f"{self.path}: the run directory is not empty; use --resume to continue the run in "
                 "it, --overwrite to replace it, or another --out"
             )
+
+    def create(self, config: Config, overwrite: bool = False) -> None:
+        """Write the new run's config; with ``overwrite``, the old run's files go now. The caller
+        has called ``check_empty`` first, and calls this once everything that can fail before
+        training has succeeded (the runtime may have made its store files here meanwhile)."""
         if overwrite and self.path.exists():
             for name in (CONFIG, METRICS, SUMMARY):
                 (self.path / name).unlink(missing_ok=True)
