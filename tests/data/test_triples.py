@@ -52,6 +52,25 @@ def test_missing_and_empty_files(tmp_path: Path) -> None:
         read_graph_directory(tmp_path / "nowhere")
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_name(tmp_path: Path) -> None:
+    """Editors on Windows start UTF-8 files with a BOM; read as text it would make a new entity
+    '\ufeffa' beside 'a'."""
+    directory = write_graph(tmp_path / "g", TRAIN, [("a", "hates", "c")], [("b", "likes", "a")])
+    for name in ("train.txt", "valid.txt"):
+        (directory / name).write_bytes(b"\xef\xbb\xbf" + (directory / name).read_bytes())
+    graph = read_graph_directory(directory)
+    assert graph.entity_names == ["a", "b", "c"] and graph.relation_names == ["hates", "likes"]
+    assert graph.train.tolist() == [[0, 1, 1], [1, 1, 2], [2, 0, 0]] and graph.valid.tolist() == [[0, 0, 2]]
+
+
+def test_a_directory_where_a_file_belongs_is_named_as_such(tmp_path: Path) -> None:
+    directory = write_graph(tmp_path / "g", TRAIN, TRAIN[:1], TRAIN[:1])
+    (directory / "test.txt").unlink()
+    (directory / "test.txt").mkdir()
+    with pytest.raises(DataError, match=r"test.txt: is a directory, where a file was expected"):
+        read_graph_directory(directory)
+
+
 def test_unseen_entities_are_filtered_with_a_count_or_rejected_when_strict(tmp_path: Path, caplog) -> None:
     valid = [("a", "hates", "c"), ("a", "likes", "zed"), ("b", "unknown", "c")]
     directory = write_graph(tmp_path / "g", TRAIN, valid, [("b", "likes", "a")])

@@ -7,15 +7,23 @@ from typing import Iterator
 
 from cadence.errors import DataError
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
 
 def numbered_lines(path: str | Path, missing: str = "file not found") -> Iterator[tuple[int, str]]:
-    """(1-based line number, line without its end-of-line) of a UTF-8 file; ``DataError`` for a
-    missing file (with the ``missing`` hint) or a line that is not UTF-8."""
+    """(1-based line number, line without its end-of-line) of a UTF-8 file, a byte-order mark at
+    its start dropped (editors on Windows write one; it would glue itself to the first name);
+    ``DataError`` for a missing file (with the ``missing`` hint), a directory, or a line that is
+    not UTF-8."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError("is a directory, where a file was expected", path)
     if not path.is_file():
         raise DataError(missing, path)
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
+            if number == 1 and raw.startswith(UTF8_BOM):
+                raw = raw[len(UTF8_BOM):]
             try:
                 yield number, raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as err:
