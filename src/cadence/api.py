@@ -31,7 +31,7 @@ from cadence.strategies import PIPELINE, PS_MODES, STRATEGIES, check_strategy, r
 from cadence.tasks import TASKS, Task
 from cadence.training import checkpoint as ckpt
 from cadence.training.batch_order import BatchOrder
-from cadence.training.run_directory import RunDirectory, default_run_dir, write_atomic  # noqa: F401  (re-exported)
+from cadence.training.run_directory import RunDirectory, default_run_dir, finite, write_atomic  # noqa: F401  (re-exported)
 from cadence.pipeline.stages import KeyIndex
 from cadence.training.runtimes import ParameterServerRuntime, PipelineRuntime, RowsView, Runtime
 from cadence.training.trainer import Trainer, TrainerHook
@@ -137,7 +137,7 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
 
     drawn = ["time_to_accuracy.png", "accuracy_per_epoch.png"] if plots.available() else None
     comparison = {"config": config.to_dict(), "strategies": results, "plots": drawn}
-    write_atomic(out / "comparison.json", json.dumps(comparison, indent=2) + "\n")
+    write_atomic(out / "comparison.json", json.dumps(finite(comparison), indent=2, allow_nan=False) + "\n")
     if drawn is None:
         log.warning("plots skipped: matplotlib is not installed (pip install 'cadence[plot]')")
         return comparison

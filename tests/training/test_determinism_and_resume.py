@@ -209,3 +209,18 @@ def test_one_writer_per_run_directory(tiny_graph: Path, tmp_path: Path) -> None:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     api.train(make_config(run_dir, f"data.dataset={tiny_graph}", "train.epochs=1"), overwrite=True)
+
+
+def test_an_undefined_metric_is_written_as_json_null(tmp_path: Path) -> None:
+    """AUC of a split whose labels are all one class is NaN; summary.json and metrics.jsonl stay
+    JSON (no bare NaN, which strict parsers reject) with null in its place."""
+    import json
+
+    run = RunDirectory(tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    run.write_summary({"auc": float("nan"), "logloss": 0.5, "per_worker": [float("inf"), 1.0]})
+    run.write_metrics([{"epoch": 1, "split": "valid", "auc": float("nan")}])
+    strict = {"parse_constant": lambda name: pytest.fail(f"bare {name} in JSON")}
+    assert json.loads((tmp_path / "run" / "summary.json").read_text(), **strict) == {
+        "auc": None, "logloss": 0.5, "per_worker": [None, 1.0]}
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text(), **strict)["auc"] is None

@@ -35,7 +35,7 @@ def plot_curves(curves: dict[str, list[dict[str, Any]]], metric: str, x_key: str
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     for name, records in curves.items():
-        points = [(r[x_key], r[metric]) for r in records if metric in r]
+        points = [(r[x_key], r[metric]) for r in records if r.get(metric) is not None]  # null: undefined
         if points:
             xs, ys = zip(*points)
             axis.plot(xs, ys, marker="o", markersize=3, label=name)

@@ -15,6 +15,8 @@ periods``, GBA's protocol): the run trains ``train.epochs`` epochs on each perio
 
 from __future__ import annotations
 
+import logging
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +33,8 @@ from cadence.models.ctr import CTR_MODELS, pool_bags
 from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, Validation
+
+log = logging.getLogger("cadence")
 
 EVAL_BATCH = 4096
 
@@ -136,7 +140,11 @@ class CtrTask(Task):
             logits.append(forward(dense, batch.inputs, params.values(batch.ids)))
         dense.train()
         scores = torch.cat(logits)
-        return {"auc": auc(scores, examples.labels), "logloss": logloss(scores, examples.labels)}
+        area = auc(scores, examples.labels)
+        if math.isnan(area):
+            log.warning("auc of the %s split is undefined: its %d labels are all one class (reported as null)",
+                        split, len(examples))
+        return {"auc": area, "logloss": logloss(scores, examples.labels)}
 
     def final_metrics(self, evaluate: Callable[[str], dict[str, float]],
                       history: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import shutil
 import time
@@ -91,7 +92,7 @@ class RunDirectory:
         return load_config(self.config_path)
 
     def write_metrics(self, records: list[dict[str, Any]]) -> None:
-        write_atomic(self.path / METRICS, "".join(json.dumps(r) + "\n" for r in records))
+        write_atomic(self.path / METRICS, "".join(json.dumps(finite(r), allow_nan=False) + "\n" for r in records))
 
     def read_metrics(self) -> list[dict[str, Any]]:
         path = self.path / METRICS
@@ -100,10 +101,22 @@ class RunDirectory:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        write_atomic(self.path / SUMMARY, json.dumps(summary, indent=2) + "\n")
+        write_atomic(self.path / SUMMARY, json.dumps(finite(summary), indent=2, allow_nan=False) + "\n")
 
     def read_summary(self) -> dict[str, Any]:
         return json.loads((self.path / SUMMARY).read_text())
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity (an undefined metric: AUC of one class) as ``None``:
+    JSON has no NaN, and a reader's parser would reject the file."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
 
 
 def default_run_dir(dataset: str, model: str, strategy: str) -> str:
