@@ -224,3 +224,16 @@ def test_an_undefined_metric_is_written_as_json_null(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "run" / "summary.json").read_text(), **strict) == {
         "auc": None, "logloss": 0.5, "per_worker": [None, 1.0]}
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text(), **strict)["auc"] is None
+
+
+def test_resume_removes_what_a_killed_checkpoint_write_left(tiny_graph: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    api.train(make_config(run_dir, f"data.dataset={tiny_graph}", "train.epochs=1"))
+    partial = run_dir / "checkpoints" / ".partial-epoch-000002-4242"
+    partial.mkdir()
+    (partial / ckpt.TENSORS).write_bytes(b"half a file")
+    temporary = run_dir / ".metrics.jsonl.4242.tmp"
+    temporary.write_text("{")
+    api.resume(run_dir, {"train.epochs": 2})
+    assert not partial.exists() and not temporary.exists()
+    assert [p.name for p in ckpt.epoch_checkpoints(run_dir)] == [ckpt.epoch_name(1), ckpt.epoch_name(2)]

@@ -63,9 +63,19 @@ class RunDirectory:
             handle.truncate()
             handle.write(str(os.getpid()))
             handle.flush()
+            self.remove_temporaries()
             yield
         finally:
             handle.close()  # releases the lock
+
+    def remove_temporaries(self) -> None:
+        """What a process killed mid-write left (a ``.partial-*`` checkpoint, a ``.NAME.PID.tmp``
+        file): called holding the lock, so no live writer owns them."""
+        for leftover in [*self.path.glob(".*.tmp"), *(self.path / "checkpoints").glob(".partial-*")]:
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
 
     def check_empty(self, overwrite: bool) -> None:
         """Whether a new run may go here: an empty directory, or ``overwrite``."""
