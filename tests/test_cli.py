@@ -246,3 +246,23 @@ def test_flag_values_are_taken_as_typed_never_reread_as_yaml(tiny_graph: Path, t
     assert yaml.safe_load((tmp_path / "2025" / "config.yaml").read_text())["optimizer"]["lr"] == 1e-5
     assert main(["-q", "train", *common, "--out", "exp #3"]) == 0
     assert (tmp_path / "exp #3" / "summary.json").exists()
+
+
+def test_os_level_mistakes_are_one_line_errors_naming_the_path(tiny_graph: Path, tmp_path: Path) -> None:
+    import os
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    common = ["train", "--dataset", str(tiny_graph), "--epochs", "1", "--no-progress"]
+    cases = [
+        (["--out", str(a_file)], {}, f"{a_file}: is a file; --out must name a directory"),
+        (["--out", str(a_file / "run")], {}, f"{a_file / 'run'}: cannot use it as a run directory"),
+        (["--dataset", "nations", "--out", str(tmp_path / "r")], {"CADENCE_HOME": str(a_file)},
+         f"{a_file}: CADENCE_HOME is not a directory"),
+    ]
+    for args, env, message in cases:
+        done = subprocess.run([sys.executable, "-m", "cadence.cli", *common, *args], capture_output=True, text=True,
+                              env={**os.environ, **env})
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr[-1500:])
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "r").exists()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from cadence.errors import FetchError
+from cadence.errors import DataError, FetchError
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,13 @@ def pykeen_graph(name: str) -> WheelSource:
 
 
 def cadence_home() -> Path:
-    return Path(os.environ.get("CADENCE_HOME", Path.home() / ".cache" / "cadence"))
+    """The cache of fetched data (``$CADENCE_HOME``, default ``~/.cache/cadence``); an error naming
+    it when it exists but is not a directory."""
+    home = Path(os.environ.get("CADENCE_HOME", Path.home() / ".cache" / "cadence"))
+    if home.exists() and not home.is_dir():
+        where = "CADENCE_HOME" if "CADENCE_HOME" in os.environ else "the data cache"
+        raise DataError(f"{where} is not a directory", home)
+    return home
 
 
 def dataset_dir(name: str) -> Path:

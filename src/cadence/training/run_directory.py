@@ -79,6 +79,8 @@ class RunDirectory:
 
     def check_empty(self, overwrite: bool) -> None:
         """Whether a new run may go here: an empty directory, or ``overwrite``."""
+        if self.path.exists() and not self.path.is_dir():
+            raise CadenceError(f"{self.path}: is a file; --out must name a directory for the run")
         if self.path.exists() and any(p.name != LOCK for p in self.path.iterdir()) and not overwrite:
             raise CadenceError(
                 f"{self.path}: the run directory is not empty; use --resume to continue the run in "
