@@ -266,3 +266,7 @@ def test_os_level_mistakes_are_one_line_errors_naming_the_path(tiny_graph: Path,
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr[-1500:])
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "r").exists()
+    assert main(["-q", "train", *common[1:], "--out", str(tmp_path / "run")]) == 0
+    done = run_cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "run" / "."))
+    assert done.returncode == 2 and "that is the run directory itself" in done.stderr
+    assert not (tmp_path / "run" / "entity_embeddings.npy").exists()

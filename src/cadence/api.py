@@ -289,6 +289,9 @@ def evaluate(run_dir: str | Path, split: str = "test") -> dict[str, float]:
 def export(run_dir: str | Path, out: str | Path, format: str = "npy") -> list[Path]:
     """Write a run's final parameters in ``format`` (the task's formats); all files or none."""
     run = RunDirectory(run_dir)
+    if Path(out).resolve() == run.path.resolve():
+        raise ConfigError(f"export --out {out}: that is the run directory itself (its id maps and files would be "
+                          "overwritten); choose another directory")
     _, task, view, dense = load_model(run.path)
     if format not in task.export_formats:
         raise ConfigError(f"export format {format!r} is not supported by the {task.name} task "
