@@ -67,8 +67,8 @@ def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] 
         config.out = default_run_dir(task.dataset_name, config.model.name, config.strategy)
     _connect(config)  # an unreachable cluster fails here, before a run directory exists
     run = RunDirectory(config.out)
-    run.check_empty(overwrite)
-    with run.locked():  # one writer per run directory
+    with run.locked():  # one writer per run directory; checked under the lock: no other run slips in
+        run.check_empty(overwrite)
         trainer = build_trainer(config, task, run, hooks)
         try:
             run.create(config, overwrite=overwrite)  # an old run (--overwrite) goes only now

@@ -184,16 +184,13 @@ class EmbeddingStore:
             mine = wanted[free & newer]
             older = (claimant >= 0) & (claimant < stamp)
             skipped = int(wanted.shape[0] - mine.shape[0] - older.sum())
-            if bool(older.any()):  # hand these over to the older writers copying them
-                handed = wanted[older]
-                copy = RowBlock(block.values.index_select(0, handed), block.state.index_select(0, handed),
-                                block.versions.index_select(0, handed))
-                owners = claimant[older]
+            if bool(older.any()):  # hand these over (copies) to the older writers copying them
+                handed, owners = wanted[older], claimant[older]
                 for owner in owners.unique().tolist():
-                    take = (owners == owner).nonzero().squeeze(1)
-                    self._handed.setdefault(owner, []).append(
-                        (ids.index_select(0, handed.index_select(0, take)),
-                         RowBlock(copy.values[take], copy.state[take], copy.versions[take])))
+                    part = handed[owners == owner]
+                    self._handed.setdefault(owner, []).append((ids.index_select(0, part), RowBlock(
+                        block.values.index_select(0, part), block.state.index_select(0, part),
+                        block.versions.index_select(0, part))))
             claimed = ids.index_select(0, mine)
             self._claimant.index_fill_(0, claimed, stamp)
             held = time.perf_counter() - got
@@ -278,8 +275,9 @@ class _Scratch(threading.local):
 
     def gather(self, block: RowBlock, positions: Tensor) -> RowBlock:
         count = positions.shape[0]
-        if self.block is None or self.block.values.shape[0] < count or self.block.values.shape[1:] != block.values.shape[1:] \
-                or self.block.state.shape[1:] != block.state.shape[1:]:
+        fits = self.block is not None and self.block.values.shape[0] >= count and \
+            (self.block.values.shape[1:], self.block.state.shape[1:]) == (block.values.shape[1:], block.state.shape[1:])
+        if not fits:
             size = max(count, 1024) * 3 // 2
             self.block = RowBlock(block.values.new_empty(size, *block.values.shape[1:]),
                                   block.state.new_empty(size, *block.state.shape[1:]),

@@ -150,7 +150,8 @@ class PipelinedStrategy(Strategy):
         control = self.make_control(store, device, first)
         runner = PipelineRunner(self.config.pipeline, control)
         self.next_timestamp = runner.run(plans, stages, on_batch, first)
-        for key, value in {**control.stats(), **runner.busy_seconds()}.items():  # counters add up over epochs; peaks take the max
+        # counters add up over epochs; peaks take the max
+        for key, value in {**control.stats(), **runner.busy_seconds()}.items():
             merge = max if key in PEAK_COUNTERS else operator.add
             self.totals[key] = merge(self.totals.get(key, 0), value)
 

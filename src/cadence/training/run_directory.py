@@ -46,6 +46,8 @@ class RunDirectory:
         """Hold the run directory for this process: one writer at a time. An advisory lock
         (``flock``) on ``.lock`` in it, released by the kernel when the process ends however it
         ends, so a crash leaves nothing to clean up; the file names the holder's pid."""
+        if self.path.exists() and not self.path.is_dir():
+            raise CadenceError(f"{self.path}: is a file; --out must name a directory for the run")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             handle = open(self.path / LOCK, "a+")
@@ -79,8 +81,6 @@ class RunDirectory:
 
     def check_empty(self, overwrite: bool) -> None:
         """Whether a new run may go here: an empty directory, or ``overwrite``."""
-        if self.path.exists() and not self.path.is_dir():
-            raise CadenceError(f"{self.path}: is a file; --out must name a directory for the run")
         if self.path.exists() and any(p.name != LOCK for p in self.path.iterdir()) and not overwrite:
             raise CadenceError(
                 f"{self.path}: the run directory is not empty; use --resume to continue the run in "
