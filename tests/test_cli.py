@@ -67,8 +67,8 @@ def test_data_list_names_the_registered_datasets(capsys) -> None:
     (["--epochs", "0"], "cadence: error: --epochs 0: train.epochs must be positive"),
     (["--lr", "nan"], "cadence: error: --lr nan: optimizer.lr must be a finite number"),
     (["--lr", "inf"], "cadence: error: --lr inf: optimizer.lr must be a finite number"),
-    (["--device", "gpu"], "device: 'gpu' is not a device"),
-    pytest.param(["--device", "cuda", "--strategy", "gba"], "device: 'cuda' was asked for, but no CUDA device",
+    (["--device", "gpu"], "--device gpu: 'gpu' is not a device"),
+    pytest.param(["--device", "cuda", "--strategy", "gba"], "--device cuda: 'cuda' was asked for, but no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")),
 ])
 def test_config_mistakes_exit_2_without_traceback_or_output(tiny_graph: Path, tmp_path: Path, args, message) -> None:

@@ -12,7 +12,6 @@ under every strategy; the runtime follows from the strategy and ``ps.workers``
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import logging
 import shutil
@@ -23,9 +22,10 @@ from typing import Any, Iterable
 
 import torch
 
-from cadence.config import Config, flatten, load_config
+from cadence.config import Config, flatten, load_config, user_terms
+from cadence.data import fingerprint
 from cadence.device import resolve_device, use_deterministic_kernels
-from cadence.errors import CadenceError, CheckpointError, ConfigError
+from cadence.errors import CadenceError, CheckpointError, ConfigError, os_errors
 from cadence.optim import ENTITY_OPTIMIZERS
 from cadence.strategies import PIPELINE, PS_MODES, STRATEGIES, check_strategy, runtime_of
 from cadence.tasks import TASKS, Task
@@ -57,6 +57,11 @@ class TrainResult:
 
 def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] = ()) -> TrainResult:
     """Train from scratch into ``config.out`` (default: ``runs/<dataset>-<model>-<strategy>-<time>``)."""
+    with user_terms(config):
+        return _train(config, overwrite, hooks)
+
+
+def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook]) -> TrainResult:
     config = prepare_config(config)
     task = TASKS.get(config.task)(config)
     init = _init_checkpoint(config)
@@ -71,10 +76,10 @@ def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] 
         run.check_empty(overwrite)
         trainer = build_trainer(config, task, run, hooks)
         try:
+            if init is not None:  # a model that does not fit fails here, before anything is written
+                trainer.init_from(config.ctr.init_from, *init)
             run.create(config, overwrite=overwrite)  # an old run (--overwrite) goes only now
             task.write_metadata(run.path)
-            if init is not None:
-                trainer.init_from(config.ctr.init_from, *init)
         except BaseException:
             trainer.runtime.close()
             raise
@@ -82,17 +87,25 @@ def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] 
 
 
 def resume(run_dir: str | Path, overrides: dict[str, Any] | None = None,
-           hooks: Iterable[TrainerHook] = ()) -> TrainResult:
-    """Continue the run in ``run_dir`` from its newest valid checkpoint."""
+           hooks: Iterable[TrainerHook] = (), origins: dict[str, str] | None = None) -> TrainResult:
+    """Continue the run in ``run_dir`` from its newest valid checkpoint. ``overrides``: keys of
+    ``RESUMABLE_KEYS`` to change; ``origins``: how the user gave each (a flag, for messages)."""
     run = RunDirectory(run_dir)
     config = run.load_config()
     if overrides:
-        unsupported = sorted(set(overrides) - RESUMABLE_KEYS)
+        origins = origins or {}
+        unsupported = [origins.get(key, key) for key in sorted(set(overrides) - RESUMABLE_KEYS)]
         if unsupported:
-            raise ConfigError(f"--resume uses the run's config.yaml; {', '.join(unsupported)} cannot be "
+            raise ConfigError(f"--resume uses the run's config.yaml; {', '.join(unsupported)}: cannot be "
                               f"changed (only {', '.join(sorted(RESUMABLE_KEYS))})")
-        given = [(key, value, f"{key} (given with --resume)") for key, value in overrides.items()]
+        given = [(key, value, f"{origins.get(key, key)} (given with --resume)") for key, value in overrides.items()]
         config = load_config(run.config_path, values=given)
+    with user_terms(config):
+        return _resume(config, run, overrides, hooks)
+
+
+def _resume(config: Config, run: RunDirectory, overrides: dict[str, Any] | None,
+            hooks: Iterable[TrainerHook]) -> TrainResult:
     config = prepare_config(config)
     task = TASKS.get(config.task)(config)
     _connect(config)
@@ -121,7 +134,10 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
     if len(set(strategies)) != len(strategies):
         raise ConfigError(f"a strategy is listed twice: {','.join(strategies)}")
     for name in strategies:  # every one is checked before the first trains
-        prepare_config(dataclasses.replace(copy.deepcopy(config), strategy=name))
+        with user_terms(config):
+            checked = copy.deepcopy(config)
+            checked.strategy = name
+            prepare_config(checked)
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CadenceError(f"{out}: the comparison directory is not empty; use --overwrite or another --out")
@@ -160,6 +176,11 @@ def prepare_config(config: Config) -> Config:
         config.optimizer.entity = DEFAULT_ENTITY_OPTIMIZERS[config.task]
     check_strategy(config.strategy)
     runtime = runtime_of(config)
+    for key in ("record_order",):  # files a run will write: a directory, or a missing parent, fails now
+        target = getattr(config, key)
+        if target and (Path(target).is_dir() or not Path(target).resolve().parent.is_dir()):
+            raise ConfigError(f"{key}: {target} is a directory or in a directory that does not exist; "
+                              "a file is expected")
     ENTITY_OPTIMIZERS.get(config.optimizer.entity)
     _check_foreign_keys(config, runtime)
     resolve_device(config.device)
@@ -273,7 +294,11 @@ def load_model(run_dir: str | Path) -> tuple[Config, Task, RowsView, torch.nn.Mo
     run = RunDirectory(run_dir)
     config = prepare_config(run.load_config())
     task = TASKS.get(config.task)(config)
-    tensors, _ = final_checkpoint(run)
+    tensors, state = final_checkpoint(run)
+    try:
+        fingerprint.check(state.get(fingerprint.KEY), task.data_fingerprint(), run.path, config.data.dataset)
+    except ValueError as err:
+        raise CheckpointError(f"{run.path}: its final checkpoint does not fit this run ({err})") from None
     view = RowsView(tensors["table.values"], task.table(), KeyIndex(tensors["table.keys"]))
     dense = task.dense_module()
     dense.load_state_dict({k[len("dense."):]: v for k, v in tensors.items() if k.startswith("dense.")})
@@ -292,13 +317,16 @@ def export(run_dir: str | Path, out: str | Path, format: str = "npy") -> list[Pa
     if Path(out).resolve() == run.path.resolve():
         raise ConfigError(f"export --out {out}: that is the run directory itself (its id maps and files would be "
                           "overwritten); choose another directory")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ConfigError(f"export --out {out}: is a file; --out must name a directory")
     _, task, view, dense = load_model(run.path)
     if format not in task.export_formats:
         raise ConfigError(f"export format {format!r} is not supported by the {task.name} task "
                           f"({', '.join(task.export_formats)})")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    with os_errors(out, "write the export"):
+        out.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
     try:
         written = task.export(view, dense, run.path, staging, format)
         final = []

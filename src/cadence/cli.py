@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any, Sequence
 
-from cadence.errors import CadenceError
+from cadence.errors import CadenceError, SystemResourceError, describe_os_error
 
 # flags for the common keys: flag -> (dotted config key, type)
 TRAIN_FLAGS: dict[str, tuple[str, type]] = {
@@ -39,8 +39,15 @@ TRAIN_FLAGS: dict[str, tuple[str, type]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """A mistyped command line is one line, like every other mistake (argparse prints its usage)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"cadence: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cadence", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="cadence", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
     parser.add_argument("-q", "--quiet", action="store_true", help="print warnings and errors only")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -97,11 +104,11 @@ def _training_values(args: argparse.Namespace) -> list[tuple[str, Any, str]]:
     in messages as the user typed it."""
     from cadence.config import parse_override
 
-    values = [(*parse_override(item), f"--set {item}") for item in args.set]
+    values = [(*parse_override(item), f"--set {_shown(item)}") for item in args.set]
     for flag, (key, _) in TRAIN_FLAGS.items():
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
-            values.append((key, value, f"{flag} {value}"))
+            values.append((key, value, f"{flag} {_shown(str(value))}"))
     if args.strict:
         values.append(("data.strict", True, "--strict"))
     if args.no_progress:
@@ -116,14 +123,27 @@ def _training_values(args: argparse.Namespace) -> list[tuple[str, Any, str]]:
     return values
 
 
+def _one_line(message: str) -> str:
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _shown(text: str) -> str:
+    """A value as the user typed it, quoted when it holds spaces or control characters (a message
+    stays one line)."""
+    return text if text.isprintable() and " " not in text else repr(text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _configure_logging(args.quiet)
     try:
         return COMMANDS[args.command](args)
     except CadenceError as err:
-        print(f"cadence: error: {err}", file=sys.stderr)
+        print(f"cadence: error: {_one_line(str(err))}", file=sys.stderr)
         return err.exit_code
+    except OSError as err:  # the operating system refused something no check above foresaw
+        print(f"cadence: error: {_one_line(describe_os_error(err))}", file=sys.stderr)
+        return SystemResourceError.exit_code
     except KeyboardInterrupt:
         print("cadence: interrupted", file=sys.stderr)
         return 130
@@ -157,7 +177,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config:
             raise CadenceError("--resume continues a run with its own config.yaml; drop --config")
-        result = api.resume(args.resume, {key: value for key, value, _ in values})
+        result = api.resume(args.resume, {key: value for key, value, _ in values},
+                            origins={key: origin for key, _, origin in values})
     else:
         result = api.train(load_config(args.config, values=values), overwrite=args.overwrite)
     _print_summary(result.summary)

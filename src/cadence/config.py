@@ -9,6 +9,7 @@ the value came from a file, its path and line. Every run writes its resolved con
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -17,7 +18,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 import yaml
 
@@ -236,10 +237,11 @@ _POSITIVE = {
     "pipeline.queue_size", "pipeline.stall_timeout", "ps.workers", "ps.shards", "mf.folds",
     "mf.synthetic.users", "mf.synthetic.items", "mf.synthetic.ratings", "w2v.window", "w2v.min_count",
     "ctr.synthetic.num_examples", "ctr.synthetic.num_fields", "ctr.synthetic.vocab_per_field",
-    "ctr.synthetic.holdout",
+    "ctr.synthetic.holdout", "ctr.num_periods", "w2v.negatives",
 }
 _NON_NEGATIVE = {"ps.emulated_latency", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
-                 "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "w2v.negatives",
+                 "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "ctr.first_period",
+                 "model.init_std",
                  "w2v.sample", "w2v.max_vocab", "w2v.min_lr", "ctr.synthetic.dim", "ctr.synthetic.zipf_exponent"}
 
 
@@ -250,7 +252,39 @@ def from_dict(data: dict[str, Any], where: dict[str, str] | None = None) -> Conf
     """
     config = _build(Config, data, "", where or {})
     _check_ranges(config, where or {})
+    config._where = dict(where or {})  # not a field: neither written to config.yaml nor compared
     return config
+
+
+@contextlib.contextmanager
+def user_terms(config: Config) -> Iterator[None]:
+    """A ``ConfigError`` raised inside (a check after loading: a registry name, a task's own range)
+    names the setting as the user gave it: the flag, ``--set`` item or file line of the first key
+    its message mentions, instead of the internal key alone."""
+    try:
+        yield
+    except ConfigError as err:
+        located = locate_error(config, str(err))
+        if located is None:
+            raise
+        raise ConfigError(located) from None
+
+
+def locate_error(config: Config, message: str) -> str | None:
+    where: dict[str, str] = getattr(config, "_where", {})
+    found = []
+    for key, origin in where.items():
+        match = re.search(rf"(?<![\w.]){re.escape(key)}(?!\w|\.\w)", message)
+        if match:
+            found.append((match.start(), -len(key), key, origin))
+    if not found:
+        return None
+    _, _, key, origin = min(found)
+    if origin in message:
+        return None
+    if message.startswith(f"{key}: "):
+        message = message[len(key) + 2:]
+    return f"{origin}: {message}"
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
@@ -332,6 +366,10 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, where a config file was expected") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the config file: {err.strerror}") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     try:
@@ -340,6 +378,9 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     except yaml.MarkedYAMLError as err:
         line = err.problem_mark.line + 1 if err.problem_mark else "?"
         raise ConfigError(f"{path}:{line}: invalid YAML: {err.problem}") from None
+    except yaml.reader.ReaderError as err:  # a control character: the reader gives its position
+        line = text[:err.position].count("\n") + 1
+        raise ConfigError(f"{path}:{line}: invalid YAML: character {err.character:#x} is not allowed") from None
     if data is None:
         return {}, {}
     if not isinstance(data, dict):
@@ -414,6 +455,10 @@ def _convert(tp: Any, value: Any, key: str, where: dict[str, str]) -> Any:
         or (tp is float and isinstance(value, (int, float)) and not isinstance(value, bool))
         or (tp is str and isinstance(value, str))
     )
+    if tp is float and isinstance(value, str) and _not_finite(value):
+        raise ConfigError(f"{_locate(key, where)}{key} must be a finite number, got {value!r}")
+    if tp is int and ok and not -2**63 <= value < 2**63:
+        raise ConfigError(f"{_locate(key, where)}{key} is too large, got {value}")
     if not ok:
         raise ConfigError(
             f"{_locate(key, where)}{key} must be of type {tp.__name__}, got {type(value).__name__} {value!r}"
@@ -421,6 +466,13 @@ def _convert(tp: Any, value: Any, key: str, where: dict[str, str]) -> Any:
     if tp is float and not math.isfinite(value):  # no setting means NaN or an infinity
         raise ConfigError(f"{_locate(key, where)}{key} must be a finite number, got {value!r}")
     return float(value) if tp is float else value
+
+
+def _not_finite(text: str) -> bool:
+    try:
+        return not math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def _check_ranges(config: Config, where: dict[str, str]) -> None:
@@ -434,6 +486,12 @@ def _check_ranges(config: Config, where: dict[str, str]) -> None:
     for key in ("optimizer.lr", "optimizer.eps"):
         if flat[key] <= 0:
             raise ConfigError(f"{_locate(key, where)}{key} must be positive, got {flat[key]}")
+    if config.mf.fold >= config.mf.folds:
+        raise ConfigError(f"{_locate('mf.fold', where)}mf.fold must be less than mf.folds ({config.mf.folds}), "
+                          f"got {config.mf.fold}")
+    if config.ctr.last_period < -1:
+        raise ConfigError(f"{_locate('ctr.last_period', where)}ctr.last_period must be -1 (the second to last "
+                          f"period) or a period, got {config.ctr.last_period}")
     if config.optimizer.dense_lr is not None and config.optimizer.dense_lr <= 0:
         raise ConfigError(f"{_locate('optimizer.dense_lr', where)}optimizer.dense_lr must be positive")
 

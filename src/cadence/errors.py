@@ -7,7 +7,10 @@ callers catch it like any exception. Bugs stay ordinary exceptions so they keep 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 from pathlib import Path
+from typing import Iterator
 
 
 class CadenceError(Exception):
@@ -42,3 +45,36 @@ class CheckpointError(CadenceError):
 
 class FetchError(CadenceError):
     """A dataset could not be downloaded or failed its checksum."""
+
+
+class SystemResourceError(CadenceError):
+    """The operating system refused: a file cannot be read or written (permissions, a full disk, a
+    read-only file system). Exit status 1, apart from a mistake in what the user typed (2)."""
+
+    exit_code = 1
+
+
+def describe_os_error(err: OSError, path: str | Path | None = None, doing: str | None = None) -> str:
+    """``path: cannot <doing>: <reason>`` of an ``OSError`` (its own file names when ``path`` is None)."""
+    names = [str(name) for name in (err.filename, err.filename2) if name is not None]
+    where = str(path) if path is not None else " -> ".join(names)
+    reason = err.strerror or str(err)
+    if err.errno == errno.ENOSPC:
+        reason += " (the disk is full: free space, then resume the run)"
+    text = f"cannot {doing}: {reason}" if doing else reason
+    return f"{where}: {text}" if where else text
+
+
+@contextlib.contextmanager
+def os_errors(path: str | Path, doing: str) -> Iterator[None]:
+    """Report an ``OSError`` (or a safetensors I/O error) inside as a ``SystemResourceError`` naming
+    ``path`` and what was being done."""
+    try:
+        yield
+    except OSError as err:
+        raise SystemResourceError(describe_os_error(err, path, doing)) from None
+    except Exception as err:
+        if type(err).__name__ != "SafetensorError":
+            raise
+        reason = str(err).split("I/O error: ")[-1]
+        raise SystemResourceError(f"{path}: cannot {doing}: {reason}") from None

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from cadence.config import OptimizerConfig
 from cadence.registry import Registry
 
-ENTITY_OPTIMIZERS: Registry[type["EntityOptimizer"]] = Registry("entity optimizer")
+ENTITY_OPTIMIZERS: Registry[type["EntityOptimizer"]] = Registry("entity optimizer", "optimizer.entity")
 
 
 class EntityOptimizer(ABC):

@@ -20,8 +20,9 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, key: str | None = None):
         self.kind = kind
+        self.key = key  # the config key that names an entry (errors start with it)
         self._entries: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -39,8 +40,9 @@ class Registry(Generic[T]):
         except KeyError:
             hint = difflib.get_close_matches(name, self._entries, n=1)
             suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+            where = f"{self.key}: " if self.key else ""
             raise ConfigError(
-                f"unknown {self.kind} {name!r}{suggestion}; choose one of: {', '.join(self.names())}"
+                f"{where}unknown {self.kind} {name!r}{suggestion}; choose one of: {', '.join(self.names())}"
             ) from None
 
     def names(self) -> list[str]:

@@ -228,7 +228,7 @@ def test_an_unreachable_ray_address_fails_fast_and_leaves_no_run_directory(tmp_p
                              "ps.ray_address=127.0.0.1:1", "--out", str(out)], capture_output=True, text=True,
                             env={**os.environ, "CADENCE_HOME": str(tmp_path / "home")})
     assert time.perf_counter() - started < 30
-    assert result.returncode == 2 and "cadence: error: ps.ray_address" in result.stderr, result.stderr
+    assert result.returncode == 2 and "cadence: error: --set ps.ray_address=127.0.0.1:1:" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
 
 

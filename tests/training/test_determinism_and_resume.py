@@ -133,7 +133,7 @@ def test_resume_can_extend_epochs_but_not_change_the_model(tiny_graph: Path, tmp
     assert result.summary["epochs"] == 3
     from cadence.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="model.dim cannot be changed"):
+    with pytest.raises(ConfigError, match="model.dim: cannot be changed"):
         api.resume(tmp_path / "run", {"model.dim": 16})
 
 

@@ -14,12 +14,15 @@ categorical features C1-C26 (hashed values written as 8 hex digits); any feature
   which is time order in the released day files.
 
 Strict: a line without 40 columns, a label other than 0/1, a non-integer numeric feature or
-non-UTF-8 bytes raise ``DataError`` with file and line. Blank lines are skipped.
+non-UTF-8 bytes raise ``DataError`` with file and line. Blank lines are skipped; a UTF-8 byte-order
+mark is dropped; a first line of column names (a header, which the format does not have) is
+skipped with a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
 import string
@@ -30,7 +33,10 @@ import numpy as np
 import torch
 
 from cadence.data.ctr import MAX_VALUE_INDEX, VALUE_BITS, CtrDataset, CtrExamples
+from cadence.data.text import numbered_lines
 from cadence.errors import DataError
+
+log = logging.getLogger("cadence")
 
 NUM_DENSE = 13
 NUM_CATEGORICAL = 26
@@ -57,6 +63,13 @@ def dense_value(count: int) -> float:
     return math.log1p(max(count, 0))
 
 
+def is_header(line: str) -> bool:
+    """A first line of column names (``label  I1 ... C26``) rather than an example: its label column
+    is a word."""
+    label = line.split("\t", 1)[0].strip()
+    return label[:1].isalpha()
+
+
 def parse_line(line: str, path: Path, number: int) -> tuple[float, list[float], list[int]]:
     """(label, 13 dense values, 26 categorical value indices) of one line."""
     columns = line.split("\t")
@@ -69,30 +82,29 @@ def parse_line(line: str, path: Path, number: int) -> tuple[float, list[float], 
     for name, text in zip(DENSE_NAMES, columns[1:1 + NUM_DENSE], strict=True):
         if text and not _INTEGER.fullmatch(text):
             raise DataError(f"{name} value {text!r} is not an integer", path, number)
-        dense.append(dense_value(int(text)) if text else 0.0)
+        try:
+            dense.append(dense_value(int(text)) if text else 0.0)
+        except OverflowError:
+            raise DataError(f"{name} value {text[:20]}... is too large for a count", path, number) from None
     return float(columns[0]), dense, [category_value(text) for text in columns[1 + NUM_DENSE:]]
 
 
 def read_criteo(path: str | Path, max_rows: int | None = None) -> CtrDataset:
     """The first ``max_rows`` examples (all when None) of a Criteo-format file."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError("file not found", path)
     labels, dense, values = array("f"), array("f"), array("q")  # flat and compact: 4-8 bytes a value
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if max_rows is not None and len(labels) >= max_rows:
-                break
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as err:
-                raise DataError(f"not UTF-8 text (byte {err.start} of the line)", path, number) from None
-            if not line.strip():
-                continue
-            label, row_dense, row_values = parse_line(line, path, number)
-            labels.append(label)
-            dense.extend(row_dense)
-            values.extend(row_values)
+    for number, line in numbered_lines(path):
+        if max_rows is not None and len(labels) >= max_rows:
+            break
+        if not line.strip():
+            continue
+        if number == 1 and is_header(line):
+            log.warning("%s:1: skipped a header line (%s...): the Criteo format has none", path, line[:40])
+            continue
+        label, row_dense, row_values = parse_line(line, path, number)
+        labels.append(label)
+        dense.extend(row_dense)
+        values.extend(row_values)
     if not labels:
         raise DataError("file holds no examples", path)
     n = len(labels)

@@ -143,6 +143,8 @@ def load_ctr_dataset(name_or_path: str, seed: int, synthetic_config: Any = None)
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return criteo.read_criteo(path)
+    if path.is_dir():
+        raise DataError("is a directory, where a Criteo-format TSV file was expected", path)
     if "/" in name_or_path or name_or_path.startswith(".") or path.suffix:
         raise DataError("file not found (a CTR dataset path must be a Criteo-format TSV file)", path)
     CTR_DATASETS.get(name_or_path)  # raises with the list of names and a close match

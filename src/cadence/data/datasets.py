@@ -30,7 +30,7 @@ class Dataset:
         return self.source is None or fetching.is_fetched(self.name, self.source)
 
 
-DATASETS: Registry[Dataset] = Registry("dataset")
+DATASETS: Registry[Dataset] = Registry("dataset", "data.dataset")
 
 
 def _register_pykeen_graph(name: str, description: str) -> None:

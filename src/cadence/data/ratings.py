@@ -140,8 +140,12 @@ def _read_rows(path: Path) -> list[Row]:
             continue
         values = line.split("\t")
         if len(values) not in (3, 4):
+            commas = " (the line is comma-separated: use tabs)" if len(line.split(",")) in (3, 4) else ""
             raise DataError("expected 3 or 4 tab-separated fields (user, item, rating[, timestamp]), "
-                            f"found {len(values)}", path, number)
+                            f"found {len(values)}{commas}", path, number)
+        if not rows and values[2].strip()[:1].isalpha() and values[2].strip().lower() not in ("nan", "inf"):
+            log.warning("%s:%d: skipped a header line (%s)", path, number, ", ".join(v.strip() for v in values))
+            continue
         rows.append((number, values))
     if not rows:
         raise DataError("file is empty: it holds no ratings", path)
@@ -193,9 +197,12 @@ def _rating(text: str, path: Path, line: int) -> float:
 
 def _timestamp(text: str, path: Path, line: int) -> int:
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise DataError(f"timestamp {text.strip()!r} is not an integer", path, line) from None
+    if not -2**63 <= value < 2**63:
+        raise DataError(f"timestamp {text.strip()[:24]!r} is too large (a 64-bit integer is the most)", path, line)
+    return value
 
 
 def load_movielens_100k_ratings() -> RatingDataset:

@@ -20,7 +20,11 @@ def numbered_lines(path: str | Path, missing: str = "file not found") -> Iterato
         raise DataError("is a directory, where a file was expected", path)
     if not path.is_file():
         raise DataError(missing, path)
-    with open(path, "rb") as handle:
+    try:
+        handle = open(path, "rb")
+    except OSError as err:
+        raise DataError(f"cannot read it: {err.strerror}", path) from None
+    with handle:
         for number, raw in enumerate(handle, start=1):
             if number == 1 and raw.startswith(UTF8_BOM):
                 raw = raw[len(UTF8_BOM):]

@@ -25,6 +25,10 @@ from cadence.errors import DataError
 log = logging.getLogger("cadence")
 
 SPLITS = ("train", "valid", "test")
+# a first line made only of these words is a header (column names), not a triple
+HEADER_WORDS = frozenset({"head", "relation", "tail", "subject", "predicate", "object", "source", "target",
+                          "h", "r", "t", "s", "p", "o", "head_label", "relation_label", "tail_label", "from", "to",
+                          "edge", "label"})
 
 
 @dataclass
@@ -59,6 +63,9 @@ def read_triple_file(path: Path) -> list[tuple[str, str, str, int]]:
             raise DataError(f"expected 3 tab-separated fields (head, relation, tail), found {len(fields)}",
                             path, number)
         head, relation, tail = (f.strip() for f in fields)
+        if number == 1 and {head.lower(), relation.lower(), tail.lower()} <= HEADER_WORDS:
+            log.warning("%s:1: skipped a header line (%s, %s, %s)", path, head, relation, tail)
+            continue
         if not head or not relation or not tail:
             raise DataError("empty field (head, relation and tail must all be non-empty)", path, number)
         rows.append((head, relation, tail, number))

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from cadence.errors import ConfigError
 from cadence.registry import Registry
 
-CTR_MODELS: Registry[type["CtrModel"]] = Registry("ctr model")
+CTR_MODELS: Registry[type["CtrModel"]] = Registry("ctr model", "model.name")
 
 
 def pool_bags(rows: Tensor, mask: Tensor) -> Tensor:

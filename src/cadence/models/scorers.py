@@ -24,7 +24,7 @@ from cadence.config import ModelConfig
 from cadence.errors import ConfigError
 from cadence.registry import Registry
 
-SCORERS: Registry[type["Scorer"]] = Registry("model")
+SCORERS: Registry[type["Scorer"]] = Registry("model", "model.name")
 
 
 class Scorer(ABC):

@@ -61,7 +61,7 @@ class StepTarget(Protocol):
 
 
 # decay f(staleness, tolerance) -> weight; 0 drops the gradient
-DECAYS: Registry[Callable[[int, float], float]] = Registry("gba decay")
+DECAYS: Registry[Callable[[int, float], float]] = Registry("gba decay", "ps.decay")
 DECAYS.register("cutoff")(lambda staleness, tolerance: 0.0 if staleness > tolerance else 1.0)
 DECAYS.register("exponential")(lambda staleness, tolerance: 0.0 if staleness > tolerance else 0.5 ** max(staleness, 0))
 # normalizer(buffer capacity, gradients kept) -> divisor of the summed gradients

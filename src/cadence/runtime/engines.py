@@ -30,7 +30,7 @@ from cadence.registry import Registry
 from cadence.runtime.server import DataList, DenseReducer, build_shard
 from cadence.runtime.worker import Faults, ShardRouter, Worker
 
-ENGINES: Registry[Any] = Registry("engine")
+ENGINES: Registry[Any] = Registry("engine", "ps.engine")
 
 
 @dataclass

@@ -50,7 +50,7 @@ class RowBlock:
 
 # An allocator returns (values, state, versions, mapped arrays to flush) for a table's shape.
 Allocator = Callable[[int, int, int, "str | None"], tuple[Tensor, Tensor, Tensor, list]]
-STORE_BACKENDS: Registry[Allocator] = Registry("store backend")
+STORE_BACKENDS: Registry[Allocator] = Registry("store backend", "store.backend")
 
 
 @STORE_BACKENDS.register("memory")

@@ -33,7 +33,7 @@ def check_strategy(name: str) -> None:
     if name not in STRATEGIES and name not in PS_MODES:
         close = difflib.get_close_matches(name, strategy_names(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"unknown strategy {name!r}{hint}; choose one of: {', '.join(strategy_names())}")
+        raise ConfigError(f"strategy: unknown strategy {name!r}{hint}; choose one of: {', '.join(strategy_names())}")
 
 
 def runtime_of(config: Config) -> str:

@@ -17,7 +17,7 @@ from cadence.pipeline.batch import Batch, BatchPlan
 from cadence.pipeline.stages import Stages
 from cadence.registry import Registry
 
-STRATEGIES: Registry[type["Strategy"]] = Registry("strategy")
+STRATEGIES: Registry[type["Strategy"]] = Registry("strategy", "strategy")
 
 
 class Strategy(ABC):

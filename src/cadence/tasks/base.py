@@ -33,12 +33,13 @@ import torch
 from torch import Tensor, nn
 
 from cadence.config import Config
+from cadence.data.fingerprint import fingerprint
 from cadence.pipeline.batch import Batch, BatchPlan
 from cadence.registry import Registry
 from cadence.store.embedding_store import EmbeddingStore
 from cadence.store.initial import hashed_normal, initial_rows
 
-TASKS: Registry[type["Task"]] = Registry("task")
+TASKS: Registry[type["Task"]] = Registry("task", "task")
 
 Progress = Callable[[Iterable], Iterable]  # wraps an iterable of evaluation steps (a progress bar)
 
@@ -200,6 +201,18 @@ class Task(ABC):
         if best is None:
             return True
         return value > best if self.higher_is_better else value < best
+
+    # ---- the data's identity ----------------------------------------------------------------------
+    @abstractmethod
+    def data_parts(self) -> dict[str, tuple[Any, ...]]:
+        """The parts of the data a checkpoint depends on (id maps, splits), each a tuple of
+        tensors, names and numbers; their digests (``data_fingerprint``) go into every checkpoint."""
+
+    def data_fingerprint(self) -> dict[str, str]:
+        """{part: digest} of ``data_parts`` (computed once)."""
+        if getattr(self, "_cache_fingerprint", None) is None:
+            self._cache_fingerprint = fingerprint(self.data_parts())
+        return self._cache_fingerprint
 
     # ---- outputs --------------------------------------------------------------------------------
     def write_metadata(self, run_dir: Path) -> None:

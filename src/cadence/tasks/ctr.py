@@ -71,6 +71,11 @@ class CtrTask(Task):
     def dataset_name(self) -> str:
         return self.dataset.name
 
+    def data_parts(self) -> dict[str, tuple]:
+        data, examples = self.dataset, self.dataset.examples
+        return {"fields": (data.field_names, data.bag_names, data.dense_names),
+                "examples": (examples.keys, examples.bags, examples.dense, examples.labels, examples.timestamps)}
+
     def table(self) -> TableSpec:
         width = CTR_MODELS.get(self.config.model.name).row_width(self.config.model.dim)
         return TableSpec(None, width, self.config.model.init_std,

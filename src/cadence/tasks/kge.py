@@ -50,6 +50,12 @@ class KgeTask(Task):
     def dataset_name(self) -> str:
         return self.graph.name
 
+    def data_parts(self) -> dict[str, tuple]:
+        graph = self.graph
+        return {"entity ids": (graph.num_entities, graph.entity_names),
+                "relation ids": (graph.num_relations, graph.relation_names),
+                "train split": (graph.train,), "valid split": (graph.valid,), "test split": (graph.test,)}
+
     def table(self) -> TableSpec:
         return TableSpec(self.graph.num_entities, self.config.model.dim, self.config.model.init_std,
                          derive_seed(self.config.seed, "entities"))

@@ -106,6 +106,11 @@ class MfTask(Task):
     def dataset_name(self) -> str:
         return self.dataset.name
 
+    def data_parts(self) -> dict[str, tuple]:
+        ratings = self.dataset.ratings
+        return {"user ids": (self.dataset.user_ids,), "item ids": (self.dataset.item_ids,),
+                "ratings": (ratings.users, ratings.items, ratings.values, ratings.timestamps)}
+
     def table(self) -> TableSpec:
         users, items = self.dataset.num_users, self.dataset.num_items
         return TableSpec(users + items, self.config.model.dim + 1, self.config.model.init_std,

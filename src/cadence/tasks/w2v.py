@@ -135,6 +135,10 @@ class Word2VecTask(Task):
     def dataset_name(self) -> str:
         return self.corpus.name
 
+    def data_parts(self) -> dict[str, tuple]:
+        corpus = self.corpus
+        return {"vocabulary": (corpus.words, corpus.counts), "corpus": (corpus.tokens, corpus.sentence_starts)}
+
     def table(self) -> TableSpec:
         size = self.vocabulary
         return TableSpec(2 * size, self.config.model.dim, self.config.model.init_std,

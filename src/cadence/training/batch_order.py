@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from cadence.data.text import numbered_lines
 from cadence.errors import DataError
 from cadence.pipeline.batch import Batch, BatchPlan
 from cadence.training.run_directory import write_atomic
@@ -24,10 +25,8 @@ class BatchOrder:
     @classmethod
     def load(cls, path: str | Path) -> "BatchOrder":
         path = Path(path)
-        if not path.is_file():
-            raise DataError("batch order file not found", path)
         order: dict[int, list[int]] = {}
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in numbered_lines(path, "batch order file not found"):
             if not line.strip():
                 continue
             try:

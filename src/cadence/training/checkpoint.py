@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from cadence.errors import CheckpointError
+from cadence.errors import CheckpointError, os_errors
 
 log = logging.getLogger("cadence")
 
@@ -53,8 +53,17 @@ def save_checkpoint(run_dir: Path, name: str, tensors: dict[str, Tensor], state:
     shard writes its own rows: nothing passes through this process) and returns {file: sha256};
     each is verified on load like the main file."""
     root = checkpoint_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     partial = root / f".partial-{name}-{os.getpid()}"
+    try:
+        with os_errors(root / name, "write the checkpoint"):
+            return _save(root, partial, name, tensors, state, keep, parts, run_dir)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)  # a failed write leaves nothing (the older ones stay)
+
+
+def _save(root: Path, partial: Path, name: str, tensors: dict[str, Tensor], state: dict[str, Any],
+          keep: int | None, parts: PartWriter | None, run_dir: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     digest = write_tensors(partial / TENSORS, tensors)

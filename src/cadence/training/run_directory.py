@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cadence.config import Config, load_config
-from cadence.errors import CadenceError
+from cadence.errors import CadenceError, os_errors
 
 CONFIG = "config.yaml"
 LOCK = ".lock"
@@ -48,6 +48,7 @@ class RunDirectory:
         ends, so a crash leaves nothing to clean up; the file names the holder's pid."""
         if self.path.exists() and not self.path.is_dir():
             raise CadenceError(f"{self.path}: is a file; --out must name a directory for the run")
+        made = not self.path.exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             handle = open(self.path / LOCK, "a+")
@@ -67,6 +68,10 @@ class RunDirectory:
             handle.flush()
             self.remove_temporaries()
             yield
+        except BaseException:
+            if made and [p.name for p in self.path.iterdir()] == [LOCK]:  # a run that never began
+                shutil.rmtree(self.path, ignore_errors=True)
+            raise
         finally:
             handle.close()  # releases the lock
 
@@ -139,8 +144,12 @@ def default_run_dir(dataset: str, model: str, strategy: str) -> str:
 def write_atomic(path: Path, text: str) -> None:
     """Write a whole file or nothing: temporary file, fsync, rename."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        with os_errors(path, "write"):
+            with open(temporary, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)

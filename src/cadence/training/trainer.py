@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from cadence.config import Config
+from cadence.data import fingerprint
 from cadence.errors import CheckpointError
 from cadence.pipeline.batch import Batch
 from cadence.runtime.engines import ShardLost
@@ -214,13 +215,17 @@ class Trainer:
     # ---- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self, name: str | None = None) -> None:
         tensors, meta = self.runtime.state()
-        state = {"progress": self.progress.__dict__, "runtime": self.runtime.name, **meta}
+        state = {"progress": self.progress.__dict__, "runtime": self.runtime.name,
+                 fingerprint.KEY: self.task.data_fingerprint(), **meta}
         keep = self.config.checkpoint.keep if name is None else None
         with self.runtime.sweeping():
             ckpt.save_checkpoint(self.run.path, name or ckpt.epoch_name(self.progress.epoch), tensors, state,
                                  keep=keep, parts=self.runtime.write_parts)
 
     def load_state(self, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        # data that changed is no reason to try an older checkpoint: the error reaches the user
+        fingerprint.check(state.get(fingerprint.KEY), self.task.data_fingerprint(), self.run.path,
+                          self.config.data.dataset)
         self.runtime.load_state(tensors, state)
         self.progress = Progress.from_state(state["progress"])
 

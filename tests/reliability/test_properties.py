@@ -1,0 +1,127 @@
+"""Property-based tests: random bytes given to every reader, random YAML given to the config loader,
+random values given to every flag never end in a traceback. What comes back is a result or a
+``CadenceError`` (one line for the user); anything else is a bug.
+
+Each reader also gets lines built from its own format's pieces (fields, tabs, numbers, BOMs,
+headers), where the bugs are, not only uniform noise."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from cadence.api import prepare_config  # noqa: E402
+from cadence.cli import TRAIN_FLAGS, _training_values, build_parser  # noqa: E402
+from cadence.config import load_config  # noqa: E402
+from cadence.data.corpus import read_text_corpus  # noqa: E402
+from cadence.data.criteo import read_criteo  # noqa: E402
+from cadence.data.ratings import read_ratings_file  # noqa: E402
+from cadence.data.triples import read_graph_directory  # noqa: E402
+from cadence.errors import CadenceError  # noqa: E402
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# pieces of the formats: a line of a reader is a few of these joined by a separator
+PIECES = st.sampled_from(["", "0", "1", "-1", "3.5", "1e999", "nan", "inf", "-0", "9" * 30, "68fd1e64", "a", "e1",
+                          "r1", "héllo", "\ufeff", "head", "label", "user", "#", " ", "\x00", "\r", "1_0", "+1"])
+LINE = st.lists(st.one_of(PIECES, st.text(max_size=6)), max_size=42).flatmap(
+    lambda parts: st.sampled_from(["\t", ",", " "]).map(lambda sep: sep.join(parts)))
+TEXT = st.one_of(st.binary(max_size=400),
+                 st.lists(LINE, max_size=12).map(lambda lines: "\n".join(lines).encode("utf-8", "surrogatepass")),
+                 st.lists(LINE, max_size=12).map(lambda lines: b"\xef\xbb\xbf" + "\n".join(lines).encode(
+                     "utf-8", "surrogatepass")))
+
+
+def _file(content: bytes, name: str) -> Path:
+    directory = Path(tempfile.mkdtemp(prefix="cdn-prop-"))
+    path = directory / name
+    path.write_bytes(content)
+    return path
+
+
+def _only_user_errors(read, *args) -> None:
+    try:
+        read(*args)
+    except CadenceError as err:
+        assert "\n" not in str(err), f"a message of more than one line: {err!r}"
+
+
+@SETTINGS
+@given(TEXT, TEXT, TEXT)
+def test_graph_reader_never_raises_anything_but_a_user_error(train: bytes, valid: bytes, test: bytes) -> None:
+    directory = _file(train, "train.txt").parent
+    (directory / "valid.txt").write_bytes(valid)
+    (directory / "test.txt").write_bytes(test)
+    _only_user_errors(read_graph_directory, directory)
+
+
+@SETTINGS
+@given(TEXT)
+def test_ratings_reader_never_raises_anything_but_a_user_error(content: bytes) -> None:
+    _only_user_errors(read_ratings_file, _file(content, "ratings.tsv"))
+
+
+@SETTINGS
+@given(TEXT, st.integers(0, 3))
+def test_criteo_reader_never_raises_anything_but_a_user_error(content: bytes, spare: int) -> None:
+    # also lines of exactly 40 columns, where the values are parsed
+    _only_user_errors(read_criteo, _file(content, "clicks.tsv"))
+    lines = content.decode("utf-8", "replace").splitlines() or [""]
+    forty = "\n".join("\t".join((line.split("\t") + [""] * 40)[:40]) for line in lines)
+    _only_user_errors(read_criteo, _file(forty.encode(), "clicks.tsv"))
+
+
+@SETTINGS
+@given(TEXT, st.integers(1, 3))
+def test_corpus_reader_never_raises_anything_but_a_user_error(content: bytes, min_count: int) -> None:
+    _only_user_errors(read_text_corpus, _file(content, "corpus.txt"), min_count)
+
+
+YAML_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=8)),
+    lambda children: st.one_of(st.lists(children, max_size=3),
+                               st.dictionaries(st.sampled_from(["model", "dim", "lr", "train", "epochs", "optimizer",
+                                                                "strategy", "ps", "workers", "x", "seed", "task"]),
+                                               children, max_size=4)),
+    max_leaves=12)
+
+
+@SETTINGS
+@given(st.one_of(YAML_VALUES.map(lambda value: yaml.safe_dump(value)), st.text(max_size=200)))
+@example("\x1f")  # found by this test: a control character (yaml's ReaderError has no line mark)
+@example("a: 1\na: 2\n")
+def test_config_loader_never_raises_anything_but_a_user_error(text: str) -> None:
+    path = _file(text.encode("utf-8", "surrogatepass"), "config.yaml")
+    _only_user_errors(lambda: prepare_config(load_config(path)))
+
+
+FLAG_VALUE = st.one_of(st.text(max_size=12), PIECES, st.integers().map(str),
+                       st.floats(allow_nan=True, allow_infinity=True).map(repr))
+KEYS = ["model.dim", "optimizer.lr", "train.epochs", "strategy", "ps.workers", "task", "seed", "eval.every",
+        "data", "model", "nope.key", "ps.stragglers", "ctr.hidden", "w2v.window", "pipeline.stall_timeout"]
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.sampled_from(sorted(TRAIN_FLAGS)), FLAG_VALUE), max_size=4),
+       st.lists(st.tuples(st.sampled_from(KEYS), FLAG_VALUE), max_size=3))
+@example([("--engine", "\n")], [])  # found by this test: a message of two lines
+@example([], [("model.dim", "99999999999999999999999")])
+def test_flag_parser_never_raises_anything_but_a_user_error(flags, sets) -> None:
+    argv = ["train"]
+    for flag, value in flags:
+        argv.append(f"{flag}={value}")
+    for key, value in sets:
+        argv += ["--set", f"{key}={value}"]
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # argparse's one-line error (a mistyped int or float)
+        assert exit_.code == 2
+        return
+    _only_user_errors(lambda: prepare_config(load_config(args.config, values=_training_values(args))))
