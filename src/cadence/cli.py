@@ -130,7 +130,7 @@ def _one_line(message: str) -> str:
 def _shown(text: str) -> str:
     """A value as the user typed it, quoted when it holds spaces or control characters (a message
     stays one line)."""
-    return text if text.isprintable() and " " not in text else repr(text)
+    return text if text and text.isprintable() and " " not in text else repr(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -245,6 +245,10 @@ _NON_NEGATIVE = {"ps.emulated_latency", "ps.buffer", "ps.tolerance", "ps.stalene
                  "w2v.sample", "w2v.max_vocab", "w2v.min_lr", "ctr.synthetic.dim", "ctr.synthetic.zipf_exponent"}
 
 
+# paths and names: an empty one would silently mean the current directory (or nothing)
+_NOT_EMPTY = ("out", "data.dataset", "record_order", "batch_order", "store.path", "ctr.init_from", "device", "strategy")
+
+
 def from_dict(data: dict[str, Any], where: dict[str, str] | None = None) -> Config:
     """Build a ``Config`` from nested dicts, rejecting unknown keys and wrong types.
 
@@ -296,12 +300,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     where: dict[str, str] = {}
     if path is not None:
         data, where = _read_yaml(Path(path))
-    for item in overrides or []:
-        key, value = parse_override(item)
-        set_dotted(data, key, value)
-        where[key] = f"--set {item}"
-    for key, value, origin in values or []:
-        set_dotted(data, key, value)
+    given = [(*parse_override(item), f"--set {item}") for item in overrides or []] + list(values or [])
+    for key, value, origin in given:
+        try:
+            set_dotted(data, key, value)
+        except ConfigError as err:
+            raise ConfigError(f"{origin}: {err}") from None
         where[key] = origin
     return from_dict(data, where)
 
@@ -353,6 +357,8 @@ def parse_override(item: str) -> tuple[str, Any]:
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node = data
     parts = key.split(".")
+    if not all(part.strip() for part in parts):
+        raise ConfigError(f"{key!r} is not a config key (an empty part between dots)")
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
@@ -400,7 +406,10 @@ def _record_lines(node: yaml.Node, prefix: str, path: Path, where: dict[str, str
 
 
 def _locate(key: str, where: dict[str, str]) -> str:
-    return f"{where[key]}: " if key in where else ""
+    if key in where:
+        return f"{where[key]}: "
+    inside = [origin for given, origin in where.items() if given.startswith(key + ".")]  # a key set under a value
+    return f"{inside[0]}: " if inside else ""
 
 
 def _build(cls: type, data: Any, prefix: str, where: dict[str, str]) -> Any:
@@ -486,6 +495,9 @@ def _check_ranges(config: Config, where: dict[str, str]) -> None:
     for key in ("optimizer.lr", "optimizer.eps"):
         if flat[key] <= 0:
             raise ConfigError(f"{_locate(key, where)}{key} must be positive, got {flat[key]}")
+    for key in _NOT_EMPTY:
+        if flat[key] is not None and not str(flat[key]).strip():
+            raise ConfigError(f"{_locate(key, where)}{key} is empty; give a path or name (or leave it out)")
     if config.mf.fold >= config.mf.folds:
         raise ConfigError(f"{_locate('mf.fold', where)}mf.fold must be less than mf.folds ({config.mf.folds}), "
                           f"got {config.mf.fold}")
