@@ -176,11 +176,10 @@ def prepare_config(config: Config) -> Config:
         config.optimizer.entity = DEFAULT_ENTITY_OPTIMIZERS[config.task]
     check_strategy(config.strategy)
     runtime = runtime_of(config)
-    for key in ("record_order",):  # files a run will write: a directory, or a missing parent, fails now
-        target = getattr(config, key)
-        if target and (Path(target).is_dir() or not Path(target).resolve().parent.is_dir()):
-            raise ConfigError(f"{key}: {target} is a directory or in a directory that does not exist; "
-                              "a file is expected")
+    order = config.record_order  # a file the run will write: a directory, or a missing parent, fails now
+    if order and (Path(order).is_dir() or not Path(order).resolve().parent.is_dir()):
+        raise ConfigError(f"record_order: {order} is a directory or in a directory that does not exist; "
+                          "a file is expected")
     ENTITY_OPTIMIZERS.get(config.optimizer.entity)
     _check_foreign_keys(config, runtime)
     resolve_device(config.device)
@@ -324,16 +323,25 @@ def export(run_dir: str | Path, out: str | Path, format: str = "npy") -> list[Pa
         raise ConfigError(f"export format {format!r} is not supported by the {task.name} task "
                           f"({', '.join(task.export_formats)})")
     out = Path(out)
-    with os_errors(out, "write the export"):
-        out.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+    made = not out.exists()
+    staging = None
+    final: list[Path] = []
     try:
-        written = task.export(view, dense, run.path, staging, format)
-        final = []
-        for path in written:
-            target = out / path.name
-            path.replace(target)
-            final.append(target)
-        return final
+        with os_errors(out, "write the export"):
+            out.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out))
+            written = task.export(view, dense, run.path, staging, format)
+            for path in written:
+                target = out / path.name
+                path.replace(target)
+                final.append(target)
+            return final
+    except BaseException:
+        for path in final:  # all files or none
+            path.unlink(missing_ok=True)
+        if made:  # the directory made for the export goes too
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)

@@ -596,6 +596,23 @@ def disk_full_during_training(ws: Workspace, task: str) -> None:
     ws.succeeds(ws.cadence("-q", "train", "--resume", str(out), "--epochs", "3"))
 
 
+@case("os", tasks=TASKS, root=True, processes=True)
+def disk_full_during_export(ws: Workspace, task: str) -> None:
+    run, _ = ws.trained(task)
+    disk = _tiny_filesystem(ws, "64k")
+    try:
+        with open(disk / "filler", "wb") as handle:
+            while True:
+                handle.write(b"\0" * 4096)
+                handle.flush()
+    except OSError:
+        pass
+    out = disk / "export"
+    line = ws.fails(ws.cadence("export", str(run), "--out", str(out)), str(out), code=None)
+    assert "space" in line, line
+    ws.absent(out)
+
+
 @case("os", tasks=TASKS)
 def directory_where_a_file_is_expected(ws: Workspace, task: str) -> None:
     data = ws.data(task)
