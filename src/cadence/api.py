@@ -97,7 +97,8 @@ def resume(run_dir: str | Path, overrides: dict[str, Any] | None = None,
         unsupported = [origins.get(key, key) for key in sorted(set(overrides) - RESUMABLE_KEYS)]
         if unsupported:
             raise ConfigError(f"--resume uses the run's config.yaml; {', '.join(unsupported)}: cannot be "
-                              f"changed (only {', '.join(sorted(RESUMABLE_KEYS))})")
+                              f"changed (only {', '.join(sorted(RESUMABLE_KEYS))}: --epochs, --device, --no-progress, "
+                              "--set threads=N)")
         given = [(key, value, f"{origins.get(key, key)} (given with --resume)") for key, value in overrides.items()]
         config = load_config(run.config_path, values=given)
     with user_terms(config):

@@ -177,6 +177,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config:
             raise CadenceError("--resume continues a run with its own config.yaml; drop --config")
+        if args.overwrite:
+            raise CadenceError("--resume continues a run and --overwrite replaces one; give one of them")
         result = api.resume(args.resume, {key: value for key, value, _ in values},
                             origins={key: origin for key, _, origin in values})
     else:

@@ -429,6 +429,14 @@ def resume_with_a_config_file(ws: Workspace) -> None:
 
 
 @case("flags")
+def resume_with_overwrite(ws: Workspace) -> None:
+    run, _ = ws.trained("kge")
+    before = tree_digest(run)
+    ws.fails(ws.cadence("-q", "train", "--resume", str(run), "--overwrite"), "--overwrite")
+    ws.unchanged(before, run)
+
+
+@case("flags")
 def eval_with_an_unknown_split(ws: Workspace) -> None:
     run, _ = ws.trained("kge")
     ws.fails(ws.cadence("eval", str(run), "--split", "dev"), "--split")
