@@ -1,0 +1,320 @@
+"""How a trainer's dense replica is kept in step with the others (ShadowSync, SPEC section 5).
+
+Each trainer holds one replica ``w_i`` of the dense parameters, trained Hogwild by its worker
+threads; a ``DenseSync`` pulls it towards the others, either on a **shadow thread** that loops in
+the background while any trainer still trains (``shadow-*``: the sync gap is measured, not set) or
+in the foreground every ``shadow.every`` iterations (``fr-*``). The rules, with ``alpha`` the
+elastic parameter:
+
+| rule   | one sync of trainer i                                                                      |
+|--------|--------------------------------------------------------------------------------------------|
+| EASGD  | w_ps <- (1 - a) w_ps + a w_i (on the central copy, atomically); w_i <- (1 - a) w_i + a w_ps |
+| MA     | w_avg <- allreduce(w_i) / n; w_i <- (1 - a) w_i + a w_avg                                  |
+| BMUF   | w_avg <- allreduce(w_i) / n; d <- w_avg - w_g; m <- mu m + eta d; w_g <- w_g + m;          |
+|        | w_i <- (1 - a) w_i + a t, t = w_g (+ mu m with Nesterov)                                   |
+
+The final step is an elastic interpolation into the *live* replica, not an overwrite: the worker
+threads keep training while a sync is under way, and their updates since the snapshot are kept
+(the paper's point; its Algorithm 4 step 8 reads "w_g + n w_desc", where n is the step size eta:
+``block_lr``). BMUF's momentum and Nesterov follow fairseq's BMUF (block_lr 1, block_momentum
+0.875 are its defaults); with momentum 0 and block_lr 1 BMUF is MA.
+
+Collectives among trainers go through an ``Averager`` (``ThreadAverager`` for trainers that are
+threads of one process; a gloo process group of its own for trainer processes). Every trainer
+takes part in every round until *all* of them are out of data: each round also reduces a "still
+training" count, so no trainer waits at a collective that another has left (a trainer that dies
+leaves the averager, and the rounds go on without it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from cadence.registry import Registry
+
+Params = Sequence[Tensor]  # a replica's dense parameters (leaf tensors, updated in place)
+
+
+def elastic(local: Tensor, target: Tensor, alpha: float) -> None:
+    """local <- (1 - alpha) local + alpha target, in place (on the live replica)."""
+    with torch.no_grad():
+        local.mul_(1.0 - alpha).add_(target, alpha=alpha)
+
+
+def snapshot(params: Params) -> list[Tensor]:
+    with torch.no_grad():
+        return [p.detach().clone() for p in params]
+
+
+# ---- where the others are ----------------------------------------------------------------------
+class Averager(ABC):
+    """An all-reduce among the trainers: every live trainer calls ``mean`` once a round."""
+
+    @abstractmethod
+    def mean(self, tensors: list[Tensor], training: bool) -> tuple[list[Tensor], int]:
+        """(the mean of every live trainer's ``tensors``, how many of them still train)."""
+
+    @abstractmethod
+    def leave(self) -> None:
+        """This trainer is gone (it died): the rounds go on without it."""
+
+
+class ThreadAverager:
+    """The all-reduce of trainers that are threads of one process: a barrier per round; ``member(i)``
+    is trainer i's handle. A trainer that leaves no longer counts toward a round."""
+
+    def __init__(self, trainers: int):
+        self.lock = threading.Condition()
+        self.members = set(range(trainers))
+        self.round = 0
+        self.arrived: dict[int, tuple[list[Tensor], bool]] = {}
+        self.results: dict[int, tuple[list[Tensor], int]] = {}
+
+    def member(self, trainer: int) -> "ThreadMember":
+        return ThreadMember(self, trainer)
+
+    def _mean(self, trainer: int, tensors: list[Tensor], training: bool) -> tuple[list[Tensor], int]:
+        with self.lock:
+            my_round = self.round
+            self.arrived[trainer] = (tensors, training)
+            self._maybe_finish()
+            while self.round == my_round:
+                self.lock.wait()
+            return self.results[my_round]
+
+    def _maybe_finish(self) -> None:
+        if not self.members or not self.members <= set(self.arrived):
+            return
+        parts = [self.arrived[m] for m in sorted(self.members)]
+        count = len(parts)
+        means = [torch.stack([p[0][k] for p in parts]).sum(0) / count for k in range(len(parts[0][0]))]
+        self.results = {self.round: (means, sum(1 for p in parts if p[1]))}
+        self.arrived = {}
+        self.round += 1
+        self.lock.notify_all()
+
+    def _leave(self, trainer: int) -> None:
+        with self.lock:
+            self.members.discard(trainer)
+            self.arrived.pop(trainer, None)
+            self._maybe_finish()
+
+
+class ThreadMember(Averager):
+    def __init__(self, group: ThreadAverager, trainer: int):
+        self.group, self.trainer = group, trainer
+
+    def mean(self, tensors: list[Tensor], training: bool) -> tuple[list[Tensor], int]:
+        return self.group._mean(self.trainer, tensors, training)
+
+    def leave(self) -> None:
+        self.group._leave(self.trainer)
+
+
+class GlooAverager(Averager):
+    """The all-reduce of trainer processes (the Ray engine): a gloo process group of the shadow
+    thread's own (``dist.new_group``, made by every rank in the same order), so its collectives never
+    interleave with another thread's on a shared group. One flat all-reduce a round carries the
+    replica and the "still training" count. A peer that dies makes the round fail within the group's
+    ``timeout`` (``PeerLost``), never hang; a process cannot leave a gloo group, so ``leave`` is
+    the caller's to handle (it stops syncing)."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+
+        self.dist, self.group = dist, group
+        self.size = dist.get_world_size(group)
+
+    def mean(self, tensors: list[Tensor], training: bool) -> tuple[list[Tensor], int]:
+        flat = torch.cat([t.reshape(-1).float() for t in tensors] + [torch.tensor([1.0 if training else 0.0])])
+        try:
+            self.dist.all_reduce(flat, group=self.group)
+        except RuntimeError as err:  # gloo: a connection closed, or the timeout passed
+            raise PeerLost(f"a trainer left the dense all-reduce ({err})") from None
+        means, offset = [], 0
+        for tensor in tensors:
+            means.append((flat[offset:offset + tensor.numel()] / self.size).reshape(tensor.shape).to(tensor.dtype))
+            offset += tensor.numel()
+        return means, int(round(flat[-1].item()))
+
+    def leave(self) -> None:
+        raise NotImplementedError("a process cannot leave a gloo group; stop syncing instead")
+
+
+class PeerLost(RuntimeError):
+    """Another trainer died during a collective sync."""
+
+
+class CentralCopy:
+    """EASGD's central copy w_ps (the sync parameter server): one exchange at a time."""
+
+    def __init__(self, initial: Params):
+        self.lock = threading.Lock()
+        self.values = snapshot(initial)
+
+    def exchange(self, local: list[Tensor], alpha: float) -> list[Tensor]:
+        """w_ps <- (1 - alpha) w_ps + alpha local; returns the new w_ps (a copy)."""
+        with self.lock:
+            for central, mine in zip(self.values, local):
+                elastic(central, mine, alpha)
+            return [value.clone() for value in self.values]
+
+
+# ---- the rules ---------------------------------------------------------------------------------
+class DenseSync(ABC):
+    """One sync of a trainer's replica; ``round`` says whether this trainer still trains and returns
+    how many trainers still do (0: every trainer is out of data, the shadow thread stops)."""
+
+    def __init__(self, alpha: float):
+        self.alpha = alpha
+
+    @abstractmethod
+    def round(self, params: Params, training: bool) -> int: ...
+
+
+class Easgd(DenseSync):
+    def __init__(self, alpha: float, central: CentralCopy, training: Callable[[], int]):
+        super().__init__(alpha)
+        self.central = central
+        self.training = training  # how many trainers still train (no collective: a shared count)
+
+    def round(self, params: Params, training: bool) -> int:
+        central = self.central.exchange(snapshot(params), self.alpha)
+        for param, value in zip(params, central):
+            elastic(param.data, value, self.alpha)
+        return self.training()
+
+
+class ModelAverage(DenseSync):
+    def __init__(self, alpha: float, averager: Averager):
+        super().__init__(alpha)
+        self.averager = averager
+
+    def round(self, params: Params, training: bool) -> int:
+        means, still = self.averager.mean(snapshot(params), training)
+        for param, mean in zip(params, means):
+            elastic(param.data, mean, self.alpha)
+        return still
+
+
+class Bmuf(DenseSync):
+    def __init__(self, alpha: float, averager: Averager, initial: Params, block_lr: float = 1.0,
+                 block_momentum: float = 0.0, nesterov: bool = False):
+        super().__init__(alpha)
+        self.averager = averager
+        self.block_lr, self.block_momentum, self.nesterov = block_lr, block_momentum, nesterov
+        self.global_ = snapshot(initial)
+        self.momentum = [torch.zeros_like(value) for value in self.global_]
+
+    def round(self, params: Params, training: bool) -> int:
+        means, still = self.averager.mean(snapshot(params), training)
+        for param, mean, global_, momentum in zip(params, means, self.global_, self.momentum):
+            momentum.mul_(self.block_momentum).add_(mean - global_, alpha=self.block_lr)
+            global_.add_(momentum)
+            target = global_ + self.block_momentum * momentum if self.nesterov else global_
+            elastic(param.data, target, self.alpha)
+        return still
+
+
+RULES: Registry[type[DenseSync]] = Registry("dense sync rule")
+RULES.register("easgd")(Easgd)
+RULES.register("ma")(ModelAverage)
+RULES.register("bmuf")(Bmuf)
+
+
+# ---- a replica trained by several threads ------------------------------------------------------
+class HogwildReplica:
+    """One trainer's dense replica, trained by its worker threads without a lock (Hogwild). A thread
+    takes its gradients with ``torch.autograd.grad`` (never through the shared ``.grad`` fields,
+    which the threads would overwrite for one another) and applies them in place with the dense
+    optimizer's rule (``optimizer.dense``: Adagrad or Adam, as ``torch.optim`` computes them); the
+    optimizer's state is shared and updated the same racy way. One thread gives exactly the
+    ``torch.optim`` step."""
+
+    def __init__(self, module: torch.nn.Module, kind: str, lr: float, eps: float = 1e-10):
+        self.module = module
+        self.params = [p for p in module.parameters()]
+        self.kind, self.lr = kind, lr
+        self.eps = eps if kind == "adagrad" else 1e-8  # Adam's default, as cadence's dense Adam
+        self.betas = (0.9, 0.999)
+        self.state = [{"sum": torch.zeros_like(p)} if kind == "adagrad" else
+                      {"step": 0, "m": torch.zeros_like(p), "v": torch.zeros_like(p)} for p in self.params]
+
+    def gradients(self, loss: Tensor, others: Sequence[Tensor] = ()) -> tuple[list[Tensor], list[Tensor]]:
+        """(gradients of the replica's parameters, of ``others``: the batch's rows) of ``loss``."""
+        wanted = [*self.params, *others]
+        grads = torch.autograd.grad(loss, wanted, allow_unused=True)
+        grads = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, grads)]
+        return grads[:len(self.params)], grads[len(self.params):]
+
+    def apply(self, grads: Sequence[Tensor]) -> None:
+        with torch.no_grad():
+            for param, grad, state in zip(self.params, grads, self.state):
+                if self.kind == "adagrad":
+                    state["sum"].addcmul_(grad, grad, value=1)
+                    param.addcdiv_(grad, state["sum"].sqrt().add_(self.eps), value=-self.lr)
+                    continue
+                state["step"] += 1
+                step, (beta1, beta2) = state["step"], self.betas
+                state["m"].lerp_(grad, 1 - beta1)
+                state["v"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                correction2 = (1 - beta2 ** step) ** 0.5
+                denom = (state["v"].sqrt() / correction2).add_(self.eps)
+                param.addcdiv_(state["m"], denom, value=-self.lr / (1 - beta1 ** step))
+
+
+# ---- the shadow thread -------------------------------------------------------------------------
+class ShadowThread:
+    """Loops ``sync.round`` in the background while any trainer trains (``training()`` says whether
+    this one still does); at most ``max_per_second`` rounds a second (0: no cap). ``stop()`` (end of
+    the run, Ctrl-C, an error) ends it after the round under way; a round of a collective rule
+    always completes (the others finish theirs), so a stop never leaves a peer waiting."""
+
+    def __init__(self, sync: DenseSync, params: Params, training: Callable[[], bool], max_per_second: float = 0.0,
+                 name: str = "cadence-shadow"):
+        self.sync, self.params, self.training = sync, params, training
+        self.min_interval = 1.0 / max_per_second if max_per_second > 0 else 0.0
+        self.stopping = threading.Event()
+        self.syncs = 0
+        self.seconds = 0.0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> "ShadowThread":
+        self.thread.start()
+        return self
+
+    def _loop(self) -> None:
+        started = time.perf_counter()
+        try:
+            while True:
+                round_start = time.perf_counter()
+                still = self.sync.round(self.params, self.training() and not self.stopping.is_set())
+                self.syncs += 1
+                if still == 0 or (self.stopping.is_set() and not isinstance(self.sync, (ModelAverage, Bmuf))):
+                    break
+                wait = self.min_interval - (time.perf_counter() - round_start)
+                if wait > 0:
+                    self.stopping.wait(wait)
+        except BaseException as err:  # reported by join(): the trainer fails with it
+            self.error = err
+        finally:
+            self.seconds = time.perf_counter() - started
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
+        if self.error is not None:
+            raise self.error
+
+    @property
+    def syncs_per_second(self) -> float:
+        return self.syncs / self.seconds if self.seconds > 0 else 0.0
