@@ -22,7 +22,7 @@ from typing import Callable
 
 import yaml
 
-from tests.reliability.harness import (TASKS, Workspace, data_file, interrupt_when, mask_paths, train_args,
+from tests.reliability.harness import (TASKS, CannotRun, Workspace, data_file, interrupt_when, mask_paths, train_args,
                                        tree_digest)
 
 CATEGORIES = ("interrupts", "one_writer", "fingerprint", "flags", "numbers", "os", "data", "checkpoints",
@@ -569,7 +569,10 @@ def unwritable_export_out(ws: Workspace) -> None:
 def _tiny_filesystem(ws: Workspace, size: str) -> Path:
     mount = ws.root / "disk"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise CannotRun(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     ws.notes.append(f"umount {mount}")
     return mount
 

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from tests.reliability.cases import CASES, CATEGORIES
-from tests.reliability.harness import Runner, TrainedRuns, Workspace
+from tests.reliability.harness import CannotRun, Runner, TrainedRuns, Workspace
 
 
 def main() -> None:
@@ -41,6 +41,8 @@ def main() -> None:
         try:
             item.run(workspace)
             outcome, why = "handled", ""
+        except CannotRun as err:
+            outcome, why = "skipped", str(err)
         except AssertionError as err:
             outcome, why = "not handled", str(err)
         except Exception as err:  # the case itself could not run (a helper failed on this checkout)

@@ -49,6 +49,10 @@ RUNTIMES = {  # strategy flags of each runtime a case can run under
 }
 
 
+class CannotRun(Exception):
+    """This machine cannot stage the case (no mount, no capabilities to drop): it is skipped."""
+
+
 @dataclass
 class Result:
     code: int
@@ -103,8 +107,13 @@ class Runner:
             if plain_user:
                 _without_root_access()
 
-        done = subprocess.run(self.command(argv), capture_output=True, text=True, env=self.env(env),
-                              timeout=timeout, preexec_fn=prepare)
+        try:
+            done = subprocess.run(self.command(argv), capture_output=True, text=True, env=self.env(env),
+                                  timeout=timeout, preexec_fn=prepare)
+        except subprocess.SubprocessError as err:  # the preexec step failed: no power to drop capabilities
+            if plain_user:
+                raise CannotRun(f"cannot run as a plain user here ({err})") from None
+            raise
         return Result(done.returncode, done.stdout, done.stderr)
 
     def start(self, argv: list[str]) -> subprocess.Popen:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.cases import CASES, Case
-from tests.reliability.harness import Runner, TrainedRuns, Workspace
+from tests.reliability.harness import CannotRun, Runner, TrainedRuns, Workspace
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +32,8 @@ def test_case(item: Case, trained_runs: TrainedRuns, tmp_path: Path) -> None:
     workspace = Workspace(tmp_path, Runner(in_process=not item.processes), trained_runs)
     try:
         item.run(workspace)
+    except CannotRun as err:
+        pytest.skip(str(err))
     finally:
         for note in workspace.notes:
             if note.startswith("umount "):
