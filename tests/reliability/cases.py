@@ -569,8 +569,11 @@ def unwritable_export_out(ws: Workspace) -> None:
 def _tiny_filesystem(ws: Workspace, size: str) -> Path:
     mount = ws.root / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True,
+                              text=True)
+    except FileNotFoundError:
+        raise CannotRun("no mount command here") from None
     if done.returncode != 0:
         raise CannotRun(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     ws.notes.append(f"umount {mount}")
