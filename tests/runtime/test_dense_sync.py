@@ -260,3 +260,62 @@ def test_hogwild_threads_train_one_replica_without_touching_its_grad_fields() ->
         thread.join(30)
     assert all(p.grad is None for p in model.parameters())
     assert float(loss().detach()) < 0.2 * before
+
+
+# ---- the foreground baselines (fr-*) --------------------------------------------------------------
+def test_a_foreground_round_runs_every_k_batches_with_no_batch_in_flight() -> None:
+    from cadence.runtime.dense_sync import DenseSync, ForegroundGate
+
+    gate = ForegroundGate(every=3)
+    seen: list[tuple[int, int]] = []  # (batches done, batches in flight) at each round
+
+    class Recording(DenseSync):
+        def round(self, params, training):
+            seen.append((gate.done, gate.active))
+            return 1
+
+    left = {"batches": 10}
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if left["batches"] == 0:
+                    return
+                left["batches"] -= 1
+            with gate.batch():
+                time.sleep(0.01)
+
+    training = threading.Event()
+    training.set()
+    shadow = ShadowThread(Recording(0.5), [], training.is_set, gate=gate).start()
+    workers = [threading.Thread(target=worker, daemon=True) for _ in range(2)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join(10)
+    training.clear()
+    gate.finish()
+    shadow.join(5)
+    assert not shadow.thread.is_alive()
+    assert all(active == 0 for _, active in seen), seen  # the workers were paused
+    done = [count for count, _ in seen]
+    # the third batch to finish pauses the others; the one in flight then finishes too
+    assert all(3 <= b - a <= 4 for a, b in zip([0] + done, [d for d in done if d < 10])), done
+    assert len([d for d in done if d < 10]) >= 2, done  # rounds during training, not only at its end
+    assert done[-1] == 10, done  # and one round at the end
+
+
+def test_a_central_copy_sync_stops_with_its_own_trainer() -> None:
+    """EASGD has no collective: a trainer out of data stops syncing (pulling the centre towards a
+    replica that no longer learns), while the others go on."""
+    central = CentralCopy(replicas(1)[0])
+    mine, other = threading.Event(), threading.Event()
+    mine.set()
+    other.set()
+    count = lambda: int(mine.is_set()) + int(other.is_set())  # noqa: E731
+    shadow = ShadowThread(Easgd(0.5, central, count), replicas(1)[0], mine.is_set).start()
+    time.sleep(0.05)
+    mine.clear()
+    shadow.join(5)
+    assert not shadow.thread.is_alive() and other.is_set()

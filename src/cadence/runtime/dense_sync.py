@@ -28,10 +28,11 @@ leaves the averager, and the rounds go on without it).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from abc import ABC, abstractmethod
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -171,6 +172,8 @@ class DenseSync(ABC):
     """One sync of a trainer's replica; ``round`` says whether this trainer still trains and returns
     how many trainers still do (0: every trainer is out of data, the shadow thread stops)."""
 
+    collective = False  # a round is a collective: every trainer takes part until all are out of data
+
     def __init__(self, alpha: float):
         self.alpha = alpha
 
@@ -192,6 +195,8 @@ class Easgd(DenseSync):
 
 
 class ModelAverage(DenseSync):
+    collective = True
+
     def __init__(self, alpha: float, averager: Averager):
         super().__init__(alpha)
         self.averager = averager
@@ -204,6 +209,8 @@ class ModelAverage(DenseSync):
 
 
 class Bmuf(DenseSync):
+    collective = True
+
     def __init__(self, alpha: float, averager: Averager, initial: Params, block_lr: float = 1.0,
                  block_momentum: float = 0.0, nesterov: bool = False):
         super().__init__(alpha)
@@ -270,15 +277,69 @@ class HogwildReplica:
 
 
 # ---- the shadow thread -------------------------------------------------------------------------
+class ForegroundGate:
+    """``fr-*``: every ``every`` batches of a trainer, its worker threads stop while one round runs
+    (the sync in the foreground). Workers wrap each batch in ``with gate.batch():``; the sync thread
+    waits for its ``turn`` (``every`` more batches done, or the trainer out of data), which returns
+    once no batch is in flight, runs the round, and calls ``resume``."""
+
+    def __init__(self, every: int):
+        self.every = every
+        self.cond = threading.Condition()
+        self.done = 0  # batches finished
+        self.due = every  # the count at which the next round is due
+        self.active = 0  # batches in flight
+        self.pausing = False
+        self.finished = False
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        with self.cond:
+            while self.pausing:
+                self.cond.wait()
+            self.active += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.active -= 1
+                self.done += 1
+                if self.done >= self.due:  # the k-th batch: no new batch starts until the round ran
+                    self.pausing = True
+                self.cond.notify_all()
+
+    def finish(self) -> None:
+        """The trainer is out of data."""
+        with self.cond:
+            self.finished = True
+            self.cond.notify_all()
+
+    def turn(self, stopping: threading.Event) -> None:
+        with self.cond:
+            while not self.pausing and not self.finished and not stopping.is_set():
+                self.cond.wait(0.1)
+            self.pausing = True
+            while self.active:  # the batches in flight finish first
+                self.cond.wait()
+            self.due = self.done + self.every
+
+    def resume(self) -> None:
+        with self.cond:
+            self.pausing = False
+            self.cond.notify_all()
+
+
 class ShadowThread:
-    """Loops ``sync.round`` in the background while any trainer trains (``training()`` says whether
-    this one still does); at most ``max_per_second`` rounds a second (0: no cap). ``stop()`` (end of
-    the run, Ctrl-C, an error) ends it after the round under way; a round of a collective rule
-    always completes (the others finish theirs), so a stop never leaves a peer waiting."""
+    """Loops ``sync.round`` while trainers train (``training()`` says whether this one still does):
+    a collective rule until every trainer is out of data (its peers need it in their rounds), the
+    central copy (EASGD) until this trainer is. In the background (``shadow-*``) at most
+    ``max_per_second`` rounds a second (0: no cap); with a ``ForegroundGate`` (``fr-*``) a round
+    every ``every`` batches with the workers paused. ``stop()`` (Ctrl-C, an error) ends it after
+    the round under way; a collective round always completes, so a stop leaves no peer waiting."""
 
     def __init__(self, sync: DenseSync, params: Params, training: Callable[[], bool], max_per_second: float = 0.0,
-                 name: str = "cadence-shadow"):
-        self.sync, self.params, self.training = sync, params, training
+                 name: str = "cadence-shadow", gate: ForegroundGate | None = None):
+        self.sync, self.params, self.training, self.gate = sync, params, training, gate
         self.min_interval = 1.0 / max_per_second if max_per_second > 0 else 0.0
         self.stopping = threading.Event()
         self.syncs = 0
@@ -294,10 +355,17 @@ class ShadowThread:
         started = time.perf_counter()
         try:
             while True:
+                if self.gate is not None:
+                    self.gate.turn(self.stopping)
                 round_start = time.perf_counter()
-                still = self.sync.round(self.params, self.training() and not self.stopping.is_set())
+                training = self.training() and not self.stopping.is_set()
+                try:
+                    still = self.sync.round(self.params, training)
+                finally:
+                    if self.gate is not None:
+                        self.gate.resume()
                 self.syncs += 1
-                if still == 0 or (self.stopping.is_set() and not isinstance(self.sync, (ModelAverage, Bmuf))):
+                if still == 0 or (not training and not self.sync.collective):
                     break
                 wait = self.min_interval - (time.perf_counter() - round_start)
                 if wait > 0:
