@@ -22,8 +22,8 @@ from typing import Callable
 
 import yaml
 
-from tests.reliability.harness import (TASKS, CannotRun, Workspace, data_file, interrupt_when, mask_paths, train_args,
-                                       tree_digest)
+from tests.reliability.harness import (TASKS, CannotRun, Workspace, compare_args, data_file, interrupt_when, mask_paths,
+                                       train_args, tree_digest)
 
 CATEGORIES = ("interrupts", "one_writer", "fingerprint", "flags", "numbers", "os", "data", "checkpoints",
               "engines")
@@ -117,7 +117,7 @@ def ctrl_c_during_compare(ws: Workspace) -> None:
     """Ctrl-C while ``compare`` trains its second strategy: 130; that strategy's run resumes."""
     data = ws.data("kge")
     out = ws.root / "cmp"
-    process = ws.runner.start(["-q", "compare", "--strategies", "sync,oac", *train_args("kge", data)[:-2],
+    process = ws.runner.start([*compare_args("kge", data, "sync,oac"),
                                "--epochs", "400", "--set", "eval.every=0", "--out", str(out)])
     result = interrupt_when(process, lambda: (out / "oac" / "checkpoints" / "epoch-000001").is_dir(), timeout=400)
     assert result.code == 130 and "Traceback" not in result.err, str(result)
@@ -261,8 +261,7 @@ def a_stale_lock_file_does_not_block(ws: Workspace) -> None:
 def compare_into_a_non_empty_directory(ws: Workspace) -> None:
     run, data = ws.trained("kge")
     before = tree_digest(run)
-    result = ws.cadence("-q", "compare", "--strategies", "sync,async", *train_args("kge", data)[:-2],
-                        "--out", str(run))
+    result = ws.cadence(*compare_args("kge", data, "sync,async"), "--out", str(run))
     ws.fails(result, str(run))
     ws.unchanged(before, run)
 
@@ -450,22 +449,12 @@ def export_in_a_format_the_task_lacks(ws: Workspace) -> None:
     ws.absent(out)
 
 
-@case("flags")
-def compare_with_a_strategy_twice(ws: Workspace) -> None:
-    out = ws.root / "cmp"
-    data = ws.data("kge")
-    ws.fails(ws.cadence("-q", "compare", "--strategies", "sync,sync", *train_args("kge", data)[:-2],
-                        "--out", str(out)), "sync")
-    ws.absent(out)
-
-
-@case("flags")
-def compare_with_an_unknown_strategy(ws: Workspace) -> None:
-    out = ws.root / "cmp"
-    data = ws.data("kge")
-    ws.fails(ws.cadence("-q", "compare", "--strategies", "sync,fast", *train_args("kge", data)[:-2],
-                        "--out", str(out)), "fast")
-    ws.absent(out)
+for _strategies, _named in (("sync,sync", "sync"), ("sync,fast", "fast")):
+    @case("flags", f"compare_with_strategies[{_strategies}]")
+    def _compare_strategies(ws: Workspace, strategies=_strategies, named=_named) -> None:
+        out = ws.root / "cmp"
+        ws.fails(ws.cadence(*compare_args("kge", ws.data("kge"), strategies), "--out", str(out)), named)
+        ws.absent(out)
 
 
 @case("flags")

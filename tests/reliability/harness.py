@@ -177,6 +177,11 @@ def train_args(task: str, data: list[str], runtime: str = "sync") -> list[str]:
     return [*BASE, *TASK_ARGS[task], *data, *RUNTIMES[runtime]]
 
 
+def compare_args(task: str, data: list[str], strategies: str) -> list[str]:
+    """``compare`` of ``strategies`` on ``data`` (the training options without a strategy)."""
+    return ["-q", "compare", "--strategies", strategies, *BASE, *TASK_ARGS[task], *data]
+
+
 def write_data(directory: Path, task: str) -> list[str]:
     """Tiny data of ``task`` in ``directory``; the ``--dataset`` arguments that read it."""
     directory.mkdir(parents=True, exist_ok=True)

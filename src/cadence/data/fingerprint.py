@@ -61,7 +61,7 @@ def check(recorded: Any, current: dict[str, str], where: str | Path, dataset: st
         raise DataError("its data fingerprint is malformed", where)
     if set(recorded) != set(current):  # other parts: a checkpoint of another task, not this run's
         raise ValueError(f"a checkpoint of other data ({', '.join(sorted(recorded))})")
-    changed = sorted(name for name in set(recorded) | set(current) if recorded.get(name) != current.get(name))
+    changed = sorted(name for name in current if recorded[name] != current[name])
     if changed:
         raise DataError(f"the data ({dataset}) changed since this run's checkpoint was written ({', '.join(changed)} differ); the "
                         "trained rows would attach to the wrong ids. Use the data the run was trained on, or "
