@@ -124,6 +124,23 @@ class ParameterServerConfig:
 
 
 @dataclass
+class ShadowConfig:
+    """ShadowSync and its baselines (SPEC section 5): ``ps.workers`` trainers, each a dense replica
+    trained Hogwild by ``threads`` worker threads and kept in step with the others by a shadow
+    thread (``shadow-*``) or in the foreground every ``every`` batches (``fr-*``)."""
+
+    threads: int = 1  # Hogwild worker threads per trainer
+    # elastic parameter a of w_i <- (1 - a) w_i + a w; None: 0.9 / trainers (reconstructed, TF's
+    # EASGD moving rate 0.9 / workers with period 1; the paper gives no value)
+    alpha: float | None = None
+    every: int = 5  # fr-*: a sync every k batches of a trainer (the paper: 5, 10, 30, 100)
+    block_lr: float = 1.0  # BMUF's block learning rate eta (fairseq's default)
+    block_momentum: float = 0.875  # BMUF's block momentum (fairseq's default; 0 = plain averaging)
+    nesterov: bool = False  # BMUF: interpolate towards w_g + momentum (Nesterov)
+    max_syncs_per_second: float = 0.0  # shadow-*: a cap on each shadow thread's rounds; 0 = none
+
+
+@dataclass
 class SyntheticCtrConfig:
     """Sizes of the seeded CTR data sets ``synthetic-ctr`` (generated in memory) and
     ``synthetic-ctr-stream`` (each example generated on demand from its index: for scale)."""
@@ -217,6 +234,7 @@ class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     ps: ParameterServerConfig = field(default_factory=ParameterServerConfig)
+    shadow: ShadowConfig = field(default_factory=ShadowConfig)
     ctr: CtrModelConfig = field(default_factory=CtrModelConfig)
     mf: MfConfig = field(default_factory=MfConfig)
     w2v: W2vConfig = field(default_factory=W2vConfig)
@@ -237,12 +255,14 @@ _POSITIVE = {
     "pipeline.queue_size", "pipeline.stall_timeout", "ps.workers", "ps.shards", "mf.folds",
     "mf.synthetic.users", "mf.synthetic.items", "mf.synthetic.ratings", "w2v.window", "w2v.min_count",
     "ctr.synthetic.num_examples", "ctr.synthetic.num_fields", "ctr.synthetic.vocab_per_field",
-    "ctr.synthetic.holdout", "ctr.num_periods", "w2v.negatives",
+    "ctr.synthetic.holdout", "ctr.num_periods", "w2v.negatives", "shadow.threads", "shadow.every",
+    "shadow.block_lr",
 }
 _NON_NEGATIVE = {"ps.emulated_latency", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "ctr.first_period",
                  "model.init_std",
-                 "w2v.sample", "w2v.max_vocab", "w2v.min_lr", "ctr.synthetic.dim", "ctr.synthetic.zipf_exponent"}
+                 "w2v.sample", "w2v.max_vocab", "w2v.min_lr", "ctr.synthetic.dim", "ctr.synthetic.zipf_exponent",
+                 "shadow.max_syncs_per_second"}
 
 
 # paths and names: an empty one would silently mean the current directory (or nothing)
@@ -504,6 +524,11 @@ def _check_ranges(config: Config, where: dict[str, str]) -> None:
     if config.ctr.last_period < -1:
         raise ConfigError(f"{_locate('ctr.last_period', where)}ctr.last_period must be -1 (the second to last "
                           f"period) or a period, got {config.ctr.last_period}")
+    if config.shadow.alpha is not None and not 0 <= config.shadow.alpha <= 1:
+        raise ConfigError(f"{_locate('shadow.alpha', where)}shadow.alpha must be in [0, 1], got {config.shadow.alpha}")
+    if not 0 <= config.shadow.block_momentum < 1:
+        raise ConfigError(f"{_locate('shadow.block_momentum', where)}shadow.block_momentum must be in [0, 1), "
+                          f"got {config.shadow.block_momentum}")
     if config.optimizer.dense_lr is not None and config.optimizer.dense_lr <= 0:
         raise ConfigError(f"{_locate('optimizer.dense_lr', where)}optimizer.dense_lr must be positive")
 

@@ -45,6 +45,8 @@ RUNTIMES = {  # strategy flags of each runtime a case can run under
     "hop_bw": ["--strategy", "hop_bw", "--workers", "2", "--set", "ps.backup_workers=0"],
     "gba": ["--strategy", "gba", "--workers", "2"],
     "bsp": ["--strategy", "bsp", "--workers", "2"],
+    "shadow-ma": ["--strategy", "shadow-ma", "--workers", "2", "--set", "shadow.threads=2"],
+    "fr-easgd": ["--strategy", "fr-easgd", "--workers", "2", "--set", "shadow.threads=2"],
     "ray": ["--strategy", "hop_bw", "--workers", "2", "--set", "ps.backup_workers=0", "--engine", "ray"],
 }
 

@@ -106,7 +106,8 @@ def test_each_mode_counts_steps_and_examples_exactly(tmp_path: Path, mode: str, 
 
 
 def test_every_mode_is_covered() -> None:
-    assert set(PS_MODES.names()) == {"sync", "async", "bsp", "gba", "hop_bs", "hop_bw"}
+    shadow = {f"{kind}-{rule}" for kind in ("shadow", "fr") for rule in ("easgd", "ma", "bmuf")}
+    assert set(PS_MODES.names()) == {"sync", "async", "bsp", "gba", "hop_bs", "hop_bw", "hogwild", *shadow}
 
 
 @pytest.mark.parametrize("mode, lost_batches", [

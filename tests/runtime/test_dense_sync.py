@@ -220,7 +220,7 @@ def test_one_hogwild_thread_takes_exactly_the_torch_optimizer_step(kind: str) ->
     mine.load_state_dict(reference.state_dict())
     config = OptimizerConfig(dense=kind, lr=0.05)
     optimizer = dense_optimizer(config, list(reference.parameters()))
-    replica = HogwildReplica(mine, kind, 0.05, config.eps)
+    replica = HogwildReplica(mine, dense_optimizer(config, list(mine.parameters())))
     for step in range(5):
         inputs = torch.randn(8, 4, generator=torch.Generator().manual_seed(step))
         optimizer.zero_grad()
@@ -238,7 +238,7 @@ def test_hogwild_threads_train_one_replica_without_touching_its_grad_fields() ->
     torch.manual_seed(1)
     target = torch.randn(4, 1)
     model = torch.nn.Linear(4, 1, bias=False)
-    replica = HogwildReplica(model, "adagrad", 0.1)
+    replica = HogwildReplica(model, torch.optim.Adagrad(model.parameters(), lr=0.1))
     inputs = torch.randn(256, 4, generator=torch.Generator().manual_seed(2))
 
     def loss() -> torch.Tensor:

@@ -43,7 +43,10 @@ Params = Sequence[Tensor]  # a replica's dense parameters (leaf tensors, updated
 
 
 def elastic(local: Tensor, target: Tensor, alpha: float) -> None:
-    """local <- (1 - alpha) local + alpha target, in place (on the live replica)."""
+    """local <- (1 - alpha) local + alpha target, in place (on the live replica). alpha = 0 touches
+    nothing: a read-modify-write would lose a worker thread's update made meanwhile."""
+    if alpha == 0:
+        return
     with torch.no_grad():
         local.mul_(1.0 - alpha).add_(target, alpha=alpha)
 
@@ -145,7 +148,7 @@ class GlooAverager(Averager):
         return means, int(round(flat[-1].item()))
 
     def leave(self) -> None:
-        raise NotImplementedError("a process cannot leave a gloo group; stop syncing instead")
+        """A process cannot leave a gloo group: its peers' next round fails with ``PeerLost``."""
 
 
 class PeerLost(RuntimeError):
@@ -180,6 +183,9 @@ class DenseSync(ABC):
     @abstractmethod
     def round(self, params: Params, training: bool) -> int: ...
 
+    def leave(self) -> None:
+        """This trainer syncs no more (it died, or was stopped): its peers' rounds go on without it."""
+
 
 class Easgd(DenseSync):
     def __init__(self, alpha: float, central: CentralCopy, training: Callable[[], int]):
@@ -207,6 +213,9 @@ class ModelAverage(DenseSync):
             elastic(param.data, mean, self.alpha)
         return still
 
+    def leave(self) -> None:
+        self.averager.leave()
+
 
 class Bmuf(DenseSync):
     collective = True
@@ -228,6 +237,9 @@ class Bmuf(DenseSync):
             elastic(param.data, target, self.alpha)
         return still
 
+    def leave(self) -> None:
+        self.averager.leave()
+
 
 RULES: Registry[type[DenseSync]] = Registry("dense sync rule")
 RULES.register("easgd")(Easgd)
@@ -241,17 +253,25 @@ class HogwildReplica:
     takes its gradients with ``torch.autograd.grad`` (never through the shared ``.grad`` fields,
     which the threads would overwrite for one another) and applies them in place with the dense
     optimizer's rule (``optimizer.dense``: Adagrad or Adam, as ``torch.optim`` computes them); the
-    optimizer's state is shared and updated the same racy way. One thread gives exactly the
-    ``torch.optim`` step."""
+    optimizer's state is shared and updated the same racy way. Updates go through ``.data``, so a
+    thread whose backward pass saved a parameter is not failed by another thread's update (that
+    is Hogwild's bargain). The state lives in ``optimizer`` (a ``torch.optim`` object, never
+    stepped) so checkpoints store it as they store any dense optimizer; one thread gives exactly
+    the ``torch.optim`` step."""
 
-    def __init__(self, module: torch.nn.Module, kind: str, lr: float, eps: float = 1e-10):
-        self.module = module
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.module, self.optimizer = module, optimizer
         self.params = [p for p in module.parameters()]
-        self.kind, self.lr = kind, lr
-        self.eps = eps if kind == "adagrad" else 1e-8  # Adam's default, as cadence's dense Adam
-        self.betas = (0.9, 0.999)
-        self.state = [{"sum": torch.zeros_like(p)} if kind == "adagrad" else
-                      {"step": 0, "m": torch.zeros_like(p), "v": torch.zeros_like(p)} for p in self.params]
+        group = optimizer.param_groups[0]
+        self.kind = "adam" if isinstance(optimizer, torch.optim.Adam) else "adagrad"
+        self.lr, self.eps = group["lr"], group["eps"]
+        self.betas = group.get("betas", (0.9, 0.999))
+        for param in self.params:  # (Adam makes its state at its first step; we never call step)
+            state = optimizer.state[param]
+            if self.kind == "adam" and not state:
+                state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param),
+                             exp_avg_sq=torch.zeros_like(param))
+        self.state = [optimizer.state[p] for p in self.params]
 
     def gradients(self, loss: Tensor, others: Sequence[Tensor] = ()) -> tuple[list[Tensor], list[Tensor]]:
         """(gradients of the replica's parameters, of ``others``: the batch's rows) of ``loss``."""
@@ -263,17 +283,18 @@ class HogwildReplica:
     def apply(self, grads: Sequence[Tensor]) -> None:
         with torch.no_grad():
             for param, grad, state in zip(self.params, grads, self.state):
+                param = param.data
+                state["step"] += 1
                 if self.kind == "adagrad":
                     state["sum"].addcmul_(grad, grad, value=1)
                     param.addcdiv_(grad, state["sum"].sqrt().add_(self.eps), value=-self.lr)
                     continue
-                state["step"] += 1
-                step, (beta1, beta2) = state["step"], self.betas
-                state["m"].lerp_(grad, 1 - beta1)
-                state["v"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                step, (beta1, beta2) = float(state["step"]), self.betas
+                state["exp_avg"].lerp_(grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
                 correction2 = (1 - beta2 ** step) ** 0.5
-                denom = (state["v"].sqrt() / correction2).add_(self.eps)
-                param.addcdiv_(state["m"], denom, value=-self.lr / (1 - beta1 ** step))
+                denom = (state["exp_avg_sq"].sqrt() / correction2).add_(self.eps)
+                param.addcdiv_(state["exp_avg"], denom, value=-self.lr / (1 - beta1 ** step))
 
 
 # ---- the shadow thread -------------------------------------------------------------------------
@@ -294,19 +315,26 @@ class ForegroundGate:
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
+        self.begin()
+        try:
+            yield
+        finally:
+            self.end()
+
+    def begin(self) -> None:
+        """A batch starts (it waits while a round is due or under way)."""
         with self.cond:
             while self.pausing:
                 self.cond.wait()
             self.active += 1
-        try:
-            yield
-        finally:
-            with self.cond:
-                self.active -= 1
-                self.done += 1
-                if self.done >= self.due:  # the k-th batch: no new batch starts until the round ran
-                    self.pausing = True
-                self.cond.notify_all()
+
+    def end(self) -> None:
+        with self.cond:
+            self.active -= 1
+            self.done += 1
+            if self.done >= self.due:  # the k-th batch: no new batch starts until the round ran
+                self.pausing = True
+            self.cond.notify_all()
 
     def finish(self) -> None:
         """The trainer is out of data."""
@@ -328,6 +356,13 @@ class ForegroundGate:
             self.pausing = False
             self.cond.notify_all()
 
+    def release(self) -> None:
+        """No round will run again (the sync thread ended): batches never wait for one."""
+        with self.cond:
+            self.every = self.due = float("inf")
+            self.pausing = False
+            self.cond.notify_all()
+
 
 class ShadowThread:
     """Loops ``sync.round`` while trainers train (``training()`` says whether this one still does):
@@ -335,11 +370,13 @@ class ShadowThread:
     central copy (EASGD) until this trainer is. In the background (``shadow-*``) at most
     ``max_per_second`` rounds a second (0: no cap); with a ``ForegroundGate`` (``fr-*``) a round
     every ``every`` batches with the workers paused. ``stop()`` (Ctrl-C, an error) ends it after
-    the round under way; a collective round always completes, so a stop leaves no peer waiting."""
+    the round under way and leaves the rule's collective, so no peer waits for it."""
 
     def __init__(self, sync: DenseSync, params: Params, training: Callable[[], bool], max_per_second: float = 0.0,
-                 name: str = "cadence-shadow", gate: ForegroundGate | None = None):
+                 name: str = "cadence-shadow", gate: ForegroundGate | None = None,
+                 on_error: Callable[[BaseException], None] = lambda err: None):
         self.sync, self.params, self.training, self.gate = sync, params, training, gate
+        self.on_error = on_error  # (the trainer abandons its epoch: a replica no longer synced is no ShadowSync)
         self.min_interval = 1.0 / max_per_second if max_per_second > 0 else 0.0
         self.stopping = threading.Event()
         self.syncs = 0
@@ -365,15 +402,20 @@ class ShadowThread:
                     if self.gate is not None:
                         self.gate.resume()
                 self.syncs += 1
-                if still == 0 or (not training and not self.sync.collective):
+                if still == 0 or self.stopping.is_set() or (not training and not self.sync.collective):
                     break
                 wait = self.min_interval - (time.perf_counter() - round_start)
                 if wait > 0:
                     self.stopping.wait(wait)
         except BaseException as err:  # reported by join(): the trainer fails with it
             self.error = err
+            self.on_error(err)
         finally:
             self.seconds = time.perf_counter() - started
+            if self.gate is not None:
+                self.gate.release()  # no round will come: no worker may wait for one
+            if self.sync.collective:
+                self.sync.leave()  # (after the last round every peer is out too: leaving changes nothing)
 
     def stop(self) -> None:
         self.stopping.set()

@@ -29,6 +29,7 @@ from cadence.pipeline.batch import BatchPlan
 from cadence.registry import Registry
 from cadence.runtime.server import DataList, DenseReducer, build_shard
 from cadence.runtime.worker import Faults, ShardRouter, Worker
+from cadence.runtime.shadow import run_trainers
 
 ENGINES: Registry[Any] = Registry("engine", "ps.engine")
 
@@ -66,8 +67,36 @@ class ShardLost(RuntimeError):
 
 
 def dense_here(config) -> bool:
-    """Whether the dense parameters live on the workers (``ps.dense: workers``, PERSIA's split)."""
-    return config.ps.dense == "workers"
+    """Whether the dense parameters live on the workers: ``ps.dense: workers`` (PERSIA's split), or a
+    mode whose trainers hold replicas (ShadowSync and its baselines)."""
+    from cadence.strategies.parameter_server import PS_MODES
+
+    replicas = config.strategy in PS_MODES and PS_MODES.get(config.strategy).replicas
+    return config.ps.dense == "workers" or replicas
+
+
+def run_guarded(workers: list[Worker], gate_of, data: DataList, on_error=lambda reason: None) -> list:
+    """Run each worker on a thread of its own (``worker.run(data, gate_of(worker))``) and join them;
+    the first to raise abandons the epoch for all (``abandon`` and ``on_error``). Returns the
+    errors as (worker index, exception)."""
+    errors: list[tuple[int, BaseException]] = []
+
+    def guarded(worker: Worker) -> None:
+        try:
+            worker.run(data, gate_of(worker))
+        except BaseException as err:  # re-raised by the caller, on its thread
+            errors.append((worker.index, err))
+            reason = f"worker {worker.index} failed: {err!r}"
+            abandon(data, reason)
+            on_error(reason)
+
+    threads = [threading.Thread(target=guarded, args=(w,), name=f"cadence-worker-{w.index}", daemon=True)
+               for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
 
 
 def replica_optimizer(config, module: nn.Module, state: dict | None) -> torch.optim.Optimizer | None:
@@ -109,8 +138,11 @@ class ThreadEngine:
         self.start_seconds = 0.0  # nothing to start: the shards and workers live in this process
         # ps.dense: workers: the run's copy of the dense optimizer (checkpoints); replicas start from it
         self.dense_optimizer = replica_optimizer(config, dense, None) if dense_here(config) else None
+        self.syncs = 0  # dense syncs of every trainer's replica (ShadowSync)
 
     def run_epoch(self, plan: EpochPlan, plans: list[BatchPlan]) -> list[WorkerReport]:
+        if self.mode.replicas:  # ShadowSync: trainers of Hogwild threads, each with a dense replica
+            return run_trainers(self, plan, plans)
         data = new_data_list(self.config, self.mode, plans, plan.first_token, self.shards)
         gate = self.mode.gate(self.config.ps, self.shards)
         for index in plan.dead:
@@ -127,23 +159,8 @@ class ThreadEngine:
             workers.append(Worker(index, self.router, model, self.task, plan.faults.slowdown_in(index, plan.epoch),
                                   plan.kill_after.get(index), self.config.ps.emulated_latency, reducer, optimizer,
                                   self.device))
-        errors: list[tuple[int, BaseException]] = []
-
-        def guarded(worker: Worker) -> None:
-            try:
-                worker.run(data, gate)
-            except BaseException as err:  # re-raised below, on the calling thread
-                errors.append((worker.index, err))
-                abandon(data, f"worker {worker.index} failed: {err!r}")
-                if reducer is not None:
-                    reducer.abort(f"worker {worker.index} failed: {err!r}")
-
-        threads = [threading.Thread(target=guarded, args=(w,), name=f"cadence-worker-{w.index}", daemon=True)
-                   for w in workers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        errors = run_guarded(workers, lambda worker: gate, data,
+                             reducer.abort if reducer is not None else (lambda reason: None))
         if errors:
             index, err = errors[0]
             raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err

@@ -1,6 +1,8 @@
-"""The parameter-server modes (GBA paper and its baselines, SPEC section 3), selected by
-``strategy`` when ``task: ctr``. A mode is two small choices over the shared runtime: the
-aggregation rule on the servers and the gate on the workers; neither copies the training loop.
+"""The parameter-server modes, selected by ``strategy``: GBA and its baselines (SPEC section 3)
+and ShadowSync and its baselines (SPEC section 5). A mode is a few small choices over the shared
+runtime: the aggregation rule on the servers, the gate on the workers, and for ShadowSync where the
+dense parameters live (a replica per trainer) and how the replicas are kept in step (the dense sync
+rule, on a shadow thread or in the foreground); none copies the training loop.
 """
 
 from __future__ import annotations
@@ -25,15 +27,20 @@ class ParameterServerMode:
     description: str
     per_worker_batches: bool = False  # each worker computes exactly one local batch per step
     fresh_tokens: bool = False  # a batch's token is the current step when it is taken (backup workers)
+    # ShadowSync (cadence.runtime.shadow): each of ps.workers trainers holds a dense replica trained
+    # Hogwild by shadow.threads threads; rows are applied on arrival
+    replicas: bool = False
+    dense_sync: str | None = None  # the replicas' sync rule (dense_sync.RULES); None: never synced
+    foreground: bool = False  # fr-*: the sync runs every shadow.every batches with the workers paused
 
 
 PS_MODES: Registry[ParameterServerMode] = Registry("parameter-server strategy")
 
 
 def _register(name: str, aggregation, gate, tokens_per_step, description: str, per_worker: bool = False,
-              fresh_tokens: bool = False) -> None:
+              fresh_tokens: bool = False, **shadow) -> None:
     PS_MODES.register(name)(ParameterServerMode(name, aggregation, gate, tokens_per_step, description, per_worker,
-                                                fresh_tokens))
+                                                fresh_tokens, **shadow))
 
 
 _no_gate = lambda config, shards: NoGate()  # noqa: E731
@@ -55,3 +62,20 @@ _register("hop_bw", lambda c: PerStep(quorum=max(1, c.workers - c.backup_workers
           "backup workers: per step, apply the first workers - backup_workers gradients and do not wait for "
           "the rest (dropped as late); a late worker's next batch belongs to the current step",
           fresh_tokens=True)
+
+# ---- ShadowSync (SPEC section 5) ---------------------------------------------------------------
+_RULE_TEXT = {
+    "easgd": "EASGD with a central copy on the sync parameter server",
+    "ma": "model averaging over an all-reduce of the trainers",
+    "bmuf": "BMUF: an all-reduce, then a block update with block momentum",
+}
+for _rule, _text in _RULE_TEXT.items():
+    _register(f"shadow-{_rule}", lambda c: ApplyEach(), _no_gate, _one_batch,
+              f"ShadowSync: {_text}, on a shadow thread in the background; embeddings Hogwild",
+              replicas=True, dense_sync=_rule)
+    _register(f"fr-{_rule}", lambda c: ApplyEach(), _no_gate, _one_batch,
+              f"{_text} in the foreground every shadow.every batches of a trainer; embeddings Hogwild",
+              replicas=True, dense_sync=_rule, foreground=True)
+_register("hogwild", lambda c: ApplyEach(), _no_gate, _one_batch,
+          "trainers' dense replicas never synced (averaged at the end of each epoch); embeddings Hogwild",
+          replicas=True)

@@ -292,6 +292,23 @@ class ParameterServerRuntime(Runtime):
             "workers_replaced": self.replaced,
             # tensor bytes between workers and shards (keys, rows, gradients, dense), per example
             "bytes_moved_per_example": round(self.bytes_moved / max(1, sum(self.worker_examples)), 1),
+            **(self._shadow_stats() if self.mode.replicas else {}),
+        }
+
+    def _shadow_stats(self) -> dict[str, Any]:
+        """ShadowSync's metrics (SPEC section 5): syncs per second over the training time, the sync
+        gap (the seed's equation: EPS / batch size / syncs per second, i.e. batches of a trainer
+        between two syncs of its replica; null when nothing synced: hogwild) and the examples in
+        flight, ELP = batch x Hogwild threads x trainers."""
+        batch, seconds = self.config.train.batch_size, self.train_seconds
+        syncs, examples = self.engine.syncs, sum(self.worker_examples)
+        per_second = syncs / seconds if seconds > 0 else 0.0
+        eps = examples / seconds if seconds > 0 else 0.0
+        return {
+            "dense_syncs": syncs,
+            "syncs_per_second": round(per_second, 3),
+            "sync_gap": round(eps / batch / per_second, 3) if per_second > 0 else None,
+            "examples_in_flight": batch * self.config.shadow.threads * self.config.ps.workers,
         }
 
     # ---- checkpoints: every shard writes and reads its own part ---------------------------------
@@ -313,7 +330,7 @@ class ParameterServerRuntime(Runtime):
             tensors, optimizer_meta = self.shards[0].dense_checkpoint()
         meta = {"dense_optimizer": optimizer_meta, "global_steps": [s.get_global_step() for s in self.shards],
                 "dead": sorted(self.dead), "worker_examples": self.worker_examples, "ps_seconds": self.train_seconds,
-                "bytes_moved": self.bytes_moved}
+                "bytes_moved": self.bytes_moved, "dense_syncs": self.engine.syncs}
         return tensors, meta
 
     def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any], counters: bool = True) -> None:
@@ -343,6 +360,7 @@ class ParameterServerRuntime(Runtime):
             self.worker_examples = list(meta.get("worker_examples", self.worker_examples))
             self.train_seconds = meta.get("ps_seconds", 0.0)
             self.bytes_moved = meta.get("bytes_moved", 0)
+            self.engine.syncs = meta.get("dense_syncs", 0)
 
     def table_tensors(self) -> dict[str, Tensor]:
         """Every row, gathered here (tests, small tables): ``table.keys/values/state``, sorted by key."""

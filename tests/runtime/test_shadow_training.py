@@ -1,0 +1,123 @@
+"""ShadowSync and its baselines end to end on small synthetic CTR data (SPEC section 5): one pass
+over the data, the summary's sync metrics against their definitions, the foreground baselines'
+period, a killed trainer, and alpha = 0 against trainers that never sync (with a real shadow thread
+running beside them)."""
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from cadence.runtime.dense_sync import (Bmuf, CentralCopy, Easgd, HogwildReplica, ModelAverage, ShadowThread,
+                                        ThreadAverager)
+
+from tests.runtime.ctr_helpers import BATCH, make_trainer
+
+SYNCED = [f"{kind}-{rule}" for kind in ("shadow", "fr") for rule in ("easgd", "ma", "bmuf")]
+
+
+@pytest.mark.parametrize("mode", [*SYNCED, "hogwild"])
+def test_one_pass_sees_each_example_once_and_reports_the_sync_metrics(tmp_path: Path, mode: str) -> None:
+    trainer, _, splits = make_trainer(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.threads=2",
+                                      "shadow.every=2", "train.epochs=1")
+    summary = trainer.fit()
+    assert summary["epochs"] == 1 and summary["examples_seen"] == len(splits["train"])
+    assert sum(trainer.runtime.worker_examples) == len(splits["train"])
+    assert summary["examples_in_flight"] == BATCH * 2 * 2  # ELP = batch x threads x trainers
+    assert summary["gradients_applied"] == len(splits["train"]) // BATCH  # Hogwild: every gradient, on arrival
+    assert summary["gradients_dropped"] == 0
+    if mode == "hogwild":
+        assert summary["dense_syncs"] == 0 and summary["sync_gap"] is None
+        return
+    seconds = summary["train_seconds"]
+    assert summary["dense_syncs"] > 0
+    assert summary["syncs_per_second"] == pytest.approx(summary["dense_syncs"] / seconds, rel=0.01)
+    # the seed's equation (2): iterations a second over syncs a second
+    assert summary["sync_gap"] == pytest.approx(summary["examples_per_second"] / BATCH / summary["syncs_per_second"],
+                                                rel=0.02)
+    assert 0.0 <= summary["auc"] <= 1.0
+
+
+@pytest.mark.parametrize("rule", ["easgd", "ma", "bmuf"])
+def test_the_foreground_baseline_syncs_every_k_batches_of_a_trainer(tmp_path: Path, rule: str) -> None:
+    every = 3
+    trainer, _, splits = make_trainer(tmp_path, f"strategy=fr-{rule}", "ps.workers=2", "shadow.threads=2",
+                                      f"shadow.every={every}", "train.epochs=1")
+    summary = trainer.fit()
+    batches = [examples // BATCH for examples in trainer.runtime.worker_examples]
+    due = sum(b // every for b in batches)  # the rounds every k-th batch of each trainer triggers
+    # plus a last round as each trainer runs out of data; a collective rule keeps a finished trainer
+    # in the rounds its peers trigger
+    extra = 2 if rule == "easgd" else 2 + max(b // every for b in batches)
+    assert due <= summary["dense_syncs"] <= due + extra, (batches, summary["dense_syncs"])
+
+
+@pytest.mark.parametrize("mode", ["shadow-easgd", "shadow-ma", "shadow-bmuf", "fr-ma"])
+def test_a_killed_trainer_does_not_hang_the_others(tmp_path: Path, mode: str) -> None:
+    trainer, _, splits = make_trainer(tmp_path, f"strategy={mode}", "ps.workers=3", "shadow.threads=2",
+                                      'ps.kill_workers=["1:2"]')
+    summary = trainer.fit()
+    assert summary["workers_killed"] == [1] and summary["epochs"] == 2
+    # trainer 1's two threads each die with the batch after their first: 2 batches lost, once
+    assert summary["examples_seen"] == 2 * len(splits["train"]) - 2 * BATCH
+
+
+def test_the_cap_on_syncs_per_second_holds_end_to_end(tmp_path: Path) -> None:
+    trainer, _, _ = make_trainer(tmp_path, "strategy=shadow-easgd", "ps.workers=2", "shadow.alpha=0.5",
+                                 "shadow.max_syncs_per_second=20", "train.epochs=1", "ps.emulated_latency=0.01")
+    summary = trainer.fit()
+    # two trainers, each at most 20 rounds a second after its first
+    assert 0 < summary["dense_syncs"] <= 2 * (20 * summary["train_seconds"] + 1)
+
+
+# ---- alpha = 0: the trainers are independent, a shadow thread running or not ----------------------
+def _train_two_trainers(rule: str | None, alpha: float = 0.0) -> list[list[torch.Tensor]]:
+    """Two trainers (a linear model each, Adagrad, their own fixed batches), trained on threads of
+    their own while a shadow thread per trainer syncs them with ``rule`` (None: no shadow thread)."""
+    modules = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        modules.append(torch.nn.Linear(6, 1))
+    replicas = [HogwildReplica(m, torch.optim.Adagrad(m.parameters(), lr=0.1)) for m in modules]
+    averager, central = ThreadAverager(2), CentralCopy(list(modules[0].parameters()))
+    live = [True, True]
+    shadows = []
+    if rule is not None:
+        for i, replica in enumerate(replicas):
+            sync = {"ma": lambda: ModelAverage(alpha, averager.member(i)),
+                    "bmuf": lambda: Bmuf(alpha, averager.member(i), replica.params, 1.0, 0.5),
+                    "easgd": lambda: Easgd(alpha, central, lambda: sum(live))}[rule]()
+            shadows.append(ShadowThread(sync, replica.params, lambda i=i: live[i]).start())
+
+    def train(i: int) -> None:
+        data = torch.Generator().manual_seed(10 + i)
+        for _ in range(200):
+            inputs = torch.randn(16, 6, generator=data)
+            target = inputs.sum(1, keepdim=True)
+            loss = ((modules[i](inputs) - target) ** 2).mean()
+            grads, _ = replicas[i].gradients(loss)
+            replicas[i].apply(grads)
+        live[i] = False
+
+    threads = [threading.Thread(target=train, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for shadow in shadows:
+        shadow.join(timeout=30)
+        assert not shadow.thread.is_alive() and shadow.syncs > 0
+    return [[p.detach().clone() for p in m.parameters()] for m in modules]
+
+
+@pytest.mark.parametrize("rule", ["easgd", "ma", "bmuf"])
+def test_alpha_zero_equals_independent_trainers(rule: str) -> None:
+    alone = _train_two_trainers(None)
+    assert not torch.equal(alone[0][0], alone[1][0])  # (their data differ, so their models do)
+    synced = _train_two_trainers(rule, alpha=0.0)
+    for mine, reference in zip(synced, alone):
+        for got, want in zip(mine, reference):
+            assert torch.equal(got, want)
+    pulled = _train_two_trainers(rule, alpha=0.5)  # (and the rule does act when alpha is not 0)
+    assert not all(torch.equal(a, b) for a, b in zip(pulled[0], alone[0]))
