@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from cadence.cli import main
+from cadence.cli import main, print_comparison
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -140,6 +140,18 @@ def test_compare_writes_comparison_and_both_plots(tiny_graph: Path, tmp_path: Pa
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_compare_table_of_ctr_runs_lists_logloss_and_ne(capsys) -> None:
+    def summary(eps: float, ne: float | None) -> dict:
+        return {"primary_metric": "auc", "epochs": 1, "train_seconds": 2.0, "examples_per_second": eps,
+                "auc": 0.75, "logloss": 0.45, "ne": ne}
+
+    print_comparison({"strategies": {"hogwild": {"summary": summary(1000.0, 0.875)},
+                                     "shadow-easgd": {"summary": summary(1500.0, None)}}})
+    header, _, first, second = capsys.readouterr().out.splitlines()
+    assert header.split()[-3:] == ["auc", "logloss", "ne"]
+    assert first.split()[-1] == "0.8750" and second.split()[-1] == "None"
+
+
 def test_compare_rejects_unknown_strategies_before_training(tiny_graph: Path, tmp_path: Path) -> None:
     done = run_cli("compare", "--strategies", "sync,asink", "--dataset", str(tiny_graph), "--out", str(tmp_path / "c"))
     assert done.returncode == 2 and "unknown strategy 'asink'" in done.stderr
@@ -153,11 +165,12 @@ def test_ctr_train_on_movielens_writes_the_contracted_summary(tmp_path: Path, ca
                  "--no-progress", "--straggler", "0:2", "--kill-worker", "3:5"])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("auc", "logloss", "examples_per_second", "worker_examples_per_second", "global_steps",
+    for key in ("auc", "logloss", "ne", "examples_per_second", "worker_examples_per_second", "global_steps",
                 "gradients_dropped", "staleness_mean", "staleness_max", "vocabulary_added", "workers_killed"):
         assert key in summary, key
     assert summary["strategy"] == "gba" and summary["workers_killed"] == [3]
     assert 0.6 < summary["auc"] < 1.0
+    assert 0 < summary["ne"] < 1.1  # about 1: the base rate everywhere
     assert (out / "checkpoints" / "final" / "tensors.safetensors").exists()
     assert "auc" in capsys.readouterr().out
     assert main(["eval", str(out)]) == 0 and "auc" in capsys.readouterr().out

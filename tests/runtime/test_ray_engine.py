@@ -326,3 +326,50 @@ def test_dense_on_the_workers_on_ray_equals_the_thread_engine(tmp_path: Path, lo
     assert on_ray["auc"] == threads["auc"] and on_ray["bytes_moved_per_example"] > 0
     # the actors' start (torch imported, the task built) is setup, recorded apart from training time
     assert on_ray["engine_start_seconds"] > 0 and threads["engine_start_seconds"] == 0
+
+
+# ---- ShadowSync: each worker actor is a trainer of Hogwild threads ----------------------------------
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["shadow-easgd", "shadow-ma", "fr-bmuf"])
+def test_shadow_trainers_as_actors_train_one_pass_and_sync(tmp_path: Path, local_cluster, mode: str) -> None:
+    """Two trainer processes of two threads each: every example once, the replicas synced (EASGD with
+    the central copy on shard 0, MA and BMUF over the trainers' gloo group), the run evaluable."""
+    trainer = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.threads=2", "shadow.every=2",
+                          "ps.engine=ray", "train.epochs=1")
+    summary, _ = fit(trainer)
+    assert summary["examples_seen"] == 768 and summary["gradients_applied"] == 12
+    assert summary["dense_syncs"] > 0 and summary["sync_gap"] > 0
+    assert summary["examples_in_flight"] == 64 * 2 * 2
+    assert 0.0 <= summary["auc"] <= 1.0
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["shadow-easgd", "shadow-ma"])
+def test_one_trainer_of_one_thread_on_ray_equals_the_thread_engine(tmp_path: Path, local_cluster, mode: str) -> None:
+    """The sequential twin: one trainer, one thread, alpha 0 (the sync leaves the replica alone) gives
+    the same model on both engines, bit for bit."""
+    threads, ray_run = train_on_both(tmp_path, f"strategy={mode}", "ps.workers=1", "shadow.threads=1",
+                                     "shadow.alpha=0")
+    assert threads[0]["dense_syncs"] > 0 and ray_run[0]["dense_syncs"] > 0
+    assert_same(threads[1], ray_run[1])
+
+
+@pytest.mark.timeout(240)
+def test_a_trainer_process_that_dies_does_not_hang_the_others(tmp_path: Path, local_cluster) -> None:
+    """shadow-ma: the dead trainer's peers lose their all-reduce (gloo cannot shrink), train on
+    unsynced to the end of the epoch, and the next epoch forms a group with its replacement."""
+    trainer = trainer_for(tmp_path, "strategy=shadow-ma", "ps.workers=2", "shadow.threads=2",
+                          "ps.emulated_latency=0.05", "ps.engine=ray")
+    engine = trainer.runtime.engine
+    victim = engine.workers[1]
+    shard = trainer.runtime.shards[0]
+    watcher = kill_when(lambda: shard.stats()["gradients_applied"] >= 3, lambda: ray.kill(victim, no_restart=True))
+    started = time.perf_counter()
+    try:
+        summary = trainer.fit()
+        watcher.join()
+    finally:
+        trainer.runtime.close()
+    assert time.perf_counter() - started < 120
+    assert summary["epochs"] == 2 and summary["workers_replaced"] == 1
+    assert 768 < summary["examples_seen"] < 2 * 768

@@ -59,8 +59,11 @@ def test_a_killed_trainer_does_not_hang_the_others(tmp_path: Path, mode: str) ->
                                       'ps.kill_workers=["1:2"]')
     summary = trainer.fit()
     assert summary["workers_killed"] == [1] and summary["epochs"] == 2
-    # trainer 1's two threads each die with the batch after their first: 2 batches lost, once
-    assert summary["examples_seen"] == 2 * len(splits["train"]) - 2 * BATCH
+    # trainer 1 dies once its threads pushed 2 batches together; each of its threads dies with the
+    # batch it takes next (one it may never take: the data can run out first)
+    lost = 2 * len(splits["train"]) - summary["examples_seen"]
+    assert lost in (BATCH, 2 * BATCH)
+    assert trainer.runtime.worker_examples[1] >= 2 * BATCH
 
 
 def test_the_cap_on_syncs_per_second_holds_end_to_end(tmp_path: Path) -> None:

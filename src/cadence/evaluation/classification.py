@@ -1,4 +1,4 @@
-"""Binary-classification metrics for click-through-rate models: ROC AUC and log loss.
+"""Binary-classification metrics for click-through-rate models: ROC AUC, log loss and normalised entropy.
 
 ``auc`` is exact: it is the Mann-Whitney U statistic divided by (#positives x #negatives), i.e. the
 probability that a random positive scores above a random negative, a tie counting one half (the
@@ -10,9 +10,15 @@ raising, so that a stream of per-day or per-shard metrics keeps flowing and the 
 
 ``logloss`` takes logits, not probabilities: ``log(sigmoid(z))`` computed from ``z`` stays finite
 where a probability would have rounded to 0 or 1.
+
+``normalized_entropy`` (NE, He et al. 2014) is the log loss divided by the entropy of the background
+CTR: 1 for a model that predicts the base rate everywhere, lower is better. With a base rate of 0 or 1
+that entropy is 0 and NE is undefined: ``nan``, like AUC of a single class.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -50,3 +56,22 @@ def logloss(logits: Tensor, labels: Tensor) -> float:
     """Mean binary cross-entropy of ``logits`` against 0/1 ``labels`` (same shape), in float64."""
     _check("logits", logits, labels)
     return float(F.binary_cross_entropy_with_logits(logits.detach().double(), labels.detach().double()))
+
+
+def normalized_entropy(logits: Tensor, labels: Tensor, base_rate: float) -> float:
+    """Normalised entropy of ``logits`` against 0/1 ``labels`` (same shape): ``logloss / H(p)``.
+
+    ``p = base_rate`` is the background CTR, the mean label of the examples the model was trained
+    on (not of ``labels``), and ``H(p) = -(p log p + (1 - p) log(1 - p))`` the log loss of predicting
+    ``p`` for every example of a set whose mean label is ``p`` (He et al. 2014, "Practical lessons
+    from predicting clicks on ads at Facebook"). Lower is better; below 1 the model beats that
+    constant prediction. ``nan`` (undefined, reported as null) when ``p`` is 0 or 1, where ``H(p)``
+    is 0, or when ``p`` is nan (no training examples); a ``p`` outside [0, 1] is a ``ValueError``.
+    """
+    if not (math.isnan(base_rate) or 0.0 <= base_rate <= 1.0):
+        raise ValueError(f"base_rate must lie in [0, 1]; got {base_rate}")
+    loss = logloss(logits, labels)  # checks the shapes and labels even when NE is undefined
+    if math.isnan(base_rate) or base_rate in (0.0, 1.0):
+        return float("nan")
+    entropy = -(base_rate * math.log(base_rate) + (1.0 - base_rate) * math.log1p(-base_rate))
+    return loss / entropy

@@ -8,6 +8,8 @@ from typing import Any
 
 from cadence.errors import CadenceError
 
+LOWER_IS_BETTER = ("rmse", "mae", "logloss", "ne")  # the metrics whose axis says so
+
 
 def available() -> bool:
     """Whether matplotlib can be imported (``compare`` writes its plots only then)."""
@@ -40,7 +42,7 @@ def plot_curves(curves: dict[str, list[dict[str, Any]]], metric: str, x_key: str
             xs, ys = zip(*points)
             axis.plot(xs, ys, marker="o", markersize=3, label=name)
     axis.set_xlabel(x_label)
-    lower = " (lower is better)" if metric in ("rmse", "mae", "logloss") else ""
+    lower = " (lower is better)" if metric in LOWER_IS_BETTER else ""
     axis.set_ylabel(f"validation {metric.upper() if len(metric) <= 4 else metric}{lower}")
     axis.set_title(title)
     axis.grid(alpha=0.3)

@@ -60,6 +60,8 @@ def snapshot(params: Params) -> list[Tensor]:
 class Averager(ABC):
     """An all-reduce among the trainers: every live trainer calls ``mean`` once a round."""
 
+    can_leave = True  # whether a trainer can leave the rounds (else it stays in them, not training)
+
     @abstractmethod
     def mean(self, tensors: list[Tensor], training: bool) -> tuple[list[Tensor], int]:
         """(the mean of every live trainer's ``tensors``, how many of them still train)."""
@@ -135,6 +137,8 @@ class GlooAverager(Averager):
         self.dist, self.group = dist, group
         self.size = dist.get_world_size(group)
 
+    can_leave = False
+
     def mean(self, tensors: list[Tensor], training: bool) -> tuple[list[Tensor], int]:
         flat = torch.cat([t.reshape(-1).float() for t in tensors] + [torch.tensor([1.0 if training else 0.0])])
         try:
@@ -176,9 +180,16 @@ class DenseSync(ABC):
     how many trainers still do (0: every trainer is out of data, the shadow thread stops)."""
 
     collective = False  # a round is a collective: every trainer takes part until all are out of data
+    averager: Averager | None = None
 
     def __init__(self, alpha: float):
         self.alpha = alpha
+
+    @property
+    def can_leave(self) -> bool:
+        """Whether this trainer can stop syncing before its peers (a gloo group cannot shrink: a
+        trainer fated to die stays in the rounds, as one out of data does, until they end)."""
+        return self.averager is None or self.averager.can_leave
 
     @abstractmethod
     def round(self, params: Params, training: bool) -> int: ...
@@ -382,6 +393,7 @@ class ShadowThread:
         self.syncs = 0
         self.seconds = 0.0
         self.error: BaseException | None = None
+        self.peer_lost: str | None = None  # why the rounds ended early (a peer died), if they did
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def start(self) -> "ShadowThread":
@@ -407,6 +419,8 @@ class ShadowThread:
                 wait = self.min_interval - (time.perf_counter() - round_start)
                 if wait > 0:
                     self.stopping.wait(wait)
+        except PeerLost as err:  # a peer's process died: this replica trains on, unsynced
+            self.peer_lost = str(err)
         except BaseException as err:  # reported by join(): the trainer fails with it
             self.error = err
             self.on_error(err)

@@ -75,20 +75,18 @@ def dense_here(config) -> bool:
     return config.ps.dense == "workers" or replicas
 
 
-def run_guarded(workers: list[Worker], gate_of, data: DataList, on_error=lambda reason: None) -> list:
-    """Run each worker on a thread of its own (``worker.run(data, gate_of(worker))``) and join them;
-    the first to raise abandons the epoch for all (``abandon`` and ``on_error``). Returns the
-    errors as (worker index, exception)."""
+def run_guarded(workers: list[Worker], run, on_error) -> list:
+    """Run ``run(worker)`` for each worker on a thread of its own and join them; the first to raise
+    abandons the epoch for all (``on_error(reason)``: release every worker). Returns the errors as
+    (worker index, exception)."""
     errors: list[tuple[int, BaseException]] = []
 
     def guarded(worker: Worker) -> None:
         try:
-            worker.run(data, gate_of(worker))
+            run(worker)
         except BaseException as err:  # re-raised by the caller, on its thread
             errors.append((worker.index, err))
-            reason = f"worker {worker.index} failed: {err!r}"
-            abandon(data, reason)
-            on_error(reason)
+            on_error(f"worker {worker.index} failed: {err!r}")
 
     threads = [threading.Thread(target=guarded, args=(w,), name=f"cadence-worker-{w.index}", daemon=True)
                for w in workers]
@@ -159,8 +157,12 @@ class ThreadEngine:
             workers.append(Worker(index, self.router, model, self.task, plan.faults.slowdown_in(index, plan.epoch),
                                   plan.kill_after.get(index), self.config.ps.emulated_latency, reducer, optimizer,
                                   self.device))
-        errors = run_guarded(workers, lambda worker: gate, data,
-                             reducer.abort if reducer is not None else (lambda reason: None))
+        def on_error(reason: str) -> None:
+            abandon(data, reason)
+            if reducer is not None:
+                reducer.abort(reason)
+
+        errors = run_guarded(workers, lambda worker: worker.run(data, gate), on_error)
         if errors:
             index, err = errors[0]
             raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err

@@ -51,6 +51,8 @@ from cadence.runtime.engines import (EpochPlan, ShardLost, WorkerFailed, WorkerR
                                      new_data_list, replica_optimizer)
 from cadence.runtime.gates import NoGate
 from cadence.runtime.server import DenseReducer, build_shard
+from cadence.runtime.shadow import (ShadowTrainer, ShardCentralCopy, finish_epoch, reset_central, shadow_data_list,
+                                    thread_indices)
 from cadence.runtime.worker import ShardRouter, Worker
 
 try:
@@ -314,11 +316,14 @@ class Coordinator(_Actor):
         return self.take(worker)
 
     def begin(self, batches: int, first_token: int, dead: list[int], live: list[int]) -> tuple[str, ...] | None:
-        self.data = new_data_list(self.config, self.mode, range(batches), first_token, self.shards)
-        self.reducer = DenseReducer(live) if dense_here(self.config) else None
+        if self.mode.replicas:  # ShadowSync: every worker thread of every trainer takes from one list
+            self.data = shadow_data_list(self.config, range(batches), first_token, self.shards, dead)
+        else:
+            self.data = new_data_list(self.config, self.mode, range(batches), first_token, self.shards)
+        self.reducer = DenseReducer(live) if dense_here(self.config) and not self.mode.replicas else None
         self.gate = self.mode.gate(self.config.ps, self.shards)
         self.held = {}
-        for index in dead:
+        for index in dead if not self.mode.replicas else ():
             self.gate.leave(index)
             self.data.abandon(index)
         if self.gate.stateless:  # (NoGate, StepBarrier) each worker builds it on its own shard handles
@@ -348,10 +353,12 @@ class Coordinator(_Actor):
     def release(self, worker: int) -> None:
         """The worker's process died: the tokens of the batches it held are dropped (a shard ignores
         the drop of a batch that did arrive) and the epoch goes on without it."""
-        for position, token in self.held.pop(worker, ()):
-            for shard in self.shards:
-                shard.drop(token, position)
-        self.data.abandon(worker)
+        takers = thread_indices(self.config, worker) if self.mode.replicas else [worker]  # (a trainer's threads)
+        for taker in takers:
+            for position, token in self.held.pop(taker, ()):
+                for shard in self.shards:
+                    shard.drop(token, position)
+            self.data.abandon(taker)
         self.gate.leave(worker)
         if self.reducer is not None:
             self.reducer.leave(worker)
@@ -437,6 +444,7 @@ class TaskWorker(_Actor):
         for shard in shards:  # this worker's per-batch calls take the channels
             shard.direct()
         self.channel = Channel(coordinator_address, secret)
+        self.coordinator_address, self.secret = coordinator_address, secret
         self.router = ShardRouter(shards)
         self.device = resolve_device(config.device)  # the GPU Ray gave this actor, when it asked for one
         self.model = self.task.dense_module().to(self.device)
@@ -473,7 +481,82 @@ class TaskWorker(_Actor):
         if dense is not None:
             replica = _pack((self.model.state_dict(), optimizer.state_dict() if optimizer is not None else None))
         return (worker.loss_total, worker.examples_done, worker.pushed, worker.died, torch.get_rng_state(),
-                worker.bytes_moved, replica)
+                worker.bytes_moved, replica, 0)
+
+    # ---- ShadowSync: this actor is a trainer ---------------------------------------------------
+    def free_port(self) -> tuple[str, int]:
+        """An address for the trainers' gloo rendezvous, on this actor's node."""
+        with socket.socket() as probe:
+            probe.bind((_host(), 0))
+            return _host(), probe.getsockname()[1]
+
+    def run_trainer_epoch(self, plan: EpochPlan, rng_state: Tensor, dense: Any, rendezvous: tuple | None) -> tuple:
+        """One epoch of this trainer (``cadence.runtime.shadow``): its dense replica starts from
+        ``dense`` (the run's state and optimizer state), ``shadow.threads`` worker threads train it,
+        each with its own channels to the shards and the coordinator, and its shadow thread syncs it:
+        EASGD with the central copy on shard 0, MA and BMUF over a gloo group of the trainers
+        (``rendezvous``: host, port, rank, size), made for the epoch and destroyed after it."""
+        torch.set_rng_state(rng_state)
+        if self.plans is None or self.plans[0] != plan.epoch:
+            self.plans = (plan.epoch, self.task.plan(plan.epoch))
+        model_state, optimizer_state = _unpack(dense)
+        self.model.load_state_dict(model_state)
+        central = ShardCentralCopy(_own_copy(self.router.shards[0])) if self.mode.dense_sync == "easgd" else None
+        averager = _join_gloo(*rendezvous) if rendezvous is not None else None
+        trainer = ShadowTrainer(self.index, self.config, self.mode, self.model, optimizer_state, central, averager,
+                                lambda: int(trainer.gate.training()), self.device)
+
+        def router_of(thread: int) -> ShardRouter:
+            shards = [_own_copy(shard) for shard in self.router.shards]
+            for shard in shards:
+                shard.direct()
+            return ShardRouter(shards)
+
+        def run_worker(worker: Worker) -> None:
+            data = _RemoteData(self.coordinator, Channel(self.coordinator_address, self.secret), self.plans[1],
+                               prefetch=plan.kill_after.get(self.index) is None)
+            try:
+                worker.run(data, trainer.gate)
+            finally:
+                data.channel.close()
+                for shard in worker.router.shards:
+                    shard.settle()
+
+        trainer.add_threads(self.config, router_of, self.task, plan, self.device)
+        try:
+            trainer.run(run_worker, lambda reason: _get(self.coordinator.stop.remote(reason)))
+        finally:
+            if averager is not None:
+                _leave_gloo()
+        report = trainer.report()
+        return (report.loss_total, report.examples, report.pushed, report.died, torch.get_rng_state(),
+                report.bytes_moved, _pack(trainer.replica_state), trainer.syncs)
+
+
+def _own_copy(shard: RemoteShard) -> RemoteShard:
+    """A handle of the same shard with a caller of its own (its own sequence, its own channel)."""
+    return RemoteShard(shard.handle, shard.index, shard.width, shard.address, shard.secret)
+
+
+def _join_gloo(host: str, port: int, rank: int, size: int):
+    """This trainer's place in the epoch's gloo group, and the shadow thread's group within it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from cadence.runtime.dense_sync import GlooAverager
+
+    _leave_gloo()
+    timeout = datetime.timedelta(seconds=60)
+    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=size, timeout=timeout)
+    return GlooAverager(dist.new_group(backend="gloo", timeout=timeout))  # (the shadow thread's own group)
+
+
+def _leave_gloo() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 # ---- the engine (driver side) -----------------------------------------------------------------------------
@@ -514,6 +597,7 @@ class RayEngine:
         self.actors: list[Any] = []
         self.secret = secrets.token_bytes(32)  # admits this run's processes to its channels
         self.start_seconds = 0.0  # waiting for the actors to be built (recorded in summary.json)
+        self.syncs = 0  # ShadowSync: dense syncs of every trainer's replica
         self._start()
         _ENGINES.add(self)
 
@@ -567,15 +651,18 @@ class RayEngine:
         else:
             seeds = torch.randint(0, 1 << 62, (len(plan.workers),)).tolist()
             states = [torch.Generator().manual_seed(seed).get_state() for seed in seeds]
-        runs = {self.workers[index].run_epoch.remote(plan.epoch, plan.faults.slowdown_in(index, plan.epoch),
-                                                     plan.kill_after.get(index), gate, state, dense): index
-                for index, state in zip(plan.workers, states)}
-        reports, failure, kept = [], None, None
+        if self.mode.replicas:
+            runs = self._start_trainers(plan, states, dense)
+        else:
+            runs = {self.workers[index].run_epoch.remote(plan.epoch, plan.faults.slowdown_in(index, plan.epoch),
+                                                         plan.kill_after.get(index), gate, state, dense): index
+                    for index, state in zip(plan.workers, states)}
+        reports, failure, replicas, syncs = [], None, {}, 0
         while runs:
             ready, _ = ray.wait(list(runs), num_returns=1)
             index = runs.pop(ready[0])
             try:
-                loss, examples, pushed, died, state, moved, replica = _get(ready[0])
+                loss, examples, pushed, died, state, moved, replica, synced = _get(ready[0])
             except ray.exceptions.RayActorError:  # the worker's process died: release its token, go on
                 _get(self.coordinator.release.remote(index))
                 reports.append(WorkerReport(index, 0.0, 0, 0, False, lost=True))
@@ -588,15 +675,19 @@ class RayEngine:
             if len(plan.workers) == 1:
                 torch.set_rng_state(state)
             reports.append(WorkerReport(index, loss, examples, pushed, died, bytes_moved=moved))
-            if replica is not None and not died and kept is None:  # every replica took the same steps
-                kept = _unpack(replica)
+            syncs += synced
+            if replica is not None and not died:
+                replicas[index] = _unpack(replica)
         if failure is not None:
             index, err = failure
             if isinstance(err, ShardLost) or not self._shards_alive():
                 raise ShardLost(f"a server shard's process died during the epoch ({err})") from None
             raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
         _get(self.coordinator.settle.remote())  # the data list's drops and closes are applied
-        if kept is not None:
+        if self.mode.replicas:  # ShadowSync: the mean of the trainers' replicas
+            finish_epoch(self, [replicas[index] for index in sorted(replicas)], syncs)
+        elif replicas:  # ps.dense: workers: every replica took the same steps
+            kept = replicas[min(replicas)]
             self.dense.load_state_dict(kept[0])
             if self.dense_optimizer is not None:
                 self.dense_optimizer.load_state_dict(kept[1])
@@ -606,6 +697,17 @@ class RayEngine:
             elif report.lost:
                 self.workers[report.index] = self._worker(report.index)
         return reports
+
+    def _start_trainers(self, plan: EpochPlan, states: list[Tensor], dense: Any) -> dict:
+        """ShadowSync: each live worker actor runs one trainer's epoch; EASGD's central copy on shard
+        0 starts from the run's dense parameters, MA and BMUF meet at a gloo rendezvous on the first
+        trainer's node."""
+        reset_central(self.config, self.mode, self.shards, self.dense)
+        collective = self.mode.dense_sync in ("ma", "bmuf") and any(True for _ in self.dense.parameters())
+        host, port = _get(self.workers[plan.workers[0]].free_port.remote()) if collective else (None, None)
+        return {self.workers[index].run_trainer_epoch.remote(
+                    plan, state, dense, (host, port, rank, len(plan.workers)) if collective else None): index
+                for rank, (index, state) in enumerate(zip(plan.workers, states))}
 
     def _abandon(self, reason: str) -> None:
         try:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from cadence.optim import EntityOptimizer
 from cadence.runtime.aggregation import Aggregation, Gradient
+from cadence.runtime.dense_sync import CentralCopy
 from cadence.runtime.embedding_table import DynamicEmbeddingTable, FixedTable
 from cadence.training import checkpoint as ckpt
 
@@ -70,6 +71,7 @@ class ServerShard:
         self.token_staleness_total = 0  # step at aggregation - token: what GBA's decay sees
         self.token_staleness_max = 0
         self.aborted: str | None = None  # why the epoch was abandoned (a worker failed): nobody waits
+        self.central: CentralCopy | None = None  # EASGD's w_ps (ShadowSync, shard 0; central_reset)
 
     # ---- worker verbs ---------------------------------------------------------------------------
     def submit(self, method: str, *args: Any) -> Done:
@@ -135,6 +137,15 @@ class ServerShard:
     def resume(self) -> None:
         with self.changed:
             self.aborted = None
+
+    # ---- EASGD's central copy (ShadowSync's sync parameter server: shard 0 holds it) -------------
+    def central_reset(self, values: list[Tensor]) -> None:
+        """The central copy w_ps starts an epoch from ``values`` (the run's dense parameters)."""
+        self.central = CentralCopy(values)
+
+    def central_exchange(self, values: list[Tensor], alpha: float) -> list[Tensor]:
+        """w_ps <- (1 - alpha) w_ps + alpha values, atomically; returns the new w_ps."""
+        return self.central.exchange(values, alpha)
 
     def stats(self) -> dict[str, float]:
         with self.changed:

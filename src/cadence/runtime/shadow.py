@@ -8,26 +8,33 @@ and pulled towards the other replicas by the mode's ``DenseSync``: on a shadow t
 background (``shadow-*``), in the foreground every ``shadow.every`` batches (``fr-*``), or never
 (``hogwild``).
 
+EASGD's central copy lives on server shard 0 (``ServerShard.central_exchange``: the paper's sync
+parameter server), reached through the shard's handle, so trainers in threads and trainers in Ray
+actors exchange with it alike. MA and BMUF all-reduce among the trainers: a ``ThreadAverager`` for
+threads of one process, a gloo group of the shadow thread's own for processes (``GlooAverager``).
+
 Each epoch starts every replica from the run's dense parameters and dense optimizer state, and
 ends with the run's dense parameters set to the mean of the replicas (the model that is evaluated
 and checkpointed) and its optimizer state to trainer 0's; so a checkpoint resumes exactly what an
 unbroken run does at an epoch boundary. ``ShadowTrainer`` is one trainer, the unit a process of
-its own would hold; ``run_trainers`` runs an epoch of trainers as threads of this process.
+its own holds (``ShadowTrainer.run``, the Ray engine's trainer actors); ``run_trainers`` runs an
+epoch of trainers as threads of this process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 
 from cadence.runtime.aggregation import Gradient
-from cadence.runtime.dense_sync import (RULES, Averager, Bmuf, CentralCopy, DenseSync, Easgd, ForegroundGate,
-                                        HogwildReplica, ModelAverage, ShadowThread, ThreadAverager)
+from cadence.runtime.dense_sync import (RULES, Averager, Bmuf, DenseSync, Easgd, ForegroundGate, HogwildReplica,
+                                        ModelAverage, ShadowThread, ThreadAverager)
 from cadence.runtime.gates import NoGate
 from cadence.runtime.server import DataList
 from cadence.runtime.worker import Worker, _nbytes
@@ -40,7 +47,7 @@ def shadow_alpha(config) -> float:
     return alpha if alpha is not None else 0.9 / config.ps.workers
 
 
-def make_rule(config, rule: str, params: list[Tensor], central: CentralCopy | None, averager: Averager | None,
+def make_rule(config, rule: str, params: list[Tensor], central: ShardCentralCopy | None, averager: Averager | None,
               training: Callable[[], int]) -> DenseSync:
     """Trainer's ``DenseSync`` for rule ``easgd``, ``ma`` or ``bmuf`` with the ``shadow`` settings."""
     alpha, shadow = shadow_alpha(config), config.shadow
@@ -52,6 +59,39 @@ def make_rule(config, rule: str, params: list[Tensor], central: CentralCopy | No
     if rule == "bmuf":
         return Bmuf(alpha, averager, params, shadow.block_lr, shadow.block_momentum, shadow.nesterov)
     raise AssertionError(f"no dense sync rule {rule!r}")
+
+
+class ShardCentralCopy:
+    """EASGD's central copy as a trainer sees it: on server shard 0, through its handle."""
+
+    def __init__(self, shard):
+        self.shard = shard
+
+    def exchange(self, local: list[Tensor], alpha: float) -> list[Tensor]:
+        return self.shard.submit("central_exchange", local, alpha).result()
+
+
+def shadow_data_list(config, batches, first_token: int, shards: list, dead: list[int]) -> DataList:
+    """The epoch's data list of every worker thread (thread n of trainer t is worker t * threads + n):
+    any thread takes the next batch, one token a batch, the dead trainers' threads left out."""
+    threads = config.shadow.threads
+    data = DataList(batches, 1, first_token, shards, config.ps.workers * threads)
+    for index in dead:
+        for thread in thread_indices(config, index):
+            data.abandon(thread)
+    return data
+
+
+def thread_indices(config, trainer: int) -> range:
+    threads = config.shadow.threads
+    return range(trainer * threads, (trainer + 1) * threads)
+
+
+def reset_central(config, mode, shards: list, dense: nn.Module) -> None:
+    """EASGD: the central copy on shard 0 starts the epoch from the run's dense parameters."""
+    params = [p.detach().cpu() for p in dense.parameters()]
+    if mode.dense_sync == "easgd" and params:
+        shards[0].submit("central_reset", params).result()
 
 
 class TrainerGate(NoGate):
@@ -102,10 +142,14 @@ class HogwildWorker(Worker):
     pushes the rows' gradient, with no dense part, to the shards."""
 
     def __init__(self, index: int, router, module: nn.Module, replica: HogwildReplica | None, task,
-                 kill_after: int | None = None, slowdown: float = 1.0, emulated_latency: float = 0.0,
+                 trainer: "ShadowTrainer", slowdown: float = 1.0, emulated_latency: float = 0.0,
                  device: torch.device = torch.device("cpu")):
-        super().__init__(index, router, module, task, slowdown, kill_after, emulated_latency, device=device)
+        super().__init__(index, router, module, task, slowdown, None, emulated_latency, device=device)
         self.replica = replica  # None: the task has no dense parameters
+        self.trainer = trainer
+
+    def fated(self) -> bool:
+        return self.trainer.fated()
 
     def step(self, position, plan, token) -> None:
         started = time.perf_counter()
@@ -135,7 +179,7 @@ class ShadowTrainer:
     of its worker threads, and its shadow thread (none for ``hogwild``)."""
 
     def __init__(self, index: int, config, mode, dense: nn.Module, optimizer_state: dict | None,
-                 central: CentralCopy | None, averager: Averager | None, training_count: Callable[[], int],
+                 central: ShardCentralCopy | None, averager: Averager | None, training_count: Callable[[], int],
                  device: torch.device = torch.device("cpu"),
                  on_error: Callable[[BaseException], None] = lambda err: None):
         from cadence.runtime.engines import replica_optimizer
@@ -149,6 +193,7 @@ class ShadowTrainer:
         foreground = ForegroundGate(shadow.every) if mode.foreground and synced else None
         self.gate = TrainerGate(shadow.threads, foreground, self._all_left)
         self.workers: list[HogwildWorker] = []
+        self.kill_after: int | None = None  # fault injection: batches it pushes before it dies
         self.shadow: ShadowThread | None = None
         if synced:
             rule = make_rule(config, mode.dense_sync, self.replica.params, central, averager, training_count)
@@ -167,25 +212,77 @@ class ShadowTrainer:
     def _all_left(self) -> None:
         """Every worker thread is out of data or dead: a dead trainer's shadow thread leaves at once
         (the others' rounds go on without its replica); a finished one syncs on while peers train."""
-        if any(worker.died for worker in self.workers):
+        if any(worker.died for worker in self.workers) and (self.shadow is None or self.shadow.sync.can_leave):
             self.stop()
 
-    def add_worker(self, worker: HogwildWorker) -> HogwildWorker:
-        self.workers.append(worker)
-        return worker
+    def add_threads(self, config, router_of: Callable[[int], object], task, plan, device) -> list[HogwildWorker]:
+        """This trainer's ``shadow.threads`` workers (``router_of(n)``: thread n's router). A trainer
+        that ``ps.kill_workers`` kills after k batches dies once its threads pushed k together."""
+        self.kill_after = plan.kill_after.get(self.index)
+        for n, index in enumerate(thread_indices(config, self.index)):
+            self.workers.append(HogwildWorker(index, router_of(n), self.module, self.replica, task, self,
+                                              plan.faults.slowdown_in(self.index, plan.epoch),
+                                              config.ps.emulated_latency, device))
+        return self.workers
+
+    def fated(self) -> bool:
+        """Fault injection: the trainer's process dies once its threads pushed ``kill_after`` batches
+        together; each thread dies with the batch it takes next."""
+        return self.kill_after is not None and sum(w.pushed for w in self.workers) >= self.kill_after
+
+    def run(self, run_worker: Callable[[HogwildWorker], None], abandon_epoch: Callable[[str], None]) -> None:
+        """This trainer's epoch, alone in its process (a Ray trainer actor): its threads and shadow
+        thread; an error or Ctrl-C stops the shadow thread and is raised here."""
+        from cadence.runtime.engines import WorkerFailed, run_guarded
+
+        if self.shadow is not None:
+            self.shadow.on_error = lambda err: abandon_epoch(f"trainer {self.index}'s shadow thread failed: {err!r}")
+            self.shadow.start()
+        try:
+            with intra_op_share(len(self.workers)):
+                errors = run_guarded(self.workers, run_worker, abandon_epoch)
+        except BaseException:  # interrupted while joining: no more rounds
+            self.stop()
+            if self.shadow is not None:
+                self.shadow.thread.join()
+            raise
+        if errors:
+            self.stop()
+        if self.shadow is not None:
+            self.shadow.thread.join()
+        if errors:
+            index, err = errors[0]
+            raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
+        self.join_shadow()
+
+    def join_shadow(self) -> None:
+        """Raise the shadow thread's error, if it had one, as the epoch's."""
+        from cadence.runtime.engines import WorkerFailed
+
+        if self.shadow is None:
+            return
+        try:
+            self.shadow.join()
+        except BaseException as err:
+            raise WorkerFailed(f"trainer {self.index}'s shadow thread failed: {err!r}; the epoch is "
+                               "abandoned") from err
+
+    @property
+    def replica_state(self) -> tuple[dict[str, Tensor], dict | None]:
+        return self.module.state_dict(), self.optimizer.state_dict() if self.optimizer is not None else None
 
     def report(self):
         from cadence.runtime.engines import WorkerReport
 
         mine = self.workers
         return WorkerReport(self.index, sum(w.loss_total for w in mine), sum(w.examples_done for w in mine),
-                            sum(w.pushed for w in mine), bool(mine) and all(w.died for w in mine),
+                            sum(w.pushed for w in mine), any(w.died for w in mine),  # (one process)
                             bytes_moved=sum(w.bytes_moved for w in mine))
 
 
-def mean_state(modules: list[nn.Module]) -> dict[str, Tensor]:
-    """The mean of the replicas' parameters (and buffers): the run's dense model at an epoch's end."""
-    states = [module.state_dict() for module in modules]
+def mean_state(states: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """The mean of the replicas' state dicts (parameters and floating buffers): the run's dense model
+    at an epoch's end."""
     if len(states) == 1:
         return {name: value.detach().clone() for name, value in states[0].items()}
     mean = {}
@@ -199,15 +296,16 @@ def mean_state(modules: list[nn.Module]) -> dict[str, Tensor]:
 
 class TrainerGroup:
     """The trainers of one epoch in this process (the thread engine): the sync rules' shared parts
-    (EASGD's central copy, the MA/BMUF all-reduce), every trainer's threads and shadow thread."""
+    (EASGD's central copy on shard 0, the MA/BMUF all-reduce), every trainer's threads and shadow
+    thread."""
 
     def __init__(self, config, mode, dense: nn.Module, optimizer: torch.optim.Optimizer | None,
-                 live: list[int], device: torch.device = torch.device("cpu"),
+                 live: list[int], shards: list, device: torch.device = torch.device("cpu"),
                  on_error: Callable[[BaseException], None] = lambda err: None):
         self.config, self.mode = config, mode
         state = optimizer.state_dict() if optimizer is not None else None
-        params = [p.detach().to(device) for p in dense.parameters()]
-        central = CentralCopy(params) if mode.dense_sync == "easgd" and params else None
+        reset_central(config, mode, shards, dense)
+        central = ShardCentralCopy(shards[0]) if mode.dense_sync == "easgd" else None
         averager = ThreadAverager(len(live)) if mode.dense_sync in ("ma", "bmuf") else None
         self.trainers = [ShadowTrainer(index, config, mode, dense, state, central,
                                        averager.member(n) if averager is not None else None, self.training_count,
@@ -218,18 +316,21 @@ class TrainerGroup:
         return sum(1 for trainer in self.trainers if trainer.gate.training())
 
     def workers(self, router, task, plan, device) -> list[HogwildWorker]:
-        """Each trainer's ``shadow.threads`` workers (worker n of trainer t is data-list worker
-        t * threads + n). A trainer that ``ps.kill_workers`` kills after k batches loses each of
-        its threads after k / threads of theirs (at least one each, unless k is 0)."""
-        threads, workers = self.config.shadow.threads, []
-        for trainer in self.trainers:
-            kill = plan.kill_after.get(trainer.index)
-            per_thread = None if kill is None else (max(1, kill // threads) if kill else 0)
-            for n in range(threads):
-                workers.append(trainer.add_worker(HogwildWorker(
-                    trainer.index * threads + n, router, trainer.module, trainer.replica, task, per_thread,
-                    plan.faults.slowdown_in(trainer.index, plan.epoch), self.config.ps.emulated_latency, device)))
-        return workers
+        """Every trainer's worker threads, all on one router (the shards are objects of this process)."""
+        return [worker for trainer in self.trainers
+                for worker in trainer.add_threads(self.config, lambda n: router, task, plan, device)]
+
+
+@contextlib.contextmanager
+def intra_op_share(workers: int) -> Iterator[None]:
+    """Each worker thread gets an equal share of torch's intra-op threads (one when the threads
+    outnumber them), as the paper gives each Hogwild worker thread its own core."""
+    intra_op = torch.get_num_threads()
+    torch.set_num_threads(max(1, intra_op // max(1, workers)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(intra_op)
 
 
 def run_trainers(engine, plan, plans) -> list:
@@ -238,23 +339,19 @@ def run_trainers(engine, plan, plans) -> list:
     (a collective round completes or is left), and the error raised here."""
     from cadence.runtime.engines import WorkerFailed, abandon, run_guarded
 
-    config, threads = engine.config, engine.config.shadow.threads
-    data = DataList(plans, 1, plan.first_token, engine.shards, config.ps.workers * threads)
-    for index in plan.dead:
-        for n in range(threads):
-            data.abandon(index * threads + n)
-    group = TrainerGroup(config, engine.mode, engine.dense, engine.dense_optimizer, plan.workers, engine.device,
-                         on_error=lambda err: abandon(data, f"a shadow thread failed: {err!r}"))
+    config = engine.config
+    data = shadow_data_list(config, plans, plan.first_token, engine.shards, plan.dead)
+    group = TrainerGroup(config, engine.mode, engine.dense, engine.dense_optimizer, plan.workers, engine.shards,
+                         engine.device, on_error=lambda err: abandon(data, f"a shadow thread failed: {err!r}"))
     workers = group.workers(engine.router, engine.task, plan, engine.device)
     gates = {worker.index: trainer.gate for trainer in group.trainers for worker in trainer.workers}
     shadows = [trainer.shadow for trainer in group.trainers if trainer.shadow is not None]
-    intra_op = torch.get_num_threads()
-    # each worker thread gets an equal share of the cores (one when the threads outnumber them)
-    torch.set_num_threads(max(1, intra_op // len(workers)))
     for shadow in shadows:
         shadow.start()
     try:
-        errors = run_guarded(workers, lambda worker: gates[worker.index], data)
+        with intra_op_share(len(workers)):
+            errors = run_guarded(workers, lambda worker: worker.run(data, gates[worker.index]),
+                                 lambda reason: abandon(data, reason))
     except BaseException:  # Ctrl-C while joining: release every worker, then let it through
         abandon(data, "interrupted")
         raise
@@ -264,19 +361,21 @@ def run_trainers(engine, plan, plans) -> list:
                 trainer.stop()
         for shadow in shadows:
             shadow.thread.join()
-        torch.set_num_threads(intra_op)
     if errors:
         index, err = errors[0]
         raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
     for trainer in group.trainers:
-        try:
-            if trainer.shadow is not None:
-                trainer.shadow.join()
-        except BaseException as err:  # an error of a shadow thread fails the epoch
-            raise WorkerFailed(f"trainer {trainer.index}'s shadow thread failed: {err!r}; the epoch is "
-                               "abandoned") from err
-    engine.dense.load_state_dict(mean_state([trainer.module for trainer in group.trainers]))
-    if engine.dense_optimizer is not None:
-        engine.dense_optimizer.load_state_dict(group.trainers[0].optimizer.state_dict())
-    engine.syncs += sum(trainer.syncs for trainer in group.trainers)
+        trainer.join_shadow()
+    finish_epoch(engine, [trainer.replica_state for trainer in group.trainers],
+                 sum(trainer.syncs for trainer in group.trainers))
     return [trainer.report() for trainer in group.trainers]
+
+
+def finish_epoch(engine, replicas: list[tuple[dict[str, Tensor], dict | None]], syncs: int) -> None:
+    """The run's dense parameters become the mean of the replicas (state dicts, trainer order), its
+    dense optimizer state the first trainer's; the syncs are counted."""
+    if replicas:
+        engine.dense.load_state_dict(mean_state([state for state, _ in replicas]))
+        if engine.dense_optimizer is not None and replicas[0][1] is not None:
+            engine.dense_optimizer.load_state_dict(replicas[0][1])
+    engine.syncs += syncs

@@ -180,7 +180,7 @@ class Worker:
         try:
             while (item := data.take(self.index)) is not None:
                 position, plan, token = item
-                if self.kill_after is not None and self.pushed >= self.kill_after:
+                if self.fated():
                     self.died = True
                     self.router.flush()  # what it pushed before stays pushed
                     self.router.drop(token)  # the batch and its token are lost with the worker
@@ -207,7 +207,7 @@ class Worker:
                 gradients = None
                 if item is not None:
                     position, plan, token = item
-                    if self.kill_after is not None and self.pushed >= self.kill_after:
+                    if self.fated():
                         self.died = True
                         self.router.drop(token)
                         data.abandon(self.index)
@@ -232,6 +232,10 @@ class Worker:
         finally:
             gate.leave(self.index)
             self.reducer.leave(self.index)
+
+    def fated(self) -> bool:
+        """Fault injection: this worker dies with the batch it just took."""
+        return self.kill_after is not None and self.pushed >= self.kill_after
 
     def step(self, position: int, plan: BatchPlan, token: int) -> dict[str, Tensor] | None:
         """One batch: pull, compute, push the rows' gradient (and the dense one, unless the dense

@@ -8,7 +8,7 @@ and ``ps.engine`` (``runtime_of``):
 | ``sync``, ``async``           | the pipeline (one process)            | the parameter server               |
 | ``oac``                       | the pipeline                          | an error: OAC is a one-process pipeline |
 | ``bsp``, ``gba``, ``hop_bs``, ``hop_bw`` | the parameter server (one worker) | the parameter server          |
-| ``shadow-*``, ``fr-*``, ``hogwild`` | the parameter server (one trainer)  | the parameter server (threads engine) |
+| ``shadow-*``, ``fr-*``, ``hogwild`` | the parameter server (one trainer)  | the parameter server (trainers: threads or Ray actors) |
 
 With one worker ``sync`` means the same math on both runtimes (tested bit for bit).
 """
@@ -50,9 +50,6 @@ def runtime_of(config: Config) -> str:
         return PIPELINE
     if name in STRATEGIES and one_process:
         return PIPELINE
-    if PS_MODES.get(name).replicas and ps.engine != "threads":
-        raise ConfigError(f"strategy {name}: ps.engine={ps.engine} does not run ShadowSync's trainers yet; use "
-                          "ps.engine=threads (each trainer a group of threads of one process)")
     return PARAMETER_SERVER
 
 

@@ -5,7 +5,9 @@ Rows: one per feature key, ``dim + 1`` floats (vector and linear weight; LR: the
 of hashed keys (``(field << 40) | value``): a parameter server adds a key's row when a worker first
 pulls it; the pipeline sizes its store once from every key in the data (``known_keys``). Either
 way a key's initial row is a hash of (seed, key), so both runtimes start from the same model.
-Dense module: the CTR model. Loss: binary cross-entropy; metrics: AUC (primary) and logloss.
+Dense module: the CTR model. Loss: binary cross-entropy; metrics: AUC (primary), logloss and NE
+(normalised entropy: logloss over the entropy of the background CTR, the mean label of every example
+the run trains on: the train split, or periods ``ctr.first_period..ctr.last_period``).
 
 Splits: a random 80/10/10 split, or time-ordered periods for continual training (``ctr.split:
 periods``, GBA's protocol): the run trains ``train.epochs`` epochs on each period d from
@@ -28,7 +30,7 @@ from torch import Tensor, nn
 from cadence.config import Config
 from cadence.data.ctr import CtrDataset, CtrExamples, load_ctr_dataset
 from cadence.errors import ConfigError
-from cadence.evaluation.classification import auc, logloss
+from cadence.evaluation.classification import auc, logloss, normalized_entropy
 from cadence.models.ctr import CTR_MODELS, pool_bags
 from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
@@ -66,6 +68,9 @@ class CtrTask(Task):
                                   f"trained period is evaluated on the next of {len(self.periods)}); got "
                                   f"{config.ctr.first_period}..{config.ctr.last_period}")
             self.splits = {}
+        trained = ([self.splits["train"]] if self.periods is None
+                   else self.periods[self.first_period: self.last_period + 1])
+        self.base_rate = _mean_label(trained)  # NE's background CTR
 
     @property
     def dataset_name(self) -> str:
@@ -149,7 +154,11 @@ class CtrTask(Task):
         if math.isnan(area):
             log.warning("auc of the %s split is undefined: its %d labels are all one class (reported as null)",
                         split, len(examples))
-        return {"auc": area, "logloss": logloss(scores, examples.labels)}
+        ne = normalized_entropy(scores, examples.labels, self.base_rate)
+        if math.isnan(ne):
+            log.warning("ne of the %s split is undefined: the training labels' mean is %s (reported as null)",
+                        split, self.base_rate)
+        return {"auc": area, "logloss": logloss(scores, examples.labels), "ne": ne}
 
     def final_metrics(self, evaluate: Callable[[str], dict[str, float]],
                       history: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, Any]]:
@@ -178,6 +187,12 @@ class CtrTask(Task):
         (out / "fields.tsv").write_text("".join(f"{i}\t{n}\n" for i, n in enumerate(names)))
         save_file({k: v.detach().cpu().contiguous() for k, v in dense.state_dict().items()}, out / "dense.safetensors")
         return [*written, out / "fields.tsv", out / "dense.safetensors"]
+
+
+def _mean_label(parts: list[CtrExamples]) -> float:
+    """The background CTR of ``parts`` (their examples' mean label); nan without examples."""
+    count = sum(len(part) for part in parts)
+    return sum(float(part.labels.double().sum()) for part in parts) / count if count else math.nan
 
 
 def examples_batch(plan: BatchPlan, examples: CtrExamples) -> Batch:

@@ -306,8 +306,8 @@ class ParameterServerRuntime(Runtime):
         eps = examples / seconds if seconds > 0 else 0.0
         return {
             "dense_syncs": syncs,
-            "syncs_per_second": round(per_second, 3),
-            "sync_gap": round(eps / batch / per_second, 3) if per_second > 0 else None,
+            "syncs_per_second": round(per_second, 6),
+            "sync_gap": round(eps / batch / per_second, 6) if per_second > 0 else None,
             "examples_in_flight": batch * self.config.shadow.threads * self.config.ps.workers,
         }
 
