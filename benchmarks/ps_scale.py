@@ -16,7 +16,13 @@ nodes, shards first: each node holds one shard).
 
     .venv/bin/python benchmarks/ps_scale.py [--examples 50000000] [--vocab 2000000]
 
-Writes benchmarks/results/ps_scale.json (the cluster is stopped even when the run fails).
+The same two-node run of another strategy and model (ShadowSync, issue 11: each worker actor a
+trainer of Hogwild threads; extra ``--set`` items go last and win):
+
+    .venv/bin/python benchmarks/ps_scale.py --strategy shadow-ma --examples 10000000 --vocab 1000000 \
+        --batch 1024 --set model.name=deepfm --set model.dim=8 --set shadow.threads=2 --name ps_scale_shadow
+
+Writes benchmarks/results/NAME.json (default ps_scale; the cluster is stopped even when the run fails).
 """
 
 from __future__ import annotations
@@ -94,6 +100,9 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=50_000_000)
     parser.add_argument("--vocab", type=int, default=2_000_000)
     parser.add_argument("--batch", type=int, default=8192)
+    parser.add_argument("--strategy", default="gba")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more config items")
+    parser.add_argument("--name", default="ps_scale", help="the result file's name")
     args = parser.parse_args()
     port, temp = free_port(), Path(f"/tmp/cdn-scale-{os.getpid()}")
     address = f"127.0.0.1:{port}"
@@ -121,9 +130,9 @@ def main() -> None:
     overrides = ["task=ctr", "data.dataset=synthetic-ctr-stream", f"ctr.synthetic.num_examples={args.examples}",
                  "ctr.synthetic.num_fields=10", f"ctr.synthetic.vocab_per_field={args.vocab}",
                  "ctr.synthetic.zipf_exponent=1.05", "ctr.synthetic.holdout=100000", "model.name=lr",
-                 f"train.batch_size={args.batch}", "train.epochs=1", "strategy=gba", "ps.workers=2", "ps.shards=2",
-                 "ps.engine=ray", f"ps.ray_address={address}", "eval.every=1", "checkpoint.every=0",
-                 "progress=false", "threads=1", "optimizer.lr=0.05"]
+                 f"train.batch_size={args.batch}", "train.epochs=1", f"strategy={args.strategy}", "ps.workers=2",
+                 "ps.shards=2", "ps.engine=ray", f"ps.ray_address={address}", "eval.every=1", "checkpoint.every=0",
+                 "progress=false", "threads=1", "optimizer.lr=0.05", *args.set]
     try:
         start("--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp}")
         wait_for(lambda: status_ok(1), "the head did not come up")
@@ -160,13 +169,14 @@ def main() -> None:
         peaks.setdefault(key.split(":")[0], []).append(value)
     keep = ("examples_seen", "examples_per_second", "train_seconds", "vocabulary_added", "bytes_moved_per_example",
             "gradients_applied", "gradients_dropped", "global_steps", "auc", "logloss", "token_staleness_mean",
-            "token_staleness_max", "shards")
+            "token_staleness_max", "shards", "ne", "dense_syncs", "sync_gap", "syncs_per_second",
+            "examples_in_flight", "strategy")
     result = {"command": "benchmarks/ps_scale.py " + " ".join(sys.argv[1:]), "machine": platform.platform(),
               "cpus": os.cpu_count(), "nodes": 2, "overrides": overrides, "wall_seconds": round(wall, 1),
               "summary": {k: summary.get(k) for k in keep}, "peak_rss_gib_per_process": peaks}
     shutil.rmtree(run_dir, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ps_scale.json").write_text(json.dumps(result, indent=1))
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 
 

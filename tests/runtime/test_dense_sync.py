@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from cadence.runtime.dense_sync import (Bmuf, CentralCopy, Easgd, ModelAverage, ShadowThread, ThreadAverager,
-                                        elastic)
+from cadence.runtime.dense_sync import (Bmuf, CentralCopy, Easgd, ForegroundGate, ModelAverage, ShadowThread,
+                                        ThreadAverager, elastic)
 
 
 def replicas(n: int, seed: int = 0) -> list[list[torch.Tensor]]:
@@ -184,6 +184,23 @@ def test_stop_ends_the_shadow_threads_of_every_rule() -> None:
         assert not shadow.thread.is_alive()
 
 
+def test_a_stopped_trainer_leaves_the_rounds_while_its_peer_trains_on() -> None:
+    """stop() (a trainer that died, Ctrl-C) ends that shadow thread after its round, even though a
+    peer still trains; the peer's rounds go on without it."""
+    group = ThreadAverager(2)
+    params = replicas(2)
+    shadows = [ShadowThread(ModelAverage(0.5, group.member(i)), params[i], lambda: True).start() for i in range(2)]
+    time.sleep(0.05)
+    shadows[1].stop()
+    shadows[1].join(5)
+    assert not shadows[1].thread.is_alive()
+    before = shadows[0].syncs
+    time.sleep(0.05)
+    assert shadows[0].thread.is_alive() and shadows[0].syncs > before  # alone now, not waiting for trainer 1
+    shadows[0].stop()
+    shadows[0].join(5)
+
+
 def test_the_cap_on_syncs_per_second_holds() -> None:
     central = CentralCopy(replicas(1)[0])
     capped = ShadowThread(Easgd(0.5, central, lambda: 1), replicas(1)[0], lambda: True, max_per_second=20).start()
@@ -263,6 +280,32 @@ def test_hogwild_threads_train_one_replica_without_touching_its_grad_fields() ->
 
 
 # ---- the foreground baselines (fr-*) --------------------------------------------------------------
+def test_no_batch_waits_for_a_round_once_the_sync_thread_is_gone() -> None:
+    """The round raised and the sync thread ended: the workers' later batches never wait for a
+    round (they would wait forever), so the trainer can reach the epoch's end and report the error."""
+    class Broken(Easgd):
+        def round(self, params, training):
+            raise RuntimeError("broken")
+
+    gate = ForegroundGate(1)
+    shadow = ShadowThread(Broken(0.5, CentralCopy(replicas(1)[0]), lambda: 1), replicas(1)[0], lambda: True,
+                          gate=gate).start()
+    gate.begin()
+    gate.end()  # the k-th batch: the round runs, and raises
+    shadow.thread.join(5)
+    assert not shadow.thread.is_alive() and shadow.error is not None
+
+    def batches() -> None:
+        for _ in range(3):
+            gate.begin()
+            gate.end()
+
+    worker = threading.Thread(target=batches, daemon=True)
+    worker.start()
+    worker.join(5)
+    assert not worker.is_alive(), "a batch waits for a round that will never come"
+
+
 def test_a_foreground_round_runs_every_k_batches_with_no_batch_in_flight() -> None:
     from cadence.runtime.dense_sync import DenseSync, ForegroundGate
 
