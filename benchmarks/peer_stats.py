@@ -68,22 +68,29 @@ class OthersMeter:
     machine (/proc/stat) minus the CPU time of our finished children, over wall time x CPUs.
 
     A 2-thread torch run loses far more than half its speed when another process takes a core
-    (threads wait on each other at every parallel region), so a ratio is only read from clean runs."""
+    (threads wait on each other at every parallel region), so a ratio is only read from clean runs.
+
+    ``in_process=True``: the contender runs in this process (``cadence.api``), so this process's own
+    CPU time is ours too, not only that of its finished children."""
+
+    def __init__(self, in_process: bool = False):
+        self.in_process = in_process
 
     def __enter__(self) -> "OthersMeter":
-        self.children = _children_cpu()
+        self.ours = _our_cpu(self.in_process)
         self.busy, self.total = _machine_jiffies()
         return self
 
     def __exit__(self, *exc) -> None:
         busy, total = _machine_jiffies()
-        children = (_children_cpu() - self.children) * os.sysconf("SC_CLK_TCK")
-        self.share = max(0.0, (busy - self.busy - children) / max(1, total - self.total))
+        ours = (_our_cpu(self.in_process) - self.ours) * os.sysconf("SC_CLK_TCK")
+        self.share = max(0.0, (busy - self.busy - ours) / max(1, total - self.total))
 
 
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def _our_cpu(in_process: bool) -> float:
+    """CPU seconds of our finished children, plus this process's own with ``in_process``."""
+    kinds = (resource.RUSAGE_CHILDREN, resource.RUSAGE_SELF) if in_process else (resource.RUSAGE_CHILDREN,)
+    return sum(usage.ru_utime + usage.ru_stime for usage in map(resource.getrusage, kinds))
 
 
 def _machine_jiffies() -> tuple[int, int]:

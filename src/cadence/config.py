@@ -138,6 +138,10 @@ class ShadowConfig:
     block_momentum: float = 0.875  # BMUF's block momentum (fairseq's default; 0 = plain averaging)
     nesterov: bool = False  # BMUF: interpolate towards w_g + momentum (Nesterov)
     max_syncs_per_second: float = 0.0  # shadow-*: a cap on each shadow thread's rounds; 0 = none
+    # shadow-*: a round waits until the replica took an update since the last one (reconstructed:
+    # the paper's shadow thread loops freely, as one of 25 threads on 20 cores; on a few cores a
+    # round with nothing new only takes CPU and the interpreter from the worker threads)
+    wait_for_update: bool = True
 
 
 @dataclass

@@ -201,6 +201,27 @@ def test_a_stopped_trainer_leaves_the_rounds_while_its_peer_trains_on() -> None:
     shadows[0].join(5)
 
 
+def test_a_background_round_waits_for_an_update_of_the_replica() -> None:
+    """shadow.wait_for_update: no round while the replica is unchanged, one round per update burst;
+    a stop, or the trainer out of data, ends the wait."""
+    updated, training = threading.Event(), threading.Event()
+    training.set()
+    shadow = ShadowThread(Easgd(0.5, CentralCopy(replicas(1)[0]), lambda: 1), replicas(1)[0], training.is_set,
+                          updated=updated).start()
+    time.sleep(0.15)
+    assert shadow.syncs == 0
+    for _ in range(3):
+        updated.set()  # (a worker thread applied a batch)
+        deadline = time.monotonic() + 5
+        while updated.is_set() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.05)
+    assert shadow.syncs == 3
+    training.clear()
+    shadow.join(5)
+    assert not shadow.thread.is_alive() and shadow.syncs == 4  # the last round, as its trainer stops
+
+
 def test_the_cap_on_syncs_per_second_holds() -> None:
     central = CentralCopy(replicas(1)[0])
     capped = ShadowThread(Easgd(0.5, central, lambda: 1), replicas(1)[0], lambda: True, max_per_second=20).start()

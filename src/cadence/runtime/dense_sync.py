@@ -43,12 +43,27 @@ Params = Sequence[Tensor]  # a replica's dense parameters (leaf tensors, updated
 
 
 def elastic(local: Tensor, target: Tensor, alpha: float) -> None:
-    """local <- (1 - alpha) local + alpha target, in place (on the live replica). alpha = 0 touches
-    nothing: a read-modify-write would lose a worker thread's update made meanwhile."""
+    """local <- (1 - alpha) local + alpha target, in place (on the live replica), in ONE kernel
+    (``lerp_``): worker threads read the replica meanwhile, and a multiply then an add would show
+    them, between the two, weights scaled by 1 - alpha. alpha = 0 touches nothing: a read-modify-
+    write would lose a worker thread's update made meanwhile."""
     if alpha == 0:
         return
     with torch.no_grad():
-        local.mul_(1.0 - alpha).add_(target, alpha=alpha)
+        local.lerp_(target, alpha)
+
+
+def one_buffer(params: Params) -> bool:
+    """Whether ``params`` can share one flat buffer (``HogwildReplica``: one dtype and device)."""
+    return bool(params) and len({(p.dtype, p.device) for p in params}) == 1
+
+
+def sync_layout(params: Params) -> list[Tensor]:
+    """A copy of ``params`` as a replica's sync sees them: one flat tensor where they share a buffer."""
+    with torch.no_grad():
+        if one_buffer(params):
+            return [torch.cat([p.detach().reshape(-1) for p in params])]
+        return [p.detach().clone() for p in params]
 
 
 def snapshot(params: Params) -> list[Tensor]:
@@ -283,6 +298,24 @@ class HogwildReplica:
                 state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param),
                              exp_avg_sq=torch.zeros_like(param))
         self.state = [optimizer.state[p] for p in self.params]
+        self.updated = threading.Event()  # set by every apply (a shadow thread waits for it)
+        self.flat = self._flatten()
+
+    def _flatten(self) -> list[Tensor]:
+        """Lay the parameters out in one flat buffer (each parameter becomes a view of it) and return
+        what a sync works on: [the buffer], so that a round is a few kernels whatever the number of
+        layers (a round of many small ops holds the interpreter against the worker threads). Left as
+        they are when they differ in dtype or device."""
+        params = self.params
+        if not one_buffer(params):
+            return list(params)
+        with torch.no_grad():
+            flat = torch.cat([p.detach().reshape(-1) for p in params])
+            offset = 0
+            for param in params:
+                param.data = flat[offset:offset + param.numel()].view_as(param)
+                offset += param.numel()
+        return [flat]
 
     def gradients(self, loss: Tensor, others: Sequence[Tensor] = ()) -> tuple[list[Tensor], list[Tensor]]:
         """(gradients of the replica's parameters, of ``others``: the batch's rows) of ``loss``."""
@@ -306,6 +339,7 @@ class HogwildReplica:
                 correction2 = (1 - beta2 ** step) ** 0.5
                 denom = (state["exp_avg_sq"].sqrt() / correction2).add_(self.eps)
                 param.addcdiv_(state["exp_avg"], denom, value=-self.lr / (1 - beta1 ** step))
+        self.updated.set()
 
 
 # ---- the shadow thread -------------------------------------------------------------------------
@@ -385,8 +419,11 @@ class ShadowThread:
 
     def __init__(self, sync: DenseSync, params: Params, training: Callable[[], bool], max_per_second: float = 0.0,
                  name: str = "cadence-shadow", gate: ForegroundGate | None = None,
-                 on_error: Callable[[BaseException], None] = lambda err: None):
+                 on_error: Callable[[BaseException], None] = lambda err: None,
+                 updated: threading.Event | None = None):
         self.sync, self.params, self.training, self.gate = sync, params, training, gate
+        # set by every update of the replica: a background round waits for one (shadow.wait_for_update)
+        self.updated = updated
         self.on_error = on_error  # (the trainer abandons its epoch: a replica no longer synced is no ShadowSync)
         self.min_interval = 1.0 / max_per_second if max_per_second > 0 else 0.0
         self.stopping = threading.Event()
@@ -406,6 +443,8 @@ class ShadowThread:
             while True:
                 if self.gate is not None:
                     self.gate.turn(self.stopping)
+                else:
+                    self._wait_for_update()
                 round_start = time.perf_counter()
                 training = self.training() and not self.stopping.is_set()
                 try:
@@ -430,6 +469,16 @@ class ShadowThread:
                 self.gate.release()  # no round will come: no worker may wait for one
             if self.sync.collective:
                 self.sync.leave()  # (after the last round every peer is out too: leaving changes nothing)
+
+    def _wait_for_update(self) -> None:
+        """Until the replica took an update since the last round (a round with nothing new only takes
+        the cores and the interpreter from the worker threads), its trainer stops training, or a stop."""
+        if self.updated is None:
+            return
+        while not self.updated.wait(0.05):
+            if self.stopping.is_set() or not self.training():
+                return
+        self.updated.clear()
 
     def stop(self) -> None:
         self.stopping.set()

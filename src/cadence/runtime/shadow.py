@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from cadence.runtime.aggregation import Gradient
 from cadence.runtime.dense_sync import (RULES, Averager, Bmuf, DenseSync, Easgd, ForegroundGate, HogwildReplica,
-                                        ModelAverage, ShadowThread, ThreadAverager)
+                                        ModelAverage, ShadowThread, ThreadAverager, sync_layout)
 from cadence.runtime.gates import NoGate
 from cadence.runtime.server import DataList
 from cadence.runtime.worker import Worker, _nbytes
@@ -91,7 +91,7 @@ def reset_central(config, mode, shards: list, dense: nn.Module) -> None:
     """EASGD: the central copy on shard 0 starts the epoch from the run's dense parameters."""
     params = [p.detach().cpu() for p in dense.parameters()]
     if mode.dense_sync == "easgd" and params:
-        shards[0].submit("central_reset", params).result()
+        shards[0].submit("central_reset", sync_layout(params)).result()  # (the replicas' flat layout)
 
 
 class TrainerGate(NoGate):
@@ -196,10 +196,11 @@ class ShadowTrainer:
         self.kill_after: int | None = None  # fault injection: batches it pushes before it dies
         self.shadow: ShadowThread | None = None
         if synced:
-            rule = make_rule(config, mode.dense_sync, self.replica.params, central, averager, training_count)
+            rule = make_rule(config, mode.dense_sync, self.replica.flat, central, averager, training_count)
             cap = 0.0 if mode.foreground else shadow.max_syncs_per_second
-            self.shadow = ShadowThread(rule, self.replica.params, self.gate.training, cap,
-                                       name=f"cadence-shadow-{index}", gate=foreground, on_error=on_error)
+            self.shadow = ShadowThread(rule, self.replica.flat, self.gate.training, cap,
+                                       name=f"cadence-shadow-{index}", gate=foreground, on_error=on_error,
+                                       updated=self.replica.updated if shadow.wait_for_update else None)
 
     @property
     def syncs(self) -> int:
