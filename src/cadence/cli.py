@@ -209,7 +209,8 @@ def _compare(args: argparse.Namespace) -> int:
 SECONDARY_METRICS = {"mrr": ["hits@10"], "auc": ["logloss", "ne"], "rmse": ["mae"],
                      "wordsim353": ["simlex999", "analogy"]}
 COUNTERS = ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes", "peak_cache_rows", "evicted_rows",
-            "global_steps", "gradients_dropped", "staleness_mean", "staleness_max")
+            "global_steps", "gradients_dropped", "staleness_mean", "staleness_max", "sync_gap", "syncs_per_second",
+            "examples_in_flight")
 
 
 def print_comparison(comparison: dict[str, Any]) -> None:
@@ -251,7 +252,10 @@ COMMANDS = {"data": _data, "train": _train, "compare": _compare, "eval": _eval, 
 def _print_summary(summary: dict[str, Any]) -> None:
     keys = ["task", "strategy", "runtime", "dataset", "model", "epochs", "train_seconds", "examples_per_second",
             "mrr", "hits@1", "hits@3", "hits@10", "auc", "logloss", "ne", "rmse", "mae", "wordsim353",
-            "simlex999", "analogy", "global_steps", "gradients_dropped", "staleness_mean", "staleness_max"]
+            "simlex999", "analogy", "global_steps", "gradients_dropped", "staleness_mean", "staleness_max",
+            "sync_gap", "syncs_per_second", "examples_in_flight"]
+    if "sync_gap" in summary:  # ShadowSync: every gradient applied on arrival, none stale by a step count
+        keys = [k for k in keys if k not in ("global_steps", "gradients_dropped", "staleness_mean", "staleness_max")]
     shown = [k for k in keys if k in summary]
     _print_table(shown, [[_format(summary[k]) for k in shown]])
 

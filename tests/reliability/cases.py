@@ -73,7 +73,7 @@ def last_checkpoint(run: Path) -> Path:
 # Ray) exits 130 with a short message and the run resumes to the end; the default suite runs one
 # strategy per task, the rest are slow.
 INTERRUPTED = [(task, runtime) for task in TASKS
-               for runtime in ("sync", "async", "oac", "hop_bw", "gba", "shadow-ma", "fr-easgd", "ray")]
+               for runtime in ("sync", "async", "oac", "hop_bw", "gba", "shadow-ma", "fr-easgd", "ray", "shadow-ray")]
 DEFAULT_INTERRUPTS = {("kge", "sync"), ("ctr", "oac"), ("mf", "hop_bw"), ("w2v", "gba"), ("ctr", "ray"),
                       ("kge", "async"), ("ctr", "shadow-ma"), ("kge", "fr-easgd")}
 

@@ -47,6 +47,7 @@ RUNTIMES = {  # strategy flags of each runtime a case can run under
     "bsp": ["--strategy", "bsp", "--workers", "2"],
     "shadow-ma": ["--strategy", "shadow-ma", "--workers", "2", "--set", "shadow.threads=2"],
     "fr-easgd": ["--strategy", "fr-easgd", "--workers", "2", "--set", "shadow.threads=2"],
+    "shadow-ray": ["--strategy", "shadow-ma", "--workers", "2", "--set", "shadow.threads=2", "--engine", "ray"],
     "ray": ["--strategy", "hop_bw", "--workers", "2", "--set", "ps.backup_workers=0", "--engine", "ray"],
 }
 

@@ -6,8 +6,10 @@ of hashed keys (``(field << 40) | value``): a parameter server adds a key's row 
 pulls it; the pipeline sizes its store once from every key in the data (``known_keys``). Either
 way a key's initial row is a hash of (seed, key), so both runtimes start from the same model.
 Dense module: the CTR model. Loss: binary cross-entropy; metrics: AUC (primary), logloss and NE
-(normalised entropy: logloss over the entropy of the background CTR, the mean label of every example
-the run trains on: the train split, or periods ``ctr.first_period..ctr.last_period``).
+(normalised entropy: logloss over the entropy of the background CTR, the mean label of the examples
+the run trains on: the train split, or periods ``ctr.first_period..ctr.last_period``; of at most
+``BASE_RATE_SAMPLE`` of them, evenly spaced, where there are more: a streamed data set is never
+materialised for it, and the mean is computed once, at the first evaluation).
 
 Splits: a random 80/10/10 split, or time-ordered periods for continual training (``ctr.split:
 periods``, GBA's protocol): the run trains ``train.epochs`` epochs on each period d from
@@ -68,9 +70,16 @@ class CtrTask(Task):
                                   f"trained period is evaluated on the next of {len(self.periods)}); got "
                                   f"{config.ctr.first_period}..{config.ctr.last_period}")
             self.splits = {}
-        trained = ([self.splits["train"]] if self.periods is None
-                   else self.periods[self.first_period: self.last_period + 1])
-        self.base_rate = _mean_label(trained)  # NE's background CTR
+        self._base_rate: float | None = None  # NE's background CTR (``base_rate``)
+
+    @property
+    def base_rate(self) -> float:
+        """NE's background CTR: the mean label of the trained examples (module docstring)."""
+        if self._base_rate is None:
+            trained = ([self.splits["train"]] if self.periods is None
+                       else self.periods[self.first_period: self.last_period + 1])
+            self._base_rate = _mean_label(trained)
+        return self._base_rate
 
     @property
     def dataset_name(self) -> str:
@@ -189,10 +198,20 @@ class CtrTask(Task):
         return [*written, out / "fields.tsv", out / "dense.safetensors"]
 
 
+BASE_RATE_SAMPLE = 1_000_000  # examples read for NE's background CTR, at most
+
+
 def _mean_label(parts: list[CtrExamples]) -> float:
-    """The background CTR of ``parts`` (their examples' mean label); nan without examples."""
+    """The background CTR of ``parts`` (their examples' mean label; past ``BASE_RATE_SAMPLE``
+    examples, of that many evenly spaced over the parts); nan without examples."""
     count = sum(len(part) for part in parts)
-    return sum(float(part.labels.double().sum()) for part in parts) / count if count else math.nan
+    total, seen = 0.0, 0
+    for part in parts:
+        size = len(part)
+        share = size if count <= BASE_RATE_SAMPLE else max(1, round(BASE_RATE_SAMPLE * size / count))
+        labels = part.labels if share >= size else part.subset(torch.linspace(0, size - 1, share).long()).labels
+        total, seen = total + float(labels.double().sum()), seen + len(labels)
+    return total / seen if seen else math.nan
 
 
 def examples_batch(plan: BatchPlan, examples: CtrExamples) -> Batch:
