@@ -239,18 +239,16 @@ class ShadowTrainer:
         if self.shadow is not None:
             self.shadow.on_error = lambda err: abandon_epoch(f"trainer {self.index}'s shadow thread failed: {err!r}")
             self.shadow.start()
+        stopped = True  # unless the threads all finished: an error, or Ctrl-C while joining
         try:
             with intra_op_share(len(self.workers)):
                 errors = run_guarded(self.workers, run_worker, abandon_epoch)
-        except BaseException:  # interrupted while joining: no more rounds
-            self.stop()
+            stopped = bool(errors)
+        finally:
+            if stopped:  # no more rounds
+                self.stop()
             if self.shadow is not None:
                 self.shadow.thread.join()
-            raise
-        if errors:
-            self.stop()
-        if self.shadow is not None:
-            self.shadow.thread.join()
         if errors:
             index, err = errors[0]
             raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
