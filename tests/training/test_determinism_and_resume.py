@@ -49,7 +49,10 @@ TRAIN_ARGS = ["--dataset", "synthetic", "--model", "distmult", "--dim", "32", "-
 
 def kill_after_checkpoint(args: list[str], out: Path, epoch: int, sign: int = signal.SIGKILL) -> None:
     """Start ``cadence train`` and send it ``sign`` as soon as its checkpoint of ``epoch`` exists."""
-    process = subprocess.Popen(cli("train", *args, "--out", str(out)))
+    # as at a terminal: a test run started in the background (&, nohup) ignores SIGINT, a child
+    # inherits that, and Python would never raise KeyboardInterrupt in it
+    process = subprocess.Popen(cli("train", *args, "--out", str(out)),
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while not (out / "checkpoints" / ckpt.epoch_name(epoch)).exists():
         assert process.poll() is None, "the run ended before it could be killed"
