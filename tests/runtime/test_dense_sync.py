@@ -14,6 +14,13 @@ from cadence.runtime.dense_sync import (Bmuf, CentralCopy, Easgd, ForegroundGate
                                         ThreadAverager, elastic)
 
 
+def wait_until(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
 def replicas(n: int, seed: int = 0) -> list[list[torch.Tensor]]:
     generator = torch.Generator().manual_seed(seed)
     return [[torch.randn(3, 2, generator=generator), torch.randn(4, generator=generator)] for _ in range(n)]
@@ -195,8 +202,8 @@ def test_a_stopped_trainer_leaves_the_rounds_while_its_peer_trains_on() -> None:
     shadows[1].join(5)
     assert not shadows[1].thread.is_alive()
     before = shadows[0].syncs
-    time.sleep(0.05)
-    assert shadows[0].thread.is_alive() and shadows[0].syncs > before  # alone now, not waiting for trainer 1
+    wait_until(lambda: shadows[0].syncs > before + 2)  # alone now, not waiting for trainer 1
+    assert shadows[0].thread.is_alive()
     shadows[0].stop()
     shadows[0].join(5)
 
@@ -210,13 +217,11 @@ def test_a_background_round_waits_for_an_update_of_the_replica() -> None:
                           updated=updated).start()
     time.sleep(0.15)
     assert shadow.syncs == 0
-    for _ in range(3):
+    for done in range(1, 4):
         updated.set()  # (a worker thread applied a batch)
-        deadline = time.monotonic() + 5
-        while updated.is_set() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(0.05)
-    assert shadow.syncs == 3
+        wait_until(lambda: shadow.syncs >= done)
+    time.sleep(0.15)
+    assert shadow.syncs == 3  # nothing new: no more rounds
     training.clear()
     shadow.join(5)
     assert not shadow.thread.is_alive() and shadow.syncs == 4  # the last round, as its trainer stops
