@@ -29,6 +29,7 @@ leaves the averager, and the rounds go on without it).
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -38,6 +39,8 @@ import torch
 from torch import Tensor
 
 from cadence.registry import Registry
+
+log = logging.getLogger(__name__)
 
 Params = Sequence[Tensor]  # a replica's dense parameters (leaf tensors, updated in place)
 
@@ -430,7 +433,6 @@ class ShadowThread:
         self.syncs = 0
         self.seconds = 0.0
         self.error: BaseException | None = None
-        self.peer_lost: str | None = None  # why the rounds ended early (a peer died), if they did
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def start(self) -> "ShadowThread":
@@ -459,7 +461,7 @@ class ShadowThread:
                 if wait > 0:
                     self.stopping.wait(wait)
         except PeerLost as err:  # a peer's process died: this replica trains on, unsynced
-            self.peer_lost = str(err)
+            log.warning("%s: %s; this trainer trains on unsynced to the end of the epoch", self.thread.name, err)
         except BaseException as err:  # reported by join(): the trainer fails with it
             self.error = err
             self.on_error(err)

@@ -323,9 +323,10 @@ class Coordinator(_Actor):
         self.reducer = DenseReducer(live) if dense_here(self.config) and not self.mode.replicas else None
         self.gate = self.mode.gate(self.config.ps, self.shards)
         self.held = {}
-        for index in dead if not self.mode.replicas else ():
-            self.gate.leave(index)
-            self.data.abandon(index)
+        if not self.mode.replicas:  # (ShadowSync's list already left the dead trainers' threads out)
+            for index in dead:
+                self.gate.leave(index)
+                self.data.abandon(index)
         if self.gate.stateless:  # (NoGate, StepBarrier) each worker builds it on its own shard handles
             return None
         return tuple(m for m in GATE_METHODS if getattr(type(self.gate), m) is not getattr(NoGate, m))
@@ -503,8 +504,13 @@ class TaskWorker(_Actor):
         self.model.load_state_dict(model_state)
         central = ShardCentralCopy(_own_copy(self.router.shards[0])) if self.mode.dense_sync == "easgd" else None
         averager = _join_gloo(*rendezvous) if rendezvous is not None else None
+        def abandon_epoch(reason: str) -> None:
+            _get(self.coordinator.stop.remote(reason))
+
         trainer = ShadowTrainer(self.index, self.config, self.mode, self.model, optimizer_state, central, averager,
-                                lambda: int(trainer.gate.training()), self.device)
+                                lambda: int(trainer.gate.training()), self.device,
+                                on_error=lambda err: abandon_epoch(f"trainer {self.index}'s shadow thread failed: "
+                                                                   f"{err!r}"))
 
         def router_of(thread: int) -> ShardRouter:
             shards = [_own_copy(shard) for shard in self.router.shards]
@@ -524,7 +530,7 @@ class TaskWorker(_Actor):
 
         trainer.add_threads(self.config, router_of, self.task, plan, self.device)
         try:
-            trainer.run(run_worker, lambda reason: _get(self.coordinator.stop.remote(reason)))
+            trainer.run(run_worker, abandon_epoch)
         finally:
             if averager is not None:
                 _leave_gloo()

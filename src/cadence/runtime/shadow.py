@@ -236,8 +236,7 @@ class ShadowTrainer:
         thread; an error or Ctrl-C stops the shadow thread and is raised here."""
         from cadence.runtime.engines import WorkerFailed, run_guarded
 
-        if self.shadow is not None:
-            self.shadow.on_error = lambda err: abandon_epoch(f"trainer {self.index}'s shadow thread failed: {err!r}")
+        if self.shadow is not None:  # (its errors abandon the epoch: the ``on_error`` it was built with)
             self.shadow.start()
         stopped = True  # unless the threads all finished: an error, or Ctrl-C while joining
         try:
