@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cadence.data import corpus as corpora
+from cadence.data import fetch as fetching
 from cadence.data.corpus import (CORPORA, CorpusEntry, DebianPackage, build_corpus, keep_probabilities,
                                  letter_tokens, load_corpus, noise_distribution, strip_wiki_markup)
 from cadence.errors import ConfigError, DataError, FetchError
@@ -138,7 +139,7 @@ def test_a_placed_debian_package_is_checked_and_unpacked_without_apt(tmp_path: P
     downloads = tmp_path / "downloads"
     downloads.mkdir()
     (downloads / package.filename).write_bytes(deb)
-    monkeypatch.setattr(corpora.subprocess, "run", lambda *a, **k: pytest.fail("apt-get must not run"))
+    monkeypatch.setattr(fetching.subprocess, "run", lambda *a, **k: pytest.fail("apt-get must not run"))
     assert corpora.debian_member(package) == b"hello dictionary"
 
 
@@ -148,7 +149,7 @@ def test_without_apt_the_error_says_where_to_put_the_package(tmp_path: Path, mon
     def no_apt(*args, **kwargs):
         raise FileNotFoundError(2, "No such file or directory", "apt-get")
 
-    monkeypatch.setattr(corpora.subprocess, "run", no_apt)
+    monkeypatch.setattr(fetching.subprocess, "run", no_apt)
     (tmp_path / "downloads").mkdir()
     (tmp_path / "downloads" / "dict-gcide_0.48.5+nmu2_all.deb").write_bytes(b"not the package")
     with pytest.raises(FetchError) as caught:

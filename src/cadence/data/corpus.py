@@ -37,13 +37,9 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import hashlib
 import html
 import io
 import re
-import subprocess
-import tarfile
-import tempfile
 from array import array
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -55,6 +51,7 @@ import torch
 from torch import Tensor
 
 from cadence.data import fetch as fetching
+from cadence.data.fetch import DebianPackage, debian_member  # noqa: F401  (re-exported)
 from cadence.data.text import numbered_lines
 from cadence.errors import ConfigError, DataError, FetchError
 from cadence.registry import Registry
@@ -198,18 +195,6 @@ def load_corpus(name_or_path: str, min_count: int, max_vocab: int = 0) -> Corpus
 
 # --- gcide: a Debian package, unpacked in Python ---------------------------------------------------
 
-@dataclass(frozen=True)
-class DebianPackage:
-    name: str
-    version: str
-    sha256: str
-    member: str  # the file wanted from data.tar.*
-
-    @property
-    def filename(self) -> str:
-        return f"{self.name}_{self.version}_all.deb"
-
-
 DICT_GCIDE = DebianPackage("dict-gcide", "0.48.5+nmu2",
                            "7b0af5cfde3cbdef5e9d6e78f92ec335ced7c2790f37a40f49bebc6f7347ac0f",
                            "usr/share/dictd/gcide.dict.dz")
@@ -220,69 +205,6 @@ def gcide_sentences() -> Iterator[list[str]]:
     text = gzip.decompress(debian_member(DICT_GCIDE)).decode("utf-8", errors="replace")
     for paragraph in re.split(r"\n[ \t\r]*\n", text):
         yield letter_tokens(paragraph)
-
-
-def debian_member(package: DebianPackage) -> bytes:
-    """The bytes of ``package.member``, from the checked ``.deb`` (downloaded if not cached)."""
-    deb = _debian_package(package)
-    members = dict(_ar_members(deb.read_bytes(), deb))
-    data = next((body for name, body in members.items() if name.startswith("data.tar")), None)
-    if data is None:
-        raise FetchError(f"{deb}: no data.tar.* member in this Debian package")
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
-        for info in archive:
-            if info.name.removeprefix("./") == package.member:
-                return archive.extractfile(info).read()
-    raise FetchError(f"{deb}: the package has no file {package.member}")
-
-
-def _debian_package(package: DebianPackage) -> Path:
-    downloads = fetching.cadence_home() / "downloads"
-    downloads.mkdir(parents=True, exist_ok=True)
-    placed = sorted(downloads.glob(f"{package.name}_*.deb"))
-    for existing in placed:
-        if _sha256(existing) == package.sha256:
-            return existing
-    with tempfile.TemporaryDirectory(dir=downloads) as scratch:
-        requirement = f"{package.name}={package.version}"
-        try:
-            done = subprocess.run(["apt-get", "download", "-q", requirement], cwd=scratch,
-                                  capture_output=True, text=True)
-            failure = None if done.returncode == 0 else (done.stderr or done.stdout).strip().splitlines()[-1:]
-        except OSError as err:
-            failure = [f"apt-get is not available ({err.strerror})"]
-        debs = list(Path(scratch).glob(f"{package.name}_*.deb"))
-        if failure is not None or not debs:
-            mismatched = f"; {', '.join(p.name for p in placed)} there do(es) not match it" if placed else ""
-            raise FetchError(
-                f"could not download the Debian package {requirement} with `apt-get download` "
-                f"({' '.join(failure or ['no .deb written'])}). Download {package.filename} from any Debian "
-                f"mirror (pool/main/{package.name[0]}/{package.name}/) and place it at {downloads / package.filename}; "
-                f"it must have sha256 {package.sha256}{mismatched}")
-        digest = _sha256(debs[0])
-        if digest != package.sha256:
-            raise FetchError(f"{debs[0].name}: sha256 {digest} does not match the pinned {package.sha256}")
-        final = downloads / package.filename
-        debs[0].replace(final)
-    return final
-
-
-def _ar_members(data: bytes, path: Path) -> Iterator[tuple[str, bytes]]:
-    """(name, body) of each member of an ``ar`` archive (a ``.deb``): a magic line, then per member
-    a 60-byte header (name 0:16, decimal size 48:58) and the body, padded to an even offset."""
-    if not data.startswith(b"!<arch>\n"):
-        raise FetchError(f"{path}: not a Debian package (no ar archive header)")
-    offset = 8
-    while offset + 60 <= len(data):
-        header = data[offset:offset + 60]
-        name, size = header[:16].decode("ascii").strip().rstrip("/"), int(header[48:58])
-        yield name, data[offset + 60:offset + 60 + size]
-        offset += 60 + size + (size & 1)
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 # --- enwiki-excerpt and the word-vector benchmarks: the gensim wheel's test data -------------------

@@ -10,15 +10,17 @@ interrupted fetch leaves nothing half-written.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from cadence.errors import DataError, FetchError
 
@@ -141,3 +143,86 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+# --- Debian packages (apt-get download, unpacked in Python, never installed) -----------------------
+
+@dataclass(frozen=True)
+class DebianPackage:
+    name: str
+    version: str
+    sha256: str
+    member: str = ""  # the one file wanted from data.tar.* (``debian_member``), if any
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}_{self.version}_all.deb"
+
+
+def debian_member(package: DebianPackage) -> bytes:
+    """The bytes of ``package.member``, from the checked ``.deb`` (downloaded if not cached)."""
+    return debian_members(package, [package.member])[package.member]
+
+
+def debian_members(package: DebianPackage, wanted: list[str]) -> dict[str, bytes]:
+    """{path: bytes} of the files ``wanted`` (paths in the package, no leading ``./``), read from
+    the checked ``.deb`` (an ``ar`` archive whose ``data.tar.*`` holds the files) in one pass."""
+    deb = _debian_package(package)
+    members = dict(_ar_members(deb.read_bytes(), deb))
+    data = next((body for name, body in members.items() if name.startswith("data.tar")), None)
+    if data is None:
+        raise FetchError(f"{deb}: no data.tar.* member in this Debian package")
+    found: dict[str, bytes] = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
+        for info in archive:
+            name = info.name.removeprefix("./")
+            if name in wanted:
+                found[name] = archive.extractfile(info).read()
+    missing = [name for name in wanted if name not in found]
+    if missing:
+        raise FetchError(f"{deb}: the package has no file {missing[0]}")
+    return found
+
+
+def _debian_package(package: DebianPackage) -> Path:
+    downloads = cadence_home() / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    placed = sorted(downloads.glob(f"{package.name}_*.deb"))
+    for existing in placed:
+        if _sha256(existing) == package.sha256:
+            return existing
+    with tempfile.TemporaryDirectory(dir=downloads) as scratch:
+        requirement = f"{package.name}={package.version}"
+        try:
+            done = subprocess.run(["apt-get", "download", "-q", requirement], cwd=scratch,
+                                  capture_output=True, text=True)
+            failure = None if done.returncode == 0 else (done.stderr or done.stdout).strip().splitlines()[-1:]
+        except OSError as err:
+            failure = [f"apt-get is not available ({err.strerror})"]
+        debs = list(Path(scratch).glob(f"{package.name}_*.deb"))
+        if failure is not None or not debs:
+            mismatched = f"; {', '.join(p.name for p in placed)} there do(es) not match it" if placed else ""
+            raise FetchError(
+                f"could not download the Debian package {requirement} with `apt-get download` "
+                f"({' '.join(failure or ['no .deb written'])}). Download {package.filename} from any Debian "
+                f"mirror (pool/main/{package.name[0]}/{package.name}/) and place it at {downloads / package.filename}; "
+                f"it must have sha256 {package.sha256}{mismatched}")
+        digest = _sha256(debs[0])
+        if digest != package.sha256:
+            raise FetchError(f"{debs[0].name}: sha256 {digest} does not match the pinned {package.sha256}")
+        final = downloads / package.filename
+        debs[0].replace(final)
+    return final
+
+
+def _ar_members(data: bytes, path: Path) -> Iterator[tuple[str, bytes]]:
+    """(name, body) of each member of an ``ar`` archive (a ``.deb``): a magic line, then per member
+    a 60-byte header (name 0:16, decimal size 48:58) and the body, padded to an even offset."""
+    if not data.startswith(b"!<arch>\n"):
+        raise FetchError(f"{path}: not a Debian package (no ar archive header)")
+    offset = 8
+    while offset + 60 <= len(data):
+        header = data[offset:offset + 60]
+        name, size = header[:16].decode("ascii").strip().rstrip("/"), int(header[48:58])
+        yield name, data[offset + 60:offset + 60 + size]
+        offset += 60 + size + (size & 1)
