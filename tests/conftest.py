@@ -94,6 +94,26 @@ def write_corpus(path: Path, sentences: int, seed: int) -> Path:
     return path
 
 
+def write_images(directory: Path, train: int, test: int, seed: int, side: int = 12, classes: int = 3) -> Path:
+    """Tiny IDX image files (``{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``): noise plus a
+    bright band whose position is the class."""
+    import numpy as np
+
+    from cadence.data.images import write_idx
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    band = side // classes
+    for split, count in (("train", train), ("t10k", test)):
+        labels = rng.integers(0, classes, count)
+        images = (rng.random((count, side, side)) * 100).astype(np.uint8)
+        for label in range(classes):
+            images[labels == label, label * band:(label + 1) * band, :] += 120
+        write_idx(directory / f"{split}-images-idx3-ubyte.gz", images)
+        write_idx(directory / f"{split}-labels-idx1-ubyte", labels)
+    return directory
+
+
 @pytest.fixture
 def task_data(tmp_path: Path, tiny_graph: Path) -> dict[str, list[str]]:
     """Config overrides that train each task on tiny data in a few seconds."""
@@ -105,4 +125,6 @@ def task_data(tmp_path: Path, tiny_graph: Path) -> dict[str, list[str]]:
                "model.init_std=0.1"],
         "w2v": ["task=w2v", f"data.dataset={write_corpus(tmp_path / 'corpus.txt', 60, 5)}", "w2v.min_count=1",
                 "w2v.sample=0.01", "optimizer.entity=sgd", "optimizer.lr=0.05", "model.init_std=0.03"],
+        "image": ["task=image", f"data.dataset={write_images(tmp_path / 'images', 240, 60, 5)}", "image.valid_size=40",
+                  "image.hidden=[32]", "optimizer.dense=sgd", "optimizer.momentum=0.9", "optimizer.lr=0.05"],
     }

@@ -31,8 +31,12 @@ STRATEGY_SETTINGS: dict[str, tuple[list[str], list[str]]] = {
                           ["ps.workers=1", "shadow.threads=1", "shadow.alpha=0"])
        for kind in ("shadow", "fr") for rule in ("easgd", "ma", "bmuf")},
     "hogwild": (["ps.workers=2", "shadow.threads=2"], ["ps.workers=1", "shadow.threads=1"]),
+    # pdASGD: K backward threads; one backward thread with a barrier after each batch is sync
+    **{name: (["pdasgd.backward_threads=2"], ["pdasgd.backward_threads=1", "pdasgd.barrier=true"])
+       for name in ("pdasgd", "pdasgd-bu")},
 }
-TASK_NAMES = ("kge", "ctr", "mf", "w2v")
+PIPELINE_STRATEGIES = ("sync", "async", "oac", "pdasgd", "pdasgd-bu")
+TASK_NAMES = ("kge", "ctr", "mf", "w2v", "image")
 
 
 def test_every_registered_task_has_a_row() -> None:
@@ -74,7 +78,7 @@ def check_trains(task_data, tmp_path: Path, task: str, strategy: str, *overrides
     summary = result.summary
     metric = summary["primary_metric"]
     assert summary["task"] == task and summary["strategy"] == strategy
-    assert summary["runtime"] == ("pipeline" if strategy in ("sync", "async", "oac") else "parameter_server")
+    assert summary["runtime"] == ("pipeline" if strategy in PIPELINE_STRATEGIES else "parameter_server")
     assert math.isfinite(summary[metric]) and math.isfinite(summary[f"best_valid_{metric}"])
     assert summary["examples_per_second"] > 0
     assert [r["epoch"] for r in result.metrics if r["split"] == "valid"] == [1, 2]

@@ -39,8 +39,9 @@ from cadence.training.trainer import Trainer, TrainerHook
 log = logging.getLogger("cadence")
 
 RESUMABLE_KEYS = {"train.epochs", "progress", "threads", "device"}
-DEFAULT_MODELS = {"kge": "complex", "ctr": "deepfm", "mf": "biased", "w2v": "skipgram"}
-DEFAULT_ENTITY_OPTIMIZERS = {"kge": "rowwise_adagrad", "ctr": "rowwise_adagrad", "mf": "adagrad", "w2v": "sgd"}
+DEFAULT_MODELS = {"kge": "complex", "ctr": "deepfm", "mf": "biased", "w2v": "skipgram", "image": "mlp"}
+DEFAULT_ENTITY_OPTIMIZERS = {"kge": "rowwise_adagrad", "ctr": "rowwise_adagrad", "mf": "adagrad", "w2v": "sgd",
+                             "image": "sgd"}  # (image: no rows; sgd keeps no per-row state)
 # keys that only the pipeline runtime reads (a parameter-server run must not set them), and keys that
 # shape the parameter-server runtime itself (a pipeline run must not set them; a mode's own keys,
 # such as ps.tolerance, are ignored by the other modes on either runtime, as by design)

@@ -72,9 +72,16 @@ class OptimizerConfig:
     # embedding rows, state kept in the store. None: the task's default (rowwise_adagrad for kge and ctr,
     # adagrad for mf, sgd for w2v: word2vec's update, which its learning-rate decay assumes)
     entity: Literal["rowwise_adagrad", "adagrad", "sgd"] | None = None
-    dense: Literal["adagrad", "adam"] = "adagrad"  # relation parameters
+    dense: Literal["adagrad", "adam", "sgd"] = "adagrad"  # the dense module's parameters
     dense_lr: float | None = None  # defaults to lr
     eps: float = 1e-10
+    momentum: float = 0.0  # dense sgd: heavy-ball momentum (pdASGD's protocol: 0.9)
+    nesterov: bool = False  # dense sgd: Nesterov momentum
+    weight_decay: float = 0.0  # dense parameters: L2 added to the gradient, as torch.optim does
+    # the dense rate per epoch: constant, or cosine annealing to 0 after the warm-up (cadence.optim.dense_lr)
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_epochs: int = 0  # the first epochs at warmup_lr (pdASGD: 5 at 0.005)
+    warmup_lr: float | None = None  # null: the base rate
 
 
 @dataclass
@@ -145,6 +152,20 @@ class ShadowConfig:
 
 
 @dataclass
+class PdasgdConfig:
+    """pdASGD (SPEC section 4): one forward thread hands each batch's graph to one of
+    ``backward_threads`` backward threads and starts the next batch."""
+
+    backward_threads: int = 2  # K (the seed: 2, since a backward pass costs about two forwards)
+    # torch intra-op threads of each pdASGD thread (forward and backward): 1 keeps K + 1 threads
+    # from oversubscribing the cores with OpenMP teams of their own; 0: torch's default
+    intra_op_threads: int = 1
+    # each batch's backward and updates finish before the next forward starts: the sequential twin
+    # (with one backward thread, bit for bit ``sync``); for tests and ablations
+    barrier: bool = False
+
+
+@dataclass
 class SyntheticCtrConfig:
     """Sizes of the seeded CTR data sets ``synthetic-ctr`` (generated in memory) and
     ``synthetic-ctr-stream`` (each example generated on demand from its index: for scale)."""
@@ -204,6 +225,17 @@ class W2vConfig:
 
 
 @dataclass
+class ImageConfig:
+    """Image classification (task: image): Fashion-MNIST (or any IDX data set), an MLP or a CNN."""
+
+    valid_size: int = 5000  # the last training images held out for validation (and early stopping)
+    hidden: list[int] = field(default_factory=lambda: [256, 128])  # mlp: hidden widths
+    channels: list[int] = field(default_factory=lambda: [32, 64])  # cnn: 3x3 conv + 2x2 max-pool blocks
+    fc: int = 128  # cnn: width of the fully connected layer after the convolutions
+    dropout: float = 0.0  # before each hidden fully connected layer's output
+
+
+@dataclass
 class EvalConfig:
     every: int = 1  # validate every N epochs; 0 = never
     batch_size: int = 256
@@ -221,8 +253,8 @@ class CheckpointConfig:
 @dataclass
 class Config:
     seed: int = 0
-    # knowledge-graph embeddings, click-through rate, matrix factorisation, word2vec
-    task: Literal["kge", "ctr", "mf", "w2v"] = "kge"
+    # knowledge-graph embeddings, click-through rate, matrix factorisation, word2vec, image classification
+    task: Literal["kge", "ctr", "mf", "w2v", "image"] = "kge"
     strategy: str = "sync"
     out: str | None = None  # run directory
     threads: int = 0  # torch intra-op threads; 0 = torch's default
@@ -239,9 +271,11 @@ class Config:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     ps: ParameterServerConfig = field(default_factory=ParameterServerConfig)
     shadow: ShadowConfig = field(default_factory=ShadowConfig)
+    pdasgd: PdasgdConfig = field(default_factory=PdasgdConfig)
     ctr: CtrModelConfig = field(default_factory=CtrModelConfig)
     mf: MfConfig = field(default_factory=MfConfig)
     w2v: W2vConfig = field(default_factory=W2vConfig)
+    image: ImageConfig = field(default_factory=ImageConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
@@ -260,13 +294,14 @@ _POSITIVE = {
     "mf.synthetic.users", "mf.synthetic.items", "mf.synthetic.ratings", "w2v.window", "w2v.min_count",
     "ctr.synthetic.num_examples", "ctr.synthetic.num_fields", "ctr.synthetic.vocab_per_field",
     "ctr.synthetic.holdout", "ctr.num_periods", "w2v.negatives", "shadow.threads", "shadow.every",
-    "shadow.block_lr",
+    "shadow.block_lr", "pdasgd.backward_threads", "image.fc",
 }
 _NON_NEGATIVE = {"ps.emulated_latency", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "ctr.first_period",
                  "model.init_std",
                  "w2v.sample", "w2v.max_vocab", "w2v.min_lr", "ctr.synthetic.dim", "ctr.synthetic.zipf_exponent",
-                 "shadow.max_syncs_per_second"}
+                 "shadow.max_syncs_per_second", "optimizer.weight_decay", "optimizer.warmup_epochs",
+                 "image.valid_size", "pdasgd.intra_op_threads"}
 
 
 # paths and names: an empty one would silently mean the current directory (or nothing)
@@ -533,6 +568,19 @@ def _check_ranges(config: Config, where: dict[str, str]) -> None:
     if not 0 <= config.shadow.block_momentum < 1:
         raise ConfigError(f"{_locate('shadow.block_momentum', where)}shadow.block_momentum must be in [0, 1), "
                           f"got {config.shadow.block_momentum}")
+    for key in ("ctr.dropout", "image.dropout"):
+        if not 0 <= flat[key] < 1:
+            raise ConfigError(f"{_locate(key, where)}{key} must be in [0, 1), got {flat[key]}")
+    for key in ("image.hidden", "image.channels", "ctr.hidden"):
+        if any(width <= 0 for width in flat[key]):
+            raise ConfigError(f"{_locate(key, where)}{key} must hold positive widths, got {flat[key]}")
+    if not 0 <= config.optimizer.momentum < 1:
+        raise ConfigError(f"{_locate('optimizer.momentum', where)}optimizer.momentum must be in [0, 1), "
+                          f"got {config.optimizer.momentum}")
+    if config.optimizer.nesterov and config.optimizer.momentum == 0:
+        raise ConfigError(f"{_locate('optimizer.nesterov', where)}optimizer.nesterov needs optimizer.momentum > 0")
+    if config.optimizer.warmup_lr is not None and config.optimizer.warmup_lr <= 0:
+        raise ConfigError(f"{_locate('optimizer.warmup_lr', where)}optimizer.warmup_lr must be positive")
     if config.optimizer.dense_lr is not None and config.optimizer.dense_lr <= 0:
         raise ConfigError(f"{_locate('optimizer.dense_lr', where)}optimizer.dense_lr must be positive")
 

@@ -8,6 +8,7 @@ An update reads and writes only the batch's rows; rows absent from a batch are u
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 import torch
@@ -69,6 +70,93 @@ class Sgd(EntityOptimizer):
 
 def dense_optimizer(config: OptimizerConfig, parameters: list[nn.Parameter]) -> torch.optim.Optimizer:
     lr = config.dense_lr if config.dense_lr is not None else config.lr
+    decay = config.weight_decay
     if config.dense == "adam":
-        return torch.optim.Adam(parameters, lr=lr)
-    return torch.optim.Adagrad(parameters, lr=lr, eps=config.eps)
+        return torch.optim.Adam(parameters, lr=lr, weight_decay=decay)
+    if config.dense == "sgd":
+        return torch.optim.SGD(parameters, lr=lr, momentum=config.momentum, weight_decay=decay,
+                               nesterov=config.nesterov)
+    return torch.optim.Adagrad(parameters, lr=lr, eps=config.eps, weight_decay=decay)
+
+
+def dense_lr(config: OptimizerConfig, epochs: int, epoch: int) -> float:
+    """The dense learning rate of ``epoch`` (0-based) in a run of ``epochs`` epochs.
+
+    ``schedule: constant``: the base rate (``dense_lr``, else ``lr``) throughout. ``cosine``: the
+    first ``warmup_epochs`` at ``warmup_lr`` (pdASGD's protocol: 5 epochs at 0.005), then the base
+    rate annealed along half a cosine to 0 over the remaining epochs, once per epoch (as
+    ``torch.optim.lr_scheduler.CosineAnnealingLR`` stepped per epoch with ``T_max`` = those epochs).
+    A function of the epoch alone, so every runtime and every replica sets the same rate."""
+    base = config.dense_lr if config.dense_lr is not None else config.lr
+    warmup = config.warmup_epochs
+    if epoch < warmup:
+        return config.warmup_lr if config.warmup_lr is not None else base
+    if config.schedule == "constant":
+        return base
+    span = max(1, epochs - warmup)
+    return base * 0.5 * (1.0 + math.cos(math.pi * min(epoch - warmup, span) / span))
+
+
+def set_lr(optimizer: torch.optim.Optimizer | None, lr: float) -> None:
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+
+class InPlaceDense:
+    """The dense optimizer's rule applied to one parameter at a time, in place, with no lock: what a
+    Hogwild thread (ShadowSync's trainers) or a pdASGD backward thread does with its own gradients,
+    never through the shared ``.grad`` fields (other threads' gradients live there).
+
+    Updates go through ``.data``: a graph in flight elsewhere that saved the parameter sees the new
+    values and is not failed by autograd's version check (the bargain of Hogwild and pdASGD). The
+    state lives in ``optimizer`` (a ``torch.optim`` object, never stepped), so checkpoints store it
+    as any dense optimizer's; the rate is read from its first group at each step (the schedule sets
+    it). One thread stepping every parameter once per batch computes exactly ``optimizer.step()``
+    (Adagrad, Adam, SGD with momentum, weight decay, Nesterov; tested bit for bit)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: list[Tensor]):
+        self.optimizer, self.params = optimizer, params
+        self.group = optimizer.param_groups[0]
+        self.kind = ("adam" if isinstance(optimizer, torch.optim.Adam)
+                     else "sgd" if isinstance(optimizer, torch.optim.SGD) else "adagrad")
+        for param in params:  # (Adam and SGD make their state at their first step; we never call step)
+            state = optimizer.state[param]
+            if self.kind == "adam" and not state:
+                state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param),
+                             exp_avg_sq=torch.zeros_like(param))
+        self.state = [optimizer.state[p] for p in params]
+
+    def step(self, grads: list[Tensor]) -> None:
+        for index, grad in enumerate(grads):
+            self.step_one(index, grad)
+
+    @torch.no_grad()
+    def step_one(self, index: int, grad: Tensor) -> None:
+        """Update parameter ``index`` from ``grad``, as ``torch.optim`` (single-tensor) computes it."""
+        group, state, param = self.group, self.state[index], self.params[index].data
+        lr, decay = group["lr"], group["weight_decay"]
+        if decay:
+            grad = grad.add(param, alpha=decay)
+        if self.kind == "sgd":
+            momentum = group["momentum"]
+            if momentum:
+                buffer = state.get("momentum_buffer")
+                if buffer is None:
+                    buffer = state["momentum_buffer"] = torch.clone(grad).detach()
+                else:
+                    buffer.mul_(momentum).add_(grad, alpha=1 - group["dampening"])
+                grad = grad.add(buffer, alpha=momentum) if group["nesterov"] else buffer
+            param.add_(grad, alpha=-lr)
+            return
+        state["step"] += 1
+        if self.kind == "adagrad":
+            state["sum"].addcmul_(grad, grad, value=1)
+            param.addcdiv_(grad, state["sum"].sqrt().add_(group["eps"]), value=-lr)
+            return
+        step, (beta1, beta2) = float(state["step"]), group["betas"]
+        state["exp_avg"].lerp_(grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        correction2 = (1 - beta2 ** step) ** 0.5
+        denom = (state["exp_avg_sq"].sqrt() / correction2).add_(group["eps"])
+        param.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** step))

@@ -10,6 +10,7 @@ def dataset_registries() -> dict[str, Registry]:
     from cadence.data.corpus import CORPORA
     from cadence.data.ctr import CTR_DATASETS
     from cadence.data.datasets import DATASETS
+    from cadence.data.images import IMAGE_DATASETS
     from cadence.data.ratings import RATING_DATASETS
 
-    return {"kge": DATASETS, "ctr": CTR_DATASETS, "mf": RATING_DATASETS, "w2v": CORPORA}
+    return {"kge": DATASETS, "ctr": CTR_DATASETS, "mf": RATING_DATASETS, "w2v": CORPORA, "image": IMAGE_DATASETS}

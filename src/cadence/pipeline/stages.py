@@ -87,8 +87,9 @@ class ComputeStage:
         if self.dense_optimizer is not None:
             self.dense_optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        with torch.no_grad():
-            self.entity_optimizer.step(rows, batch.rows.state, rows.grad)
+        with torch.no_grad():  # (a loss that uses no row, a dense-only task's, leaves no gradient)
+            grad = rows.grad if rows.grad is not None else torch.zeros_like(rows)
+            self.entity_optimizer.step(rows, batch.rows.state, grad)
         rows.requires_grad_(False)
         rows.grad = None
         if self.dense_optimizer is not None:

@@ -38,6 +38,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
+from cadence.optim import InPlaceDense
 from cadence.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -281,26 +282,14 @@ class HogwildReplica:
     """One trainer's dense replica, trained by its worker threads without a lock (Hogwild). A thread
     takes its gradients with ``torch.autograd.grad`` (never through the shared ``.grad`` fields,
     which the threads would overwrite for one another) and applies them in place with the dense
-    optimizer's rule (``optimizer.dense``: Adagrad or Adam, as ``torch.optim`` computes them); the
-    optimizer's state is shared and updated the same racy way. Updates go through ``.data``, so a
-    thread whose backward pass saved a parameter is not failed by another thread's update (that
-    is Hogwild's bargain). The state lives in ``optimizer`` (a ``torch.optim`` object, never
-    stepped) so checkpoints store it as they store any dense optimizer; one thread gives exactly
-    the ``torch.optim`` step."""
+    optimizer's rule (``cadence.optim.InPlaceDense``: through ``.data``, no lock); the optimizer's
+    state is shared and updated the same racy way (Hogwild's bargain). One thread gives exactly the
+    ``torch.optim`` step."""
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.module, self.optimizer = module, optimizer
         self.params = [p for p in module.parameters()]
-        group = optimizer.param_groups[0]
-        self.kind = "adam" if isinstance(optimizer, torch.optim.Adam) else "adagrad"
-        self.lr, self.eps = group["lr"], group["eps"]
-        self.betas = group.get("betas", (0.9, 0.999))
-        for param in self.params:  # (Adam makes its state at its first step; we never call step)
-            state = optimizer.state[param]
-            if self.kind == "adam" and not state:
-                state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param),
-                             exp_avg_sq=torch.zeros_like(param))
-        self.state = [optimizer.state[p] for p in self.params]
+        self.rule = InPlaceDense(optimizer, self.params)
         self.updated = threading.Event()  # set by every apply (a shadow thread waits for it)
         self.flat = self._flatten()
 
@@ -328,20 +317,7 @@ class HogwildReplica:
         return grads[:len(self.params)], grads[len(self.params):]
 
     def apply(self, grads: Sequence[Tensor]) -> None:
-        with torch.no_grad():
-            for param, grad, state in zip(self.params, grads, self.state):
-                param = param.data
-                state["step"] += 1
-                if self.kind == "adagrad":
-                    state["sum"].addcmul_(grad, grad, value=1)
-                    param.addcdiv_(grad, state["sum"].sqrt().add_(self.eps), value=-self.lr)
-                    continue
-                step, (beta1, beta2) = float(state["step"]), self.betas
-                state["exp_avg"].lerp_(grad, 1 - beta1)
-                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                correction2 = (1 - beta2 ** step) ** 0.5
-                denom = (state["exp_avg_sq"].sqrt() / correction2).add_(self.eps)
-                param.addcdiv_(state["exp_avg"], denom, value=-self.lr / (1 - beta1 ** step))
+        self.rule.step(list(grads))
         self.updated.set()
 
 

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from cadence.optim import EntityOptimizer
 from cadence.runtime.aggregation import Aggregation, Gradient
+from cadence.optim import set_lr
 from cadence.runtime.dense_sync import CentralCopy
 from cadence.runtime.embedding_table import DynamicEmbeddingTable, FixedTable
 from cadence.training import checkpoint as ckpt
@@ -137,6 +138,11 @@ class ServerShard:
     def resume(self) -> None:
         with self.changed:
             self.aborted = None
+
+    def set_dense_lr(self, lr: float) -> None:
+        """The dense optimizer's rate for the coming epoch (``optimizer.schedule``)."""
+        with self.changed:
+            set_lr(self.dense_optimizer, lr)
 
     # ---- EASGD's central copy (ShadowSync's sync parameter server: shard 0 holds it) -------------
     def central_reset(self, values: list[Tensor]) -> None:

@@ -163,7 +163,7 @@ class HogwildWorker(Worker):
         rows.requires_grad_(True)
         loss = self.task.loss(batch, rows, self.model)
         if self.replica is None:
-            (row_grad,) = torch.autograd.grad(loss, [rows])
+            (row_grad,) = torch.autograd.grad(loss, [rows], allow_unused=True, materialize_grads=True)
         else:
             dense, (row_grad,) = self.replica.gradients(loss, [rows])
             self.replica.apply(dense)

@@ -263,7 +263,8 @@ class Worker:
         here = self.reducer is not None  # (then the dense gradients travel in the all-reduce instead)
         self.bytes_moved += 2 * _nbytes(batch.ids) + 2 * _nbytes(rows) + _nbytes(dense_state) + (0 if here else _nbytes(dense))
         self.delay(time.perf_counter() - started)  # between pull and push: the gradient goes stale
-        self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, rows.grad.cpu(),
+        row_grad = rows.grad if rows.grad is not None else torch.zeros_like(rows)  # (a loss using no row)
+        self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, row_grad.cpu(),
                                   None if here else dense, pulled_step))
         return dense if here else None
 

@@ -7,6 +7,7 @@ and ``ps.engine`` (``runtime_of``):
 |-------------------------------|---------------------------------------|------------------------------------|
 | ``sync``, ``async``           | the pipeline (one process)            | the parameter server               |
 | ``oac``                       | the pipeline                          | an error: OAC is a one-process pipeline |
+| ``pdasgd``, ``pdasgd-bu``     | the pipeline (forward and backward threads) | an error: threads of one process |
 | ``bsp``, ``gba``, ``hop_bs``, ``hop_bw`` | the parameter server (one worker) | the parameter server          |
 | ``shadow-*``, ``fr-*``, ``hogwild`` | the parameter server (one trainer)  | the parameter server (trainers: threads or Ray actors) |
 
@@ -19,7 +20,7 @@ import difflib
 
 from cadence.config import Config
 from cadence.errors import ConfigError
-from cadence.strategies import pipelined, sync  # noqa: F401  (register "sync", "async", "oac")
+from cadence.strategies import pdasgd, pipelined, sync  # noqa: F401  (register sync, async, oac, pdasgd, pdasgd-bu)
 from cadence.strategies.base import STRATEGIES, Strategy
 from cadence.strategies.parameter_server import PS_MODES
 

@@ -146,7 +146,8 @@ class PipelinedStrategy(Strategy):
     def run_epoch(self, plans, stages, on_batch):
         store = stages.write.store
         device = stages.link.device
-        first = max(self.next_timestamp, int(store.versions.max()) + 1)
+        newest = int(store.versions.max()) if store.versions.numel() else -1  # (a task with no rows)
+        first = max(self.next_timestamp, newest + 1)
         control = self.make_control(store, device, first)
         runner = PipelineRunner(self.config.pipeline, control)
         self.next_timestamp = runner.run(plans, stages, on_batch, first)

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from cadence.config import Config
-from cadence.optim import ENTITY_OPTIMIZERS, dense_optimizer
+from cadence.optim import ENTITY_OPTIMIZERS, dense_lr, dense_optimizer, set_lr
 from cadence.pipeline.batch import Batch, BatchPlan
 from cadence.pipeline.stages import ComputeStage, KeyIndex, LoadStage, Stages, WriteStage
 from cadence.pipeline.transfer import DeviceLink
@@ -62,6 +62,11 @@ class Runtime(ABC):
     @abstractmethod
     def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
         """Train on every plan once; return (sum of loss x batch size, batch examples)."""
+
+    def epoch_lr(self, plans: list[BatchPlan]) -> float:
+        """The dense rate of the epoch these plans belong to (``optimizer.schedule``)."""
+        epoch = plans[0].epoch if plans else 0
+        return dense_lr(self.config.optimizer, self.task.num_epochs(), epoch)
 
     @abstractmethod
     def parameters(self):
@@ -170,6 +175,7 @@ class PipelineRuntime(Runtime):
             examples += batch.size
             on_batch(batch)
 
+        set_lr(self.dense_optimizer, self.epoch_lr(plans))
         self.strategy.run_epoch(plans, self.stages, finished)
         return float(total), examples
 
@@ -240,6 +246,10 @@ class ParameterServerRuntime(Runtime):
         ps = self.config.ps
         for shard in self.shards:
             shard.resume()  # (a failed epoch left them aborted)
+        if dense_here(self.config):  # the replicas start from the run's optimizer state, its rate included
+            set_lr(self.engine.dense_optimizer, self.epoch_lr(plans))
+        elif list(self.model.parameters()):
+            self.shards[0].set_dense_lr(self.epoch_lr(plans))
         live = [index for index in range(ps.workers) if index not in self.dead]
         kill_after = {}
         for index, after in self.faults.kill_after.items():

@@ -1,0 +1,267 @@
+"""pdASGD (SPEC section 4, seed 003): the forward and backward passes in separate threads, with
+layer-wise lock-free updates.
+
+    forward thread:  load batch t (rows from the store), forward with the current shared weights
+                     -> hand the graph to a free backward thread -> load batch t + 1, ...
+    backward thread (K of them): backward through the graph; ``pdasgd``: each parameter is updated
+                     the moment its gradient exists (layer-wise, LU); ``pdasgd-bu``: all of them
+                     after the whole pass (block updates, the seed's ablation); then the batch's
+                     rows (entity optimizer) are written back to the store
+
+Shared weights, graphs in flight. Each batch's forward runs on aliases of the shared parameters
+(``p.data``: the same storage, a version counter of their own) made leaves for that batch, so each
+graph accumulates its own gradients (no thread sees another's ``.grad``) and each update is written
+through ``.data`` by ``cadence.optim.InPlaceDense`` without a lock. A graph therefore reads, in its
+backward pass, whatever the weights are by then (the seed: the backward graph "holds pointers to
+the most up-to-date version of the global parameters"), and autograd's version check is never
+tripped. Updates to the same parameter from two backward threads race the Hogwild way.
+
+Staleness, per parameter: the number of updates it received between the forward that read it and
+the update this batch makes to it (``layer_staleness`` in summary.json; 0 for every update of a
+sequential run).
+
+Threads and the interpreter. torch's kernels release the GIL, so a forward and K backward passes
+overlap where the time is in kernels (matrix products, convolutions); the Python between kernels
+(module calls, autograd's bookkeeping, the hooks) holds it and runs one thread at a time. Each
+pdASGD thread pins its own intra-op (OpenMP) threads (``pdasgd.intra_op_threads``, default 1), so
+K + 1 threads do not start K + 1 teams of all cores each. docs/strategies/pdasgd.md measures both.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from cadence.optim import InPlaceDense
+from cadence.pipeline.batch import Batch, BatchPlan
+from cadence.pipeline.stages import Stages
+from cadence.strategies.base import STRATEGIES, Strategy
+
+_POLL = 0.05  # seconds between checks of the stop flag while blocked
+STOP_GRACE = 10.0  # seconds the backward threads get to finish the pass they are in after a stop
+
+
+class _LossOf(nn.Module):
+    """The task's loss as a module whose only submodule is the dense module, so that
+    ``torch.func.functional_call`` can run it on a batch's aliases of the shared parameters."""
+
+    def __init__(self, task, dense: nn.Module):
+        super().__init__()
+        self.task, self.dense = task, dense
+
+    def forward(self, batch: Batch, rows: Tensor) -> Tensor:
+        return self.task.loss(batch, rows, self.dense)
+
+
+class Staleness:
+    """Per parameter: updates counted so far (its version), and the staleness of each update."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.versions = [0] * len(names)
+        self.total = [0] * len(names)
+        self.most = [0] * len(names)
+        self.updates = [0] * len(names)
+        self.lock = threading.Lock()  # the bookkeeping only; the weights are updated without it
+
+    def read(self) -> list[int]:
+        return list(self.versions)
+
+    def update(self, index: int, seen: int) -> None:
+        with self.lock:
+            stale = self.versions[index] - seen
+            self.versions[index] += 1
+            self.total[index] += stale
+            self.most[index] = max(self.most[index], stale)
+            self.updates[index] += 1
+
+    def stats(self) -> dict:
+        updates = sum(self.updates)
+        return {
+            "staleness_mean": round(sum(self.total) / updates, 4) if updates else 0.0,
+            "staleness_max": max(self.most, default=0),
+            "layer_staleness": {name: round(total / count, 4) if count else 0.0
+                                for name, total, count in zip(self.names, self.total, self.updates)},
+            "layer_updates": dict(zip(self.names, self.updates)),
+        }
+
+
+class _InFlight:
+    """One batch between its forward and the end of its backward."""
+
+    __slots__ = ("batch", "rows", "loss", "leaves", "seen", "done")
+
+    def __init__(self, batch: Batch, rows: Tensor, loss: Tensor, leaves: list[Tensor], seen: list[int]):
+        self.batch, self.rows, self.loss, self.leaves, self.seen = batch, rows, loss, leaves, seen
+        self.done = threading.Event()
+
+
+@STRATEGIES.register("pdasgd")
+class Pdasgd(Strategy):
+    layerwise = True  # LU; ``pdasgd-bu``: False
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.settings = config.pdasgd
+        self.next_timestamp = 0
+        self.staleness: Staleness | None = None
+        self.busy = {"forward_busy_seconds": 0.0, "backward_busy_seconds": 0.0}
+        self.seconds = 0.0
+
+    # ---- the epoch ------------------------------------------------------------------------------
+    def run_epoch(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None]) -> None:
+        compute = stages.compute
+        names = [name for name, _ in compute.dense.named_parameters()]
+        params = [param for _, param in compute.dense.named_parameters()]
+        if self.staleness is None or self.staleness.names != names:
+            self.staleness = Staleness(names)
+        rule = InPlaceDense(compute.dense_optimizer, params) if compute.dense_optimizer is not None else None
+        model = _LossOf(compute.task, compute.dense)
+        handoff: queue.Queue = queue.Queue()
+        free = threading.Semaphore(self.settings.backward_threads)  # backward threads without a graph
+        stop, errors, finished = threading.Event(), [], threading.Lock()
+        started = time.perf_counter()
+
+        def backward_thread() -> None:
+            with self._intra_op_threads():
+                while not stop.is_set():
+                    try:
+                        item = handoff.get(timeout=_POLL)
+                    except queue.Empty:
+                        continue
+                    if item is None:
+                        return
+                    try:
+                        began = time.perf_counter()
+                        self._backward(item, stages, rule, params)
+                        with finished:
+                            self.busy["backward_busy_seconds"] += time.perf_counter() - began
+                            on_batch(item.batch)
+                    except BaseException as err:  # surfaced on the forward thread
+                        errors.append(err)
+                        stop.set()
+                        return
+                    finally:
+                        item.done.set()
+                        free.release()
+
+        threads = [threading.Thread(target=backward_thread, name=f"cadence-pdasgd-backward-{index}", daemon=True)
+                   for index in range(self.settings.backward_threads)]
+        for thread in threads:
+            thread.start()
+        try:
+            with self._intra_op_threads():
+                for plan in plans:
+                    if errors:
+                        break
+                    began = time.perf_counter()
+                    item = self._forward(plan, stages, model, names, params)
+                    self.busy["forward_busy_seconds"] += time.perf_counter() - began
+                    while not free.acquire(timeout=_POLL):  # hand over to a free backward thread
+                        if errors:
+                            break
+                    else:
+                        handoff.put(item)
+                        if self.settings.barrier:  # the sequential twin: this batch ends before the next
+                            while not item.done.wait(timeout=_POLL) and not errors:
+                                pass
+        except BaseException:
+            stop.set()  # Ctrl-C or an error in the forward pass: the backward threads leave after their pass
+            raise
+        finally:
+            for _ in threads:
+                handoff.put(None)  # after every handed-over graph: the queue is FIFO
+            deadline = time.monotonic() + STOP_GRACE
+            for thread in threads:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            self.seconds += time.perf_counter() - started
+        if errors:
+            raise errors[0]
+
+    # ---- the two passes ---------------------------------------------------------------------------
+    def _forward(self, plan: BatchPlan, stages: Stages, model: _LossOf, names: list[str],
+                 params: list[Tensor]) -> _InFlight:
+        batch = stages.link.upload(stages.load(plan))
+        batch.timestamp = self.next_timestamp  # the computation order is the order of the forwards
+        self.next_timestamp += 1
+        with stages.link.computing(batch):
+            rows = batch.rows.values.requires_grad_(True)
+            seen = self.staleness.read()
+            # this batch's leaves: aliases of the shared storage with version counters of their own
+            leaves = [param.data.requires_grad_(True) for param in params]
+            loss = torch.func.functional_call(model, {f"dense.{n}": leaf for n, leaf in zip(names, leaves)},
+                                              (batch, rows), strict=False)
+        return _InFlight(batch, rows, loss, leaves, seen)
+
+    def _backward(self, item: _InFlight, stages: Stages, rule: InPlaceDense | None, params: list[Tensor]) -> None:
+        batch, rows, staleness = item.batch, item.rows, self.staleness
+        with stages.link.computing(batch):
+            handles = []
+            if rule is not None and self.layerwise:
+                for index, leaf in enumerate(item.leaves):
+                    handles.append(leaf.register_post_accumulate_grad_hook(
+                        self._layer_update(index, rule, item.seen[index])))
+            try:
+                item.loss.backward()
+            finally:
+                for handle in handles:
+                    handle.remove()
+            if rule is not None and not self.layerwise:
+                for index, leaf in enumerate(item.leaves):
+                    self._step(index, leaf, rule, item.seen[index])
+            with torch.no_grad():
+                grad = rows.grad if rows.grad is not None else torch.zeros_like(rows)
+                stages.compute.entity_optimizer.step(rows, batch.rows.state, grad)
+            rows.requires_grad_(False)
+            rows.grad = None
+            batch.loss = item.loss.detach()
+        stages.write(stages.link.download(batch))
+        item.loss = None  # (the graph is freed with it)
+        item.leaves = []
+
+    def _layer_update(self, index: int, rule: InPlaceDense, seen: int):
+        def hook(leaf: Tensor) -> None:
+            self._step(index, leaf, rule, seen)
+        return hook
+
+    def _step(self, index: int, leaf: Tensor, rule: InPlaceDense, seen: int) -> None:
+        if leaf.grad is None:  # a parameter this batch's loss did not use
+            return
+        rule.step_one(index, leaf.grad)
+        leaf.grad = None
+        self.staleness.update(index, seen)
+
+    @contextmanager
+    def _intra_op_threads(self) -> Iterator[None]:
+        """OpenMP's thread count is per thread: each pdASGD thread sets its own (and puts back the
+        caller's, the forward thread being the caller)."""
+        wanted = self.settings.intra_op_threads
+        before = torch.get_num_threads()
+        if wanted:
+            torch.set_num_threads(wanted)
+        try:
+            yield
+        finally:
+            if wanted:
+                torch.set_num_threads(before)
+
+    def stats(self) -> dict:
+        out = {"backward_threads": self.settings.backward_threads,
+               "layerwise_updates": self.layerwise,
+               **{key: round(value, 4) for key, value in self.busy.items()}}
+        if self.staleness is not None:
+            out.update(self.staleness.stats())
+        return out
+
+
+@STRATEGIES.register("pdasgd-bu")
+class PdasgdBlockUpdates(Pdasgd):
+    """The seed's ablation: the same threads, every parameter updated after the whole backward pass."""
+
+    layerwise = False
