@@ -251,8 +251,11 @@ def test_an_error_in_a_round_reaches_the_trainer() -> None:
 
 
 # ---- a replica trained by several threads -----------------------------------------------------------
-@pytest.mark.parametrize("kind", ["adagrad", "adam"])
-def test_one_hogwild_thread_takes_exactly_the_torch_optimizer_step(kind: str) -> None:
+@pytest.mark.parametrize("kind, extra", [("adagrad", {}), ("adam", {}), ("adagrad", {"weight_decay": 0.01}),
+                                         ("adam", {"weight_decay": 0.01}),
+                                         ("sgd", {"momentum": 0.9, "weight_decay": 0.005}),
+                                         ("sgd", {"momentum": 0.9, "nesterov": True}), ("sgd", {})])
+def test_one_hogwild_thread_takes_exactly_the_torch_optimizer_step(kind: str, extra: dict) -> None:
     from cadence.config import OptimizerConfig
     from cadence.optim import dense_optimizer
     from cadence.runtime.dense_sync import HogwildReplica
@@ -261,7 +264,7 @@ def test_one_hogwild_thread_takes_exactly_the_torch_optimizer_step(kind: str) ->
     reference = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
     mine = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
     mine.load_state_dict(reference.state_dict())
-    config = OptimizerConfig(dense=kind, lr=0.05)
+    config = OptimizerConfig(dense=kind, lr=0.05, **extra)
     optimizer = dense_optimizer(config, list(reference.parameters()))
     replica = HogwildReplica(mine, dense_optimizer(config, list(mine.parameters())))
     for step in range(5):

@@ -1,0 +1,91 @@
+"""pdASGD (SPEC section 4): the sequential twin equals sync bit for bit (the task matrix), layer-wise
+updates happen during the backward pass and touch each layer once per batch, and K = 4 backward
+threads under real concurrency lose no batch and count their staleness."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from cadence import api
+from cadence.optim import InPlaceDense
+from cadence.strategies import pdasgd as pdasgd_module
+from tests.conftest import make_config
+
+
+def train(task_data, tmp_path, task: str, name: str, *overrides: str):
+    config = make_config(tmp_path / name, *task_data[task], *overrides)
+    return api.train(config)
+
+
+def record_updates(monkeypatch) -> list[tuple[int, bool]]:
+    """(parameter index, whether its batch's backward pass had returned) of every update."""
+    calls: list[tuple[int, bool]] = []
+    returned = threading.local()
+    original_step, original_backward = InPlaceDense.step_one, torch.Tensor.backward
+
+    def step_one(self, index, grad):
+        calls.append((index, getattr(returned, "value", False)))
+        return original_step(self, index, grad)
+
+    def backward(self, *args, **kwargs):
+        returned.value = False
+        try:
+            return original_backward(self, *args, **kwargs)
+        finally:
+            returned.value = True
+
+    monkeypatch.setattr(InPlaceDense, "step_one", step_one)
+    monkeypatch.setattr(torch.Tensor, "backward", backward)
+    return calls
+
+
+@pytest.mark.parametrize("strategy, during_backward", [("pdasgd", True), ("pdasgd-bu", False)])
+def test_layer_wise_updates_happen_during_the_backward_pass_once_per_layer_and_batch(
+        strategy, during_backward, task_data, tmp_path, monkeypatch) -> None:
+    calls = record_updates(monkeypatch)
+    result = train(task_data, tmp_path, "image", strategy, f"strategy={strategy}", "pdasgd.backward_threads=1",
+                   "pdasgd.barrier=true", "image.hidden=[16,8]")
+    summary = result.summary
+    batches = summary["examples_seen"] // 32 + 2  # 200 training images in batches of 32: 7 per epoch
+    layers = len(summary["layer_updates"])
+    assert layers == 6 and len(calls) == layers * batches
+    for start in range(0, len(calls), layers):  # batch by batch (one batch at a time: the barrier)
+        chunk = calls[start:start + layers]
+        assert sorted(index for index, _ in chunk) == list(range(layers)), "each layer once per batch"
+        assert all(inside == (not during_backward) for _, inside in chunk)
+        if during_backward:  # the output layer's gradient exists first: it is updated first
+            assert [index for index, _ in chunk][:2] in ([4, 5], [5, 4])
+    assert set(summary["layer_updates"].values()) == {batches}
+    assert summary["staleness_max"] == 0  # one graph in flight: no update between a forward and its own
+
+
+@pytest.mark.parametrize("task", ["image", "ctr"])
+def test_four_backward_threads_lose_no_batch_and_count_staleness(task, task_data, tmp_path) -> None:
+    """Real concurrency: the forward thread keeps 4 graphs in flight whose updates interleave; every
+    batch is trained exactly once, every layer updated once per batch, and the forwards that read
+    weights other batches updated meanwhile are counted."""
+    epochs = 3
+    result = train(task_data, tmp_path, task, "stress", "strategy=pdasgd", "pdasgd.backward_threads=4",
+                   f"train.epochs={epochs}", "train.batch_size=8")
+    summary = result.summary
+    train_size = {"image": 200, "ctr": 320}[task]
+    assert summary["examples_seen"] == epochs * train_size
+    batches = epochs * -(-train_size // 8)
+    assert set(summary["layer_updates"].values()) == {batches}
+    assert summary["staleness_max"] >= 1 and summary["staleness_mean"] > 0
+    metric = summary["primary_metric"]
+    assert summary[metric] == summary[metric]  # finite (not NaN)
+
+
+def test_a_failing_backward_pass_stops_the_epoch_with_its_error(task_data, tmp_path, monkeypatch) -> None:
+    def broken(self, item, stages, rule, params):
+        raise RuntimeError("backward exploded")
+
+    monkeypatch.setattr(pdasgd_module.Pdasgd, "_backward", broken)
+    with pytest.raises(RuntimeError, match="backward exploded"):
+        train(task_data, tmp_path, "image", "broken", "strategy=pdasgd")
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("cadence-pdasgd")]
+    assert not alive
