@@ -72,10 +72,12 @@ def last_checkpoint(run: Path) -> Path:
 # Ctrl-C during training (every task; pipeline strategies, the parameter server on threads and on
 # Ray) exits 130 with a short message and the run resumes to the end; the default suite runs one
 # strategy per task, the rest are slow.
-INTERRUPTED = [(task, runtime) for task in TASKS
-               for runtime in ("sync", "async", "oac", "hop_bw", "gba", "shadow-ma", "fr-easgd", "ray", "shadow-ray")]
+INTERRUPTED = [(task, runtime) for task in (*TASKS, "image")
+               for runtime in ("sync", "async", "oac", "pdasgd", "hop_bw", "gba", "shadow-ma", "fr-easgd", "ray",
+                               "shadow-ray")]
 DEFAULT_INTERRUPTS = {("kge", "sync"), ("ctr", "oac"), ("mf", "hop_bw"), ("w2v", "gba"), ("ctr", "ray"),
-                      ("kge", "async"), ("ctr", "shadow-ma"), ("kge", "fr-easgd")}
+                      ("kge", "async"), ("ctr", "shadow-ma"), ("kge", "fr-easgd"), ("image", "pdasgd"),
+                      ("ctr", "pdasgd")}
 
 
 def _ctrl_c_then_resume(ws: Workspace, task: str, runtime: str) -> None:

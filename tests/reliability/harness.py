@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from tests.conftest import random_triples, write_corpus, write_criteo, write_graph, write_ratings
+from tests.conftest import random_triples, write_corpus, write_criteo, write_graph, write_images, write_ratings
 
 TASKS = ("kge", "ctr", "mf", "w2v")
 BASE = ["--dim", "8", "--epochs", "2", "--batch-size", "32", "--no-progress", "--set", "threads=1"]
@@ -37,11 +37,15 @@ TASK_ARGS = {  # data files are filled in by Workspace.data
     "ctr": ["--task", "ctr", "--model", "fm", "--set", "model.init_std=0.1"],
     "mf": ["--task", "mf", "--set", "model.init_std=0.1"],
     "w2v": ["--task", "w2v", "--set", "w2v.min_count=1", "--set", "w2v.sample=0.01", "--lr", "0.05"],
+    # (not in TASKS: the text-file cases do not apply to its binary IDX files; the cases that do name it)
+    "image": ["--task", "image", "--set", "image.valid_size=40", "--set", "image.hidden=[32]",
+              "--set", "optimizer.dense=sgd", "--set", "optimizer.momentum=0.9", "--lr", "0.05"],
 }
 RUNTIMES = {  # strategy flags of each runtime a case can run under
     "sync": ["--strategy", "sync"],
     "async": ["--strategy", "async"],
     "oac": ["--strategy", "oac"],
+    "pdasgd": ["--strategy", "pdasgd", "--set", "pdasgd.backward_threads=2"],
     "hop_bw": ["--strategy", "hop_bw", "--workers", "2", "--set", "ps.backup_workers=0"],
     "gba": ["--strategy", "gba", "--workers", "2"],
     "bsp": ["--strategy", "bsp", "--workers", "2"],
@@ -199,6 +203,8 @@ def write_data(directory: Path, task: str) -> list[str]:
         return ["--dataset", str(write_criteo(directory / "clicks.tsv", 400, 3))]
     if task == "mf":
         return ["--dataset", str(write_ratings(directory / "ratings.tsv", 25, 20, 300, 4))]
+    if task == "image":
+        return ["--dataset", str(write_images(directory / "images", 240, 60, 5))]
     return ["--dataset", str(write_corpus(directory / "corpus.txt", 60, 5))]
 
 

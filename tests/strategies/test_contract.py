@@ -20,6 +20,8 @@ DEGENERATE_SETTINGS: dict[str, list[str]] = {
     "sync": [],
     "async": ["pipeline.staleness_bound=1"],
     "oac": ["pipeline.staleness_bound=1"],
+    "pdasgd": ["pdasgd.backward_threads=1", "pdasgd.barrier=true"],
+    "pdasgd-bu": ["pdasgd.backward_threads=1", "pdasgd.barrier=true"],
 }
 
 

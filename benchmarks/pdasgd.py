@@ -1,0 +1,311 @@
+#!/usr/bin/env python
+"""pdASGD (SPEC section 4, seed 003) on Fashion-MNIST (MLP and CNN) and on the CTR DeepFM config,
+every contender in one invocation, seed by seed.
+
+Image part (``configs/fashion-mnist-{mlp,cnn}.yaml``: SGD momentum 0.9, lr 0.015, weight decay
+0.005, batch 128, cosine after warm-up at lr 0.005), contenders:
+
+- ``sync``: sequential backprop with torch's intra-op threads on both cores (``threads=2``): what a
+  user of one machine runs today;
+- ``sync-1core``: sequential backprop on one core (``threads=1``): the seed's baseline, one
+  device computing forward and backward in turn (pdASGD's ideal speedup 1 + beta is over this);
+- ``hogwild``: Hogwild data-parallel threads on one shared model (LAPSGD-like; one trainer of
+  ``shadow.threads=2`` threads, ``threads=1``);
+- ``pdasgd-bu``: forward and K = 2 backward threads, block updates after each backward pass;
+- ``pdasgd``: the same with layer-wise updates (LU).
+
+For the CNN (an epoch costs ~20 s here), ``hogwild`` and ``sync-1core`` run on the first seed only
+(``--cnn-all`` runs them on every seed). Beta (backward time / forward time) is measured per model on
+one thread, over ``BETA_BATCHES`` batches of 128 after a warm-up, and the ideal speedup
+min(1 + beta, cores) printed beside the measured ratios.
+
+CTR part (``configs/ml100k-deepfm.yaml`` on the pipeline: ``ps.workers=1``): ``sync`` against
+``pdasgd`` (K = 2) on the DeepFM's dense MLP and FM with its embedding rows through the store; AUC per
+seed, the paired difference with its 95% t-interval, and the throughput ratio.
+
+Bars (PASS/FAIL printed and under ``bars`` in the JSON):
+(a) test accuracy, mean over seeds of ``pdasgd``: MLP >= 0.88, CNN >= 0.91;
+(b) LU >= BU: ``pdasgd``'s mean test accuracy >= ``pdasgd-bu``'s (the paired difference's interval
+    is reported: on Fashion-MNIST the gap may lie within seed noise);
+(c) ``pdasgd`` examples/s >= 1.3 x the baseline's at equal accuracy (mean test accuracies within
+    0.5 points), against ``sync-1core`` (the seed's baseline) and, reported beside it, ``sync``;
+(d) CTR: |AUC(pdasgd) - AUC(sync)| <= 0.002 (mean of the paired differences), ratio reported.
+
+    .venv/bin/python benchmarks/pdasgd.py [--quick] [--seeds N] [--parts image,ctr] [--models mlp,cnn]
+
+``--quick``: 1 seed, 2 epochs (MLP) and 1 epoch (CNN), to check the harness. The full run takes
+about 50 minutes on a quiet 2-core machine. Writes benchmarks/results/pdasgd.json.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
+from peer_stats import OthersMeter, mean_ci, peer_parser, peer_run, write_report
+
+from cadence import api
+from cadence.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = {"mlp": REPO / "configs" / "fashion-mnist-mlp.yaml", "cnn": REPO / "configs" / "fashion-mnist-cnn.yaml"}
+CTR_CONFIG = REPO / "configs" / "ml100k-deepfm.yaml"
+ACCURACY_BARS = {"mlp": 0.88, "cnn": 0.91}
+SPEEDUP_BAR, EQUAL_ACCURACY, AUC_BAR = 1.3, 0.005, 0.002
+BETA_BATCHES = 30
+QUICK_EPOCHS = {"mlp": 2, "cnn": 1}
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    overrides: tuple[str, ...]
+    every_seed_for_cnn: bool = True
+
+
+IMAGE_CONTENDERS = (
+    Contender("sync", ("strategy=sync", "threads=2")),
+    Contender("sync-1core", ("strategy=sync", "threads=1"), every_seed_for_cnn=False),
+    Contender("hogwild", ("strategy=hogwild", "ps.workers=1", "shadow.threads=2", "threads=1"),
+              every_seed_for_cnn=False),
+    Contender("pdasgd-bu", ("strategy=pdasgd-bu", "pdasgd.backward_threads=2", "threads=2")),
+    Contender("pdasgd", ("strategy=pdasgd", "pdasgd.backward_threads=2", "threads=2")),
+)
+CTR_CONTENDERS = (
+    Contender("sync", ("strategy=sync", "ps.workers=1", "threads=2")),
+    Contender("pdasgd", ("strategy=pdasgd", "ps.workers=1", "pdasgd.backward_threads=2", "threads=2")),
+)
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_one(config_file: Path, contender: Contender, seed: int, extra: list[str], gate: QuietGate,
+            **labels: Any) -> dict[str, Any]:
+    waited, load = gate.wait(), loadavg()
+    config = load_config(config_file, [*contender.overrides, *extra, f"seed={seed}", "progress=false",
+                                       "checkpoint.every=0"])
+    record: dict[str, Any] = {"contender": contender.name, "seed": seed, **labels}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="cadence-pdasgd-") as out, OthersMeter(in_process=True) as meter:
+        config.out = out
+        try:
+            result = api.train(config, overwrite=True)
+        except Exception as err:  # noqa: BLE001  a contender that crashes is recorded; the others still run
+            record["error"] = f"{type(err).__name__}: {err}"
+    record.update(run_wall_seconds=round(time.perf_counter() - started, 2), loadavg_before=load, gate=waited,
+                  others_cpu_share=round(meter.share, 3))
+    if "error" not in record:
+        summary = result.summary
+        keys = ("examples_per_second", "train_seconds", "accuracy", "best_valid_accuracy", "auc", "logloss",
+                "staleness_mean", "staleness_max", "layer_staleness", "forward_busy_seconds", "backward_busy_seconds")
+        record.update({key: summary.get(key) for key in keys if key in summary})
+    say(describe(record))
+    return record
+
+
+def describe(record: dict[str, Any]) -> str:
+    head = f"{record.get('part', '')} {record.get('model', '')} seed {record['seed']} {record['contender']:11s}"
+    if "error" in record:
+        return f"{head}: FAILED {record['error']}"
+    quality = (f"acc {record['accuracy']:.4f}" if "accuracy" in record else f"auc {record['auc']:.4f}")
+    stale = f"  staleness {record['staleness_mean']:.2f}" if "staleness_mean" in record else ""
+    return (f"{head}: {record['examples_per_second']:>9,.0f} ex/s  {quality}{stale}  "
+            f"({record['train_seconds']:.1f} s training, others used {record['others_cpu_share']:.0%} of the CPUs)")
+
+
+# ---- beta: backward time over forward time, one thread -----------------------------------------------
+def measure_beta(config_file: Path) -> dict[str, Any]:
+    from cadence.tasks import TASKS
+
+    config = load_config(config_file, ["progress=false"])
+    api.prepare_config(config)
+    task = TASKS.get(config.task)(config)
+    model = task.dense_module()
+    plans = task.plan(0)[:BETA_BATCHES + 5]
+    batches = [task.prepare(plan) for plan in plans]
+    rows = torch.zeros(0, 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    forward = backward = 0.0
+    try:
+        for index, batch in enumerate(batches):
+            began = time.perf_counter()
+            loss = task.loss(batch, rows, model)
+            middle = time.perf_counter()
+            loss.backward()
+            ended = time.perf_counter()
+            model.zero_grad(set_to_none=True)
+            if index >= 5:  # after a warm-up
+                forward += middle - began
+                backward += ended - middle
+    finally:
+        torch.set_num_threads(before)
+    beta = backward / forward
+    cores = os.cpu_count() or 1
+    return {"forward_ms": round(1000 * forward / BETA_BATCHES, 3), "backward_ms": round(1000 * backward / BETA_BATCHES, 3),
+            "beta": round(beta, 3), "cores": cores, "ideal_speedup": round(min(1 + beta, cores), 3)}
+
+
+# ---- the parts -----------------------------------------------------------------------------------------
+def image_part(model: str, seeds: list[int], quick: bool, cnn_all: bool, gate: QuietGate) -> dict[str, Any]:
+    extra = [f"train.epochs={QUICK_EPOCHS[model]}", "optimizer.warmup_epochs=0"] if quick else []
+    beta = measure_beta(CONFIGS[model])
+    say(f"{model}: forward {beta['forward_ms']} ms, backward {beta['backward_ms']} ms per batch on one thread: "
+        f"beta {beta['beta']}, ideal speedup min(1 + beta, {beta['cores']} cores) = {beta['ideal_speedup']}")
+    runs = []
+    for index, seed in enumerate(seeds):
+        contenders = [c for c in IMAGE_CONTENDERS
+                      if model == "mlp" or cnn_all or c.every_seed_for_cnn or index == 0]
+        order = contenders if index % 2 == 0 else contenders[::-1]
+        runs += [run_one(CONFIGS[model], c, seed, extra, gate, part="image", model=model) for c in order]
+    summary = summarise(runs, "accuracy")
+    return {"model": model, "config": str(CONFIGS[model].relative_to(REPO)), "beta": beta, "runs": runs,
+            "summary": summary, "speedups": speedups(runs, beta)}
+
+
+def ctr_part(seeds: list[int], quick: bool, gate: QuietGate) -> dict[str, Any]:
+    extra = ["train.epochs=1"] if quick else []
+    runs = []
+    for index, seed in enumerate(seeds):
+        order = CTR_CONTENDERS if index % 2 == 0 else CTR_CONTENDERS[::-1]
+        runs += [run_one(CTR_CONFIG, c, seed, extra, gate, part="ctr", model="deepfm") for c in order]
+    summary = summarise(runs, "auc")
+    diff = paired(runs, "auc", "pdasgd", "sync")
+    ratio = paired_ratio(runs, "examples_per_second", "pdasgd", "sync")
+    return {"config": str(CTR_CONFIG.relative_to(REPO)), "runs": runs, "summary": summary,
+            "auc_difference": diff, "throughput_ratio": ratio}
+
+
+def ok(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in runs if "error" not in r]
+
+
+def summarise(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
+    out = {}
+    for name in dict.fromkeys(r["contender"] for r in runs):
+        mine = [r for r in ok(runs) if r["contender"] == name]
+        if mine:
+            out[name] = {key: mean_ci([r[key] for r in mine])
+                         for key in (metric, "examples_per_second", "staleness_mean") if key in mine[0]}
+    return out
+
+
+def paired(runs: list[dict[str, Any]], key: str, first: str, second: str) -> dict[str, Any] | None:
+    by = {(r["contender"], r["seed"]): r[key] for r in ok(runs)}
+    values = [by[(first, s)] - by[(second, s)] for (c, s) in list(by) if c == first and (second, s) in by]
+    return mean_ci(values) if values else None
+
+
+def paired_ratio(runs: list[dict[str, Any]], key: str, first: str, second: str) -> dict[str, Any] | None:
+    by = {(r["contender"], r["seed"]): r[key] for r in ok(runs)}
+    values = [by[(first, s)] / by[(second, s)] for (c, s) in list(by) if c == first and (second, s) in by]
+    return mean_ci(values) if values else None
+
+
+def speedups(runs: list[dict[str, Any]], beta: dict[str, Any]) -> dict[str, Any]:
+    """pdasgd's examples/s over each baseline's, per seed where both ran (same seed, same run)."""
+    out = {}
+    for baseline in ("sync-1core", "sync", "hogwild", "pdasgd-bu"):
+        ratio = paired_ratio(runs, "examples_per_second", "pdasgd", baseline)
+        accuracy = paired(runs, "accuracy", "pdasgd", baseline)
+        if ratio is not None:
+            out[baseline] = {"examples_per_second_ratio": ratio, "accuracy_difference": accuracy,
+                             "ideal_speedup": beta["ideal_speedup"]}
+    return out
+
+
+def bars(images: list[dict[str, Any]], ctr: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part in images:
+        model, summary = part["model"], part["summary"]
+        if "pdasgd" in summary:
+            accuracy = summary["pdasgd"]["accuracy"]["mean"]
+            out[f"{model}_accuracy"] = {"value": accuracy, "bar": ACCURACY_BARS[model],
+                                        "pass": accuracy >= ACCURACY_BARS[model]}
+        if "pdasgd" in summary and "pdasgd-bu" in summary:
+            lu, bu = summary["pdasgd"]["accuracy"]["mean"], summary["pdasgd-bu"]["accuracy"]["mean"]
+            out[f"{model}_lu_ge_bu"] = {"lu": lu, "bu": bu, "paired": paired(part["runs"], "accuracy", "pdasgd",
+                                                                             "pdasgd-bu"), "pass": lu >= bu}
+        for baseline in ("sync-1core", "sync"):
+            entry = part["speedups"].get(baseline)
+            if entry is None or baseline not in summary:
+                continue
+            ratio = entry["examples_per_second_ratio"]["mean"]
+            gap = summary["pdasgd"]["accuracy"]["mean"] - summary[baseline]["accuracy"]["mean"]
+            out[f"{model}_speedup_vs_{baseline}"] = {
+                "ratio": ratio, "accuracy_gap": gap, "ideal_speedup": entry["ideal_speedup"],
+                "pass": ratio >= SPEEDUP_BAR and abs(gap) <= EQUAL_ACCURACY}
+    if ctr is not None and ctr["auc_difference"] is not None:
+        difference = ctr["auc_difference"]["mean"]
+        out["ctr_auc_within_0.002"] = {"difference": difference, "pass": abs(difference) <= AUC_BAR,
+                                       "throughput_ratio": ctr["throughput_ratio"]["mean"]}
+    return out
+
+
+def print_report(images: list[dict[str, Any]], ctr: dict[str, Any] | None, verdicts: dict[str, Any]) -> None:
+    for part in images:
+        print(f"\n== Fashion-MNIST {part['model']} ({part['config']}) ==")
+        beta = part["beta"]
+        print(f"beta = {beta['beta']} (forward {beta['forward_ms']} ms, backward {beta['backward_ms']} ms per batch, "
+              f"one thread); ideal speedup min(1 + beta, {beta['cores']}) = {beta['ideal_speedup']}")
+        print(f"{'contender':12s} {'test accuracy (95% CI)':30s} {'examples/s':>22s} {'staleness':>9s}  n")
+        for name, stats in part["summary"].items():
+            acc, eps = stats["accuracy"], stats["examples_per_second"]
+            ci = "" if acc["ci95"] is None else f" [{acc['ci95'][0]:.4f}, {acc['ci95'][1]:.4f}]"
+            stale = f"{stats['staleness_mean']['mean']:.2f}" if "staleness_mean" in stats else "-"
+            print(f"{name:12s} {acc['mean']:.4f}{ci:22s} {eps['mean']:>12,.0f} (med {eps['median']:,.0f}) "
+                  f"{stale:>9s}  {acc['n']}")
+        for baseline, entry in part["speedups"].items():
+            ratio = entry["examples_per_second_ratio"]
+            print(f"pdasgd / {baseline}: {ratio['mean']:.3f}x examples/s (per seed {[round(v, 3) for v in ratio['per_seed']]}),"
+                  f" ideal {entry['ideal_speedup']}")
+    if ctr is not None:
+        print("\n== CTR DeepFM on ml-100k (configs/ml100k-deepfm.yaml, pipeline) ==")
+        for name, stats in ctr["summary"].items():
+            print(f"{name:8s} auc {stats['auc']['mean']:.4f}  examples/s {stats['examples_per_second']['mean']:,.0f}")
+        if ctr["auc_difference"] is not None:
+            d = ctr["auc_difference"]
+            print(f"auc(pdasgd) - auc(sync): {d['mean']:+.4f} (CI {d['ci95']}); throughput ratio "
+                  f"{ctr['throughput_ratio']['mean']:.3f}")
+    print("\nbars:")
+    for name, verdict in verdicts.items():
+        print(f"  {name}: {'PASS' if verdict['pass'] else 'FAIL'}  "
+              + ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
+                          for k, v in verdict.items() if k not in ("pass", "paired")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = peer_parser(__doc__, "1 seed, 1-2 epochs: checks the harness", 3,
+                         "seconds to wait in all for other processes to leave the CPUs (default 0)", 0.0)
+    parser.add_argument("--parts", default="image,ctr", help="image, ctr or both (default)")
+    parser.add_argument("--models", default="mlp,cnn", help="mlp, cnn or both (default)")
+    parser.add_argument("--cnn-all", action="store_true", help="hogwild and sync-1core on every seed for the CNN")
+    args = parser.parse_args(argv)
+    seeds, out, command = peer_run(args, "pdasgd", 3)
+    started, gate = time.perf_counter(), QuietGate(args.max_wait or 0.0)
+    parts = args.parts.split(",")
+    images = [image_part(model, seeds, args.quick, args.cnn_all, gate)
+              for model in args.models.split(",")] if "image" in parts else []
+    ctr = ctr_part(seeds, args.quick, gate) if "ctr" in parts else None
+    verdicts = bars(images, ctr)
+    report = {"benchmark": "pdasgd", "command": command, "machine": machine_info(), "seeds": seeds,
+              "quick": args.quick, "image": images, "ctr": ctr, "bars": verdicts}
+    path = write_report(report, out, started, gate.waited_s)
+    print_report(images, ctr, verdicts)
+    print(f"\nwrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
