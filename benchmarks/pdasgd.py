@@ -40,18 +40,16 @@ about 50 minutes on a quiet 2-core machine. Writes benchmarks/results/pdasgd.jso
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
-from peer_stats import OthersMeter, mean_ci, peer_parser, peer_run, write_report
+from peer_stats import mean_ci, peer_parser, peer_run, train_measured, write_report
 
 from cadence import api
 from cadence.config import load_config
@@ -96,15 +94,8 @@ def run_one(config_file: Path, contender: Contender, seed: int, extra: list[str]
     config = load_config(config_file, [*contender.overrides, *extra, f"seed={seed}", "progress=false",
                                        "checkpoint.every=0"])
     record: dict[str, Any] = {"contender": contender.name, "seed": seed, **labels}
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="cadence-pdasgd-") as out, OthersMeter(in_process=True) as meter:
-        config.out = out
-        try:
-            result = api.train(config, overwrite=True)
-        except Exception as err:  # noqa: BLE001  a contender that crashes is recorded; the others still run
-            record["error"] = f"{type(err).__name__}: {err}"
-    record.update(run_wall_seconds=round(time.perf_counter() - started, 2), loadavg_before=load, gate=waited,
-                  others_cpu_share=round(meter.share, 3))
+    result = train_measured(config, record, "cadence-pdasgd-")
+    record.update(loadavg_before=load, gate=waited)
     if "error" not in record:
         summary = result.summary
         keys = ("examples_per_second", "train_seconds", "accuracy", "best_valid_accuracy", "auc", "logloss",

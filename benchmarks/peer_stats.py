@@ -63,6 +63,26 @@ def mean_ci(values: list[float]) -> dict[str, Any]:
             "half_width": half, "n": n, "median": statistics.median(values), "per_seed": values}
 
 
+def train_measured(config, record: dict[str, Any], prefix: str):
+    """Train ``config`` in this process into a temporary directory; add to ``record`` the run's wall
+    seconds, the share of the CPUs other processes used meanwhile, and ``error`` if it raised (a
+    contender that crashes is recorded; the others still run). The result, or None."""
+    import tempfile
+    import time
+
+    from cadence import api
+
+    result, started = None, time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=prefix) as out, OthersMeter(in_process=True) as meter:
+        config.out = out
+        try:
+            result = api.train(config, overwrite=True)
+        except Exception as err:  # noqa: BLE001
+            record["error"] = f"{type(err).__name__}: {err}"
+    record.update(run_wall_seconds=round(time.perf_counter() - started, 2), others_cpu_share=round(meter.share, 3))
+    return result
+
+
 class OthersMeter:
     """The share of all CPUs that *other* processes used while a child ran: CPU time busy on the
     machine (/proc/stat) minus the CPU time of our finished children, over wall time x CPUs.

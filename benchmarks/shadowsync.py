@@ -62,14 +62,13 @@ import datetime as dt
 import logging
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
-from peer_stats import OthersMeter, mean_ci, peer_parser, peer_run, write_report
+from peer_stats import mean_ci, peer_parser, peer_run, train_measured, write_report
 
 from cadence import api
 from cadence.config import load_config
@@ -140,15 +139,8 @@ def run_one(contender: Contender, seed: int, overrides: list[str], gate: QuietGa
     record: dict[str, Any] = {"contender": contender.name, "strategy": contender.strategy, "seed": seed,
                               "trainers": config.ps.workers, "worker_threads": config.shadow.threads,
                               "every": contender.every, "cap": config.shadow.max_syncs_per_second, **labels}
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="cadence-shadowsync-") as out, OthersMeter(in_process=True) as meter:
-        config.out = out
-        try:
-            result = api.train(config, overwrite=True)
-        except Exception as err:  # noqa: BLE001  a contender that crashes is recorded; the others still run
-            record["error"] = f"{type(err).__name__}: {err}"
-    record.update(run_wall_seconds=round(time.perf_counter() - started, 2), loadavg_before=load, gate=waited,
-                  others_cpu_share=round(meter.share, 3))
+    result = train_measured(config, record, "cadence-shadowsync-")
+    record.update(loadavg_before=load, gate=waited)
     if "error" not in record:
         record.update(measurements(result))
     say(describe(record))

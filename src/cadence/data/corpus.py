@@ -53,7 +53,7 @@ from torch import Tensor
 from cadence.data import fetch as fetching
 from cadence.data.fetch import DebianPackage, debian_member  # noqa: F401  (re-exported)
 from cadence.data.text import numbered_lines
-from cadence.errors import ConfigError, DataError, FetchError
+from cadence.errors import ConfigError, DataError
 from cadence.registry import Registry
 
 CORPUS_FILE = "corpus.txt"
