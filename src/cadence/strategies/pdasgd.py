@@ -6,7 +6,8 @@ layer-wise lock-free updates.
     backward thread (K of them): backward through the graph; ``pdasgd``: each parameter is updated
                      the moment its gradient exists (layer-wise, LU); ``pdasgd-bu``: all of them
                      after the whole pass (block updates, the seed's ablation); then the batch's
-                     rows (entity optimizer) are written back to the store
+                     rows: the entity optimizer's step from this batch's row gradients, applied
+                     to the rows as they are in the store now, written back
 
 Shared weights, graphs in flight. Each batch's forward runs on aliases of the shared parameters
 (``p.data``: the same storage, a version counter of their own) made leaves for that batch, so each
@@ -41,6 +42,7 @@ from torch import Tensor, nn
 from cadence.optim import InPlaceDense
 from cadence.pipeline.batch import Batch, BatchPlan
 from cadence.pipeline.stages import Stages
+from cadence.store.embedding_store import RowBlock
 from cadence.strategies.base import STRATEGIES, Strategy
 
 _POLL = 0.05  # seconds between checks of the stop flag while blocked
@@ -217,9 +219,13 @@ class Pdasgd(Strategy):
                     self._step(index, leaf, rule, item.seen[index])
             with torch.no_grad():
                 grad = rows.grad if rows.grad is not None else torch.zeros_like(rows)
-                stages.compute.entity_optimizer.step(rows, batch.rows.state, grad)
-            rows.requires_grad_(False)
+                # the rows as they are now (other batches wrote some since this forward read them):
+                # the update applies to them, as the dense updates apply to the current weights
+                current = stages.load.store.pull(batch.ids)
+                values, state = current.values.to(rows.device), current.state.to(rows.device)
+                stages.compute.entity_optimizer.step(values, state, grad)
             rows.grad = None
+            batch.rows = RowBlock(values, state)
             batch.loss = item.loss.detach()
         stages.write(stages.link.download(batch))
         item.loss = None  # (the graph is freed with it)
