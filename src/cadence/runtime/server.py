@@ -13,9 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from cadence.optim import EntityOptimizer
+from cadence.optim import EntityOptimizer, set_lr
 from cadence.runtime.aggregation import Aggregation, Gradient
-from cadence.optim import set_lr
 from cadence.runtime.dense_sync import CentralCopy
 from cadence.runtime.embedding_table import DynamicEmbeddingTable, FixedTable
 from cadence.training import checkpoint as ckpt
