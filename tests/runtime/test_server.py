@@ -106,3 +106,16 @@ def test_fresh_tokens_give_each_worker_one_batch_of_the_current_step() -> None:
     shard.global_step = 3
     assert data.take(0)[2] == 3  # the last batch
     assert data.take(2) is None and shard.closed[-1] == (3, 1)  # the data ran out: close with what was handed out
+
+
+@pytest.mark.parametrize("rows", [0, 2])
+def test_a_fixed_table_with_fewer_keys_than_shards_gives_the_extra_shards_none(rows: int) -> None:
+    """(The image task has 0 rows; a tiny key space on many shards has shards that own nothing.)"""
+    from cadence.runtime.embedding_table import FixedTable
+    from cadence.tasks.base import TableSpec
+
+    spec = TableSpec(rows, 3, 0.1, 0)
+    tables = [FixedTable(spec, 1, shard, 4) for shard in range(4)]
+    keys = torch.cat([table.export_rows()[0] for table in tables])
+    assert sorted(keys.tolist()) == list(range(rows))
+    assert [len(table) for table in tables] == [1 if shard < rows else 0 for shard in range(4)]

@@ -111,7 +111,8 @@ class FixedTable:
         self.spec = spec
         self.width = spec.width
         self.shard, self.shards = shard, shards
-        owned = torch.arange(shard, spec.rows, shards)
+        # the keys it owns (none when the shard's index is past the last key: more shards than rows)
+        self.owned = owned = torch.arange(shard, max(shard, spec.rows), shards)
         self.store = create_store(owned.shape[0], spec.width, state_width)
         for start in range(0, owned.shape[0], 1 << 16):
             chunk = owned[start:start + (1 << 16)]
@@ -137,8 +138,7 @@ class FixedTable:
         return self.store.values.index_select(0, self._local(keys))
 
     def export_rows(self) -> tuple[Tensor, Tensor, Tensor]:
-        keys = torch.arange(self.shard, self.spec.rows, self.shards)
-        return keys, self.store.values.clone(), self.store.state.clone()
+        return self.owned.clone(), self.store.values.clone(), self.store.state.clone()
 
     def import_rows(self, keys: Tensor, values: Tensor, state: Tensor) -> None:
         """Overwrite the rows of ``keys`` (keys this shard owns: the runtime routes them)."""
