@@ -88,14 +88,16 @@ def test_one_worker_equals_the_thread_engine_in_every_mode(tmp_path: Path, local
     assert {k: on_ray[k] for k in COUNTERS} == {k: threads[k] for k in COUNTERS}
 
 
-@pytest.mark.parametrize("task", ["kge", "mf", "w2v"])  # ctr: every test above
+@pytest.mark.parametrize("task", ["kge", "mf", "w2v", "image"])  # ctr: every test above
 def test_every_task_on_ray_equals_the_thread_engine(task: str, task_data, tmp_path: Path, local_cluster) -> None:
+    """With the dense rate scheduled per epoch (shard 0's ``set_dense_lr`` over the actor handle)."""
     from cadence import api
     from tests.conftest import make_config
     from tests.test_task_matrix import assert_same_model
 
     runs = [api.train(make_config(tmp_path / engine, *task_data[task], "strategy=hop_bw", "ps.workers=2",
-                                  "ps.backup_workers=0", "ps.shards=2", f"ps.engine={engine}"))
+                                  "ps.backup_workers=0", "ps.shards=2", f"ps.engine={engine}",
+                                  "optimizer.schedule=cosine", "optimizer.warmup_epochs=1"))
             for engine in ("threads", "ray")]
     assert runs[1].summary["runtime"] == "parameter_server" and runs[1].summary["global_steps"] > 0
     assert_same_model(runs[0].run_dir, runs[1].run_dir)
