@@ -48,19 +48,6 @@ def test_every_runtime_trains_each_epoch_at_the_scheduled_rate(strategy: str, ex
                          "optimizer.schedule=cosine", "optimizer.warmup_epochs=1", "optimizer.warmup_lr=0.01")
     result = api.train(config)
     state = json.loads((result.run_dir / "checkpoints" / "final" / "state.json").read_text())
-    groups = state["meta"]["dense_optimizer"]["param_groups"] if "meta" in state else None
-    if groups is None:  # (the layout of the checkpoint's JSON)
-        groups = _find(state, "param_groups")
+    groups = state["state"]["dense_optimizer"]["param_groups"]
     assert groups[0]["lr"] == pytest.approx(dense_lr(config.optimizer, 3, 2))
     assert groups[0]["lr"] == pytest.approx(0.05 * 0.5 * (1 + math.cos(math.pi / 2)))
-
-
-def _find(tree, key):
-    if isinstance(tree, dict):
-        if key in tree:
-            return tree[key]
-        for value in tree.values():
-            found = _find(value, key)
-            if found is not None:
-                return found
-    return None

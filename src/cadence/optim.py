@@ -20,6 +20,12 @@ from cadence.registry import Registry
 ENTITY_OPTIMIZERS: Registry[type["EntityOptimizer"]] = Registry("entity optimizer", "optimizer.entity")
 
 
+def row_gradient(rows: Tensor) -> Tensor:
+    """The gradient of a batch's rows after its backward pass; zeros when the loss used none of
+    them (a dense-only task's), so every runtime steps and pushes rows the same way."""
+    return rows.grad if rows.grad is not None else torch.zeros_like(rows)
+
+
 class EntityOptimizer(ABC):
     def __init__(self, config: OptimizerConfig):
         self.lr = config.lr

@@ -81,7 +81,7 @@ def test_four_backward_threads_lose_no_batch_and_count_staleness(task, task_data
 
 
 def test_a_failing_backward_pass_stops_the_epoch_with_its_error(task_data, tmp_path, monkeypatch) -> None:
-    def broken(self, item, stages, rule, params):
+    def broken(self, item, stages, rule):
         raise RuntimeError("backward exploded")
 
     monkeypatch.setattr(pdasgd_module.Pdasgd, "_backward", broken)

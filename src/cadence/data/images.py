@@ -25,7 +25,7 @@ from torch import Tensor
 
 from cadence.data import fetch as fetching
 from cadence.data.fetch import DebianPackage, debian_members
-from cadence.errors import ConfigError, DataError
+from cadence.errors import DataError
 from cadence.registry import Registry
 
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -162,7 +162,7 @@ def load_image_dataset(name_or_path: str) -> ImageDataset:
     if path.is_dir() or "/" in name_or_path or name_or_path.startswith("."):
         return read_image_directory(path)
     IMAGE_DATASETS.get(name_or_path)  # raises with the list of names and a close match
-    raise ConfigError("unreachable")
+    raise AssertionError("unreachable")
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:

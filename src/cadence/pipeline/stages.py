@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from cadence.optim import EntityOptimizer
+from cadence.optim import EntityOptimizer, row_gradient
 from cadence.pipeline.batch import Batch, BatchPlan
 from cadence.pipeline.transfer import DeviceLink
 from cadence.store.embedding_store import EmbeddingStore
@@ -87,9 +87,8 @@ class ComputeStage:
         if self.dense_optimizer is not None:
             self.dense_optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        with torch.no_grad():  # (a loss that uses no row, a dense-only task's, leaves no gradient)
-            grad = rows.grad if rows.grad is not None else torch.zeros_like(rows)
-            self.entity_optimizer.step(rows, batch.rows.state, grad)
+        with torch.no_grad():
+            self.entity_optimizer.step(rows, batch.rows.state, row_gradient(rows))
         rows.requires_grad_(False)
         rows.grad = None
         if self.dense_optimizer is not None:

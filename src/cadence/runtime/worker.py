@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from cadence.errors import ConfigError
+from cadence.optim import row_gradient
 from cadence.pipeline.batch import BatchPlan
 from cadence.runtime.aggregation import Gradient
 from cadence.runtime.gates import NoGate
@@ -263,8 +264,7 @@ class Worker:
         here = self.reducer is not None  # (then the dense gradients travel in the all-reduce instead)
         self.bytes_moved += 2 * _nbytes(batch.ids) + 2 * _nbytes(rows) + _nbytes(dense_state) + (0 if here else _nbytes(dense))
         self.delay(time.perf_counter() - started)  # between pull and push: the gradient goes stale
-        row_grad = rows.grad if rows.grad is not None else torch.zeros_like(rows)  # (a loss using no row)
-        self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, row_grad.cpu(),
+        self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, row_gradient(rows).cpu(),
                                   None if here else dense, pulled_step))
         return dense if here else None
 

@@ -39,7 +39,7 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from cadence.optim import InPlaceDense
+from cadence.optim import InPlaceDense, row_gradient
 from cadence.pipeline.batch import Batch, BatchPlan
 from cadence.pipeline.stages import Stages
 from cadence.store.embedding_store import RowBlock
@@ -114,7 +114,6 @@ class Pdasgd(Strategy):
         self.next_timestamp = 0
         self.staleness: Staleness | None = None
         self.busy = {"forward_busy_seconds": 0.0, "backward_busy_seconds": 0.0}
-        self.seconds = 0.0
 
     # ---- the epoch ------------------------------------------------------------------------------
     def run_epoch(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None]) -> None:
@@ -128,7 +127,6 @@ class Pdasgd(Strategy):
         handoff: queue.Queue = queue.Queue()
         free = threading.Semaphore(self.settings.backward_threads)  # backward threads without a graph
         stop, errors, finished = threading.Event(), [], threading.Lock()
-        started = time.perf_counter()
 
         def backward_thread() -> None:
             with self._intra_op_threads():
@@ -141,7 +139,7 @@ class Pdasgd(Strategy):
                         return
                     try:
                         began = time.perf_counter()
-                        self._backward(item, stages, rule, params)
+                        self._backward(item, stages, rule)
                         with finished:
                             self.busy["backward_busy_seconds"] += time.perf_counter() - began
                             on_batch(item.batch)
@@ -182,7 +180,6 @@ class Pdasgd(Strategy):
             deadline = time.monotonic() + STOP_GRACE
             for thread in threads:
                 thread.join(timeout=max(0.0, deadline - time.monotonic()))
-            self.seconds += time.perf_counter() - started
         if errors:
             raise errors[0]
 
@@ -201,8 +198,8 @@ class Pdasgd(Strategy):
                                               (batch, rows), strict=False)
         return _InFlight(batch, rows, loss, leaves, seen)
 
-    def _backward(self, item: _InFlight, stages: Stages, rule: InPlaceDense | None, params: list[Tensor]) -> None:
-        batch, rows, staleness = item.batch, item.rows, self.staleness
+    def _backward(self, item: _InFlight, stages: Stages, rule: InPlaceDense | None) -> None:
+        batch, rows = item.batch, item.rows
         with stages.link.computing(batch):
             handles = []
             if rule is not None and self.layerwise:
@@ -218,7 +215,7 @@ class Pdasgd(Strategy):
                 for index, leaf in enumerate(item.leaves):
                     self._step(index, leaf, rule, item.seen[index])
             with torch.no_grad():
-                grad = rows.grad if rows.grad is not None else torch.zeros_like(rows)
+                grad = row_gradient(rows)
                 # the rows as they are now (other batches wrote some since this forward read them):
                 # the update applies to them, as the dense updates apply to the current weights
                 current = stages.load.store.pull(batch.ids)
