@@ -34,6 +34,8 @@ STRATEGY_SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     # pdASGD: K backward threads; one backward thread with a barrier after each batch is sync
     **{name: (["pdasgd.backward_threads=2"], ["pdasgd.backward_threads=1", "pdasgd.barrier=true"])
        for name in ("pdasgd", "pdasgd-bu")},
+    # AdaPM: 2 nodes (a short look-ahead so tiny epochs still relocate and replicate); one node is sync
+    "adapm": (["ps.workers=2", "adapm.lookahead=4"], ["ps.workers=1"]),
 }
 PIPELINE_STRATEGIES = ("sync", "async", "oac", "pdasgd", "pdasgd-bu")
 TASK_NAMES = ("kge", "ctr", "mf", "w2v", "image")
@@ -78,7 +80,8 @@ def check_trains(task_data, tmp_path: Path, task: str, strategy: str, *overrides
     summary = result.summary
     metric = summary["primary_metric"]
     assert summary["task"] == task and summary["strategy"] == strategy
-    assert summary["runtime"] == ("pipeline" if strategy in PIPELINE_STRATEGIES else "parameter_server")
+    assert summary["runtime"] == ("pipeline" if strategy in PIPELINE_STRATEGIES
+                                  else "adapm" if strategy == "adapm" else "parameter_server")
     assert math.isfinite(summary[metric]) and math.isfinite(summary[f"best_valid_{metric}"])
     assert summary["examples_per_second"] > 0
     assert [r["epoch"] for r in result.metrics if r["split"] == "valid"] == [1, 2]

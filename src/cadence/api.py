@@ -27,13 +27,13 @@ from cadence.data import fingerprint
 from cadence.device import resolve_device, use_deterministic_kernels
 from cadence.errors import CadenceError, CheckpointError, ConfigError, os_errors
 from cadence.optim import ENTITY_OPTIMIZERS
-from cadence.strategies import PIPELINE, PS_MODES, STRATEGIES, check_strategy, runtime_of
+from cadence.strategies import ADAPM, PIPELINE, PS_MODES, STRATEGIES, check_strategy, runtime_of
 from cadence.tasks import TASKS, Task
 from cadence.training import checkpoint as ckpt
 from cadence.training.batch_order import BatchOrder
 from cadence.training.run_directory import RunDirectory, default_run_dir, finite, write_atomic  # noqa: F401  (re-exported)
 from cadence.pipeline.stages import KeyIndex
-from cadence.training.runtimes import ParameterServerRuntime, PipelineRuntime, RowsView, Runtime
+from cadence.training.runtimes import AdaPMRuntime, ParameterServerRuntime, PipelineRuntime, RowsView, Runtime
 from cadence.training.trainer import Trainer, TrainerHook
 
 log = logging.getLogger("cadence")
@@ -207,6 +207,12 @@ def _check_foreign_keys(config: Config, runtime: str) -> None:
                 raise ConfigError(f"{key} belongs to the {name} task; this run's task is {config.task}")
     where = (f"(strategy {config.strategy}, ps.workers={config.ps.workers}, ps.engine={config.ps.engine})")
     for key in sorted(changed):
+        if key.startswith("adapm.") and runtime != ADAPM:
+            raise ConfigError(f"{key} applies to strategy adapm; this run's strategy is {config.strategy}")
+        if runtime == ADAPM and (key in SERVER_KEYS or any(key == own or key.startswith(own + ".")
+                                                           for own in PIPELINE_KEYS)):
+            raise ConfigError(f"{key} does not apply to strategy adapm (its nodes hold the rows: ps.workers "
+                              "sets the number of nodes, adapm.* the rest)")
         if runtime != PIPELINE and any(key == own or key.startswith(own + ".") for own in PIPELINE_KEYS):
             raise ConfigError(f"{key} applies to the one-process pipeline; this run {where} runs on the "
                               "parameter server")
@@ -236,6 +242,8 @@ def build_runtime(config: Config, task: Task, run: RunDirectory) -> tuple[Runtim
         strategy = STRATEGIES.get(config.strategy)(config)
         store_path = config.store.path or str(run.path / "store")
         return PipelineRuntime(config, task, store_path, device, strategy), device
+    if runtime_of(config) == ADAPM:
+        return AdaPMRuntime(config, task), device
     return ParameterServerRuntime(config, task, PS_MODES.get(config.strategy)), device
 
 

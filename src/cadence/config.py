@@ -166,6 +166,30 @@ class PdasgdConfig:
 
 
 @dataclass
+class AdapmConfig:
+    """AdaPM (SPEC section 2): ``ps.workers`` nodes, each with ``threads`` worker threads sharing a
+    node-local store; parameters are relocated or replicated between nodes from the workers' intent
+    signals. Defaults are the paper's, never tuned per task."""
+
+    # adaptive: relocate when one node has intent, replicate when several do; replication: only
+    # replicate; relocation: only relocate; static: a classic parameter server (keys stay on their
+    # home node, every other access remote); full: every key replicated on every node, all synced
+    # each round
+    technique: Literal["adaptive", "replication", "relocation", "static", "full"] = "adaptive"
+    timing: Literal["adaptive", "immediate"] = "adaptive"  # Algorithm 1, or act on every intent at once
+    lookahead: int = 64  # a worker signals a batch's intent this many batches before it computes it
+    alpha: float = 0.1  # Algorithm 1's smoothing factor
+    quantile: float = 0.9999  # Algorithm 1's p
+    initial_rate: float = 10.0  # Algorithm 1's lambda_0 (clocks per round)
+    threads: int = 1  # worker threads per node
+    round_interval: float = 0.001  # seconds a sync thread rests between communication rounds
+    # at an epoch's start a worker waits for rounds (wait_sync) until its first batch's rows are held
+    # on its node, at most this many (every node signals its first intents at once: an owner may
+    # hand a key to one node before another's intent arrives, and that one's comes a round later)
+    start_rounds: int = 10
+
+
+@dataclass
 class SyntheticCtrConfig:
     """Sizes of the seeded CTR data sets ``synthetic-ctr`` (generated in memory) and
     ``synthetic-ctr-stream`` (each example generated on demand from its index: for scale)."""
@@ -208,6 +232,10 @@ class MfConfig:
     split: Literal["random", "kfold"] = "random"  # 80/10/10, or fold `fold` of a `folds`-fold protocol
     folds: int = 5
     fold: int = 0
+    # P > 0: each epoch is P sub-epochs; in sub-epoch s part p trains the ratings of user block p and
+    # item block (p + s) mod P (DSGD's strata: row-partitioned data with column locality, AdaPM's MF
+    # setting; with P = ps.workers each AdaPM node trains one part); 0: one shuffle of all ratings
+    strata: int = 0
     synthetic: SyntheticRatingsConfig = field(default_factory=SyntheticRatingsConfig)
 
 
@@ -272,6 +300,7 @@ class Config:
     ps: ParameterServerConfig = field(default_factory=ParameterServerConfig)
     shadow: ShadowConfig = field(default_factory=ShadowConfig)
     pdasgd: PdasgdConfig = field(default_factory=PdasgdConfig)
+    adapm: AdapmConfig = field(default_factory=AdapmConfig)
     ctr: CtrModelConfig = field(default_factory=CtrModelConfig)
     mf: MfConfig = field(default_factory=MfConfig)
     w2v: W2vConfig = field(default_factory=W2vConfig)
@@ -294,14 +323,15 @@ _POSITIVE = {
     "mf.synthetic.users", "mf.synthetic.items", "mf.synthetic.ratings", "w2v.window", "w2v.min_count",
     "ctr.synthetic.num_examples", "ctr.synthetic.num_fields", "ctr.synthetic.vocab_per_field",
     "ctr.synthetic.holdout", "ctr.num_periods", "w2v.negatives", "shadow.threads", "shadow.every",
-    "shadow.block_lr", "pdasgd.backward_threads", "image.fc",
+    "shadow.block_lr", "pdasgd.backward_threads", "image.fc", "adapm.threads", "adapm.initial_rate",
 }
 _NON_NEGATIVE = {"ps.emulated_latency", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "ctr.first_period",
                  "model.init_std",
                  "w2v.sample", "w2v.max_vocab", "w2v.min_lr", "ctr.synthetic.dim", "ctr.synthetic.zipf_exponent",
                  "shadow.max_syncs_per_second", "optimizer.weight_decay", "optimizer.warmup_epochs",
-                 "image.valid_size", "pdasgd.intra_op_threads"}
+                 "image.valid_size", "pdasgd.intra_op_threads", "adapm.lookahead", "adapm.round_interval", "adapm.start_rounds",
+                 "mf.strata"}
 
 
 # paths and names: an empty one would silently mean the current directory (or nothing)
@@ -581,6 +611,11 @@ def _check_ranges(config: Config, where: dict[str, str]) -> None:
         raise ConfigError(f"{_locate('optimizer.nesterov', where)}optimizer.nesterov needs optimizer.momentum > 0")
     if config.optimizer.warmup_lr is not None and config.optimizer.warmup_lr <= 0:
         raise ConfigError(f"{_locate('optimizer.warmup_lr', where)}optimizer.warmup_lr must be positive")
+    if not 0 < config.adapm.alpha <= 1:
+        raise ConfigError(f"{_locate('adapm.alpha', where)}adapm.alpha must be in (0, 1], got {config.adapm.alpha}")
+    if not 0 < config.adapm.quantile < 1:
+        raise ConfigError(f"{_locate('adapm.quantile', where)}adapm.quantile must be in (0, 1), "
+                          f"got {config.adapm.quantile}")
     if config.optimizer.dense_lr is not None and config.optimizer.dense_lr <= 0:
         raise ConfigError(f"{_locate('optimizer.dense_lr', where)}optimizer.dense_lr must be positive")
 

@@ -74,10 +74,10 @@ def last_checkpoint(run: Path) -> Path:
 # strategy per task, the rest are slow.
 INTERRUPTED = [(task, runtime) for task in (*TASKS, "image")
                for runtime in ("sync", "async", "oac", "pdasgd", "hop_bw", "gba", "shadow-ma", "fr-easgd", "ray",
-                               "shadow-ray")]
+                               "shadow-ray", "adapm")]
 DEFAULT_INTERRUPTS = {("kge", "sync"), ("ctr", "oac"), ("mf", "hop_bw"), ("w2v", "gba"), ("ctr", "ray"),
                       ("kge", "async"), ("ctr", "shadow-ma"), ("kge", "fr-easgd"), ("image", "pdasgd"),
-                      ("ctr", "pdasgd")}
+                      ("ctr", "pdasgd"), ("mf", "adapm"), ("kge", "adapm")}
 
 
 def _ctrl_c_then_resume(ws: Workspace, task: str, runtime: str) -> None:

@@ -46,6 +46,7 @@ RUNTIMES = {  # strategy flags of each runtime a case can run under
     "async": ["--strategy", "async"],
     "oac": ["--strategy", "oac"],
     "pdasgd": ["--strategy", "pdasgd", "--set", "pdasgd.backward_threads=2"],
+    "adapm": ["--strategy", "adapm", "--workers", "2", "--set", "adapm.lookahead=8"],
     "hop_bw": ["--strategy", "hop_bw", "--workers", "2", "--set", "ps.backup_workers=0"],
     "gba": ["--strategy", "gba", "--workers", "2"],
     "bsp": ["--strategy", "bsp", "--workers", "2"],

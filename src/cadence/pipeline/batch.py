@@ -23,6 +23,7 @@ class BatchPlan:
     epoch: int
     index: int
     examples: Tensor  # [B] positions of the batch's examples in the epoch's training data
+    part: int = -1  # the data partition it belongs to (MF's strata: AdaPM's node); -1 = none
 
     def generator(self, seed: int) -> torch.Generator:
         return torch.Generator().manual_seed(derive_seed(seed, "batch", self.epoch, self.index))

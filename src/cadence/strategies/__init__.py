@@ -10,6 +10,7 @@ and ``ps.engine`` (``runtime_of``):
 | ``pdasgd``, ``pdasgd-bu``     | the pipeline (forward and backward threads) | an error: threads of one process |
 | ``bsp``, ``gba``, ``hop_bs``, ``hop_bw`` | the parameter server (one worker) | the parameter server          |
 | ``shadow-*``, ``fr-*``, ``hogwild`` | the parameter server (one trainer)  | the parameter server (trainers: threads or Ray actors) |
+| ``adapm``                     | AdaPM's nodes (one node)              | AdaPM's nodes (``ps.workers`` nodes) |
 
 With one worker ``sync`` means the same math on both runtimes (tested bit for bit).
 """
@@ -24,15 +25,17 @@ from cadence.strategies import pdasgd, pipelined, sync  # noqa: F401  (register 
 from cadence.strategies.base import STRATEGIES, Strategy
 from cadence.strategies.parameter_server import PS_MODES
 
-PIPELINE, PARAMETER_SERVER = "pipeline", "parameter_server"
+PIPELINE, PARAMETER_SERVER, ADAPM = "pipeline", "parameter_server", "adapm"
+# strategies that are a runtime of their own (AdaPM's nodes: runtime/adapm/)
+RUNTIME_STRATEGIES = (ADAPM,)
 
 
 def strategy_names() -> list[str]:
-    return sorted(set(STRATEGIES.names()) | set(PS_MODES.names()))
+    return sorted(set(STRATEGIES.names()) | set(PS_MODES.names()) | set(RUNTIME_STRATEGIES))
 
 
 def check_strategy(name: str) -> None:
-    if name not in STRATEGIES and name not in PS_MODES:
+    if name not in STRATEGIES and name not in PS_MODES and name not in RUNTIME_STRATEGIES:
         close = difflib.get_close_matches(name, strategy_names(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"strategy: unknown strategy {name!r}{hint}; choose one of: {', '.join(strategy_names())}")
@@ -42,6 +45,11 @@ def runtime_of(config: Config) -> str:
     """``pipeline`` or ``parameter_server`` for this config's strategy, workers and engine."""
     name, ps = config.strategy, config.ps
     check_strategy(name)
+    if name == ADAPM:
+        if ps.engine != "threads":
+            raise ConfigError(f"strategy adapm runs its nodes on the threads engine (got ps.engine={ps.engine}); "
+                              "AdaPM's nodes as Ray actors are not built yet")
+        return ADAPM
     one_process = ps.workers == 1 and ps.engine == "threads"
     if name not in PS_MODES:
         if not one_process:
@@ -54,5 +62,5 @@ def runtime_of(config: Config) -> str:
     return PARAMETER_SERVER
 
 
-__all__ = ["PARAMETER_SERVER", "PIPELINE", "PS_MODES", "STRATEGIES", "Strategy", "check_strategy",
+__all__ = ["ADAPM", "PARAMETER_SERVER", "RUNTIME_STRATEGIES", "PIPELINE", "PS_MODES", "STRATEGIES", "Strategy", "check_strategy",
            "runtime_of", "strategy_names"]

@@ -164,6 +164,12 @@ class Task(ABC):
     def plan(self, epoch: int) -> list[BatchPlan]:
         """The batches of ``epoch``: a pure function of (seed, epoch)."""
 
+    def partition(self, plans: list[BatchPlan], parts: int) -> list[list[BatchPlan]]:
+        """The plans of an epoch split among ``parts`` nodes that each own a share of the data
+        (AdaPM): by default round-robin, so every node sees the epoch's shuffle; a task whose data
+        is partitioned (MF by rows) says which batches belong to which node."""
+        return [plans[index::parts] for index in range(parts)]
+
     @abstractmethod
     def prepare(self, plan: BatchPlan) -> Batch:
         """The batch of ``plan``: the keys it touches (``ids``, sorted, unique) and its inputs."""

@@ -122,7 +122,36 @@ class MfTask(Task):
 
     # ---- batches --------------------------------------------------------------------------------
     def plan(self, epoch: int) -> list[BatchPlan]:
-        return plan_epoch(len(self.splits["train"]), self.config.train.batch_size, self.config.seed, epoch, "mf-shuffle")
+        strata = self.config.mf.strata
+        if not strata:
+            return plan_epoch(len(self.splits["train"]), self.config.train.batch_size, self.config.seed, epoch,
+                              "mf-shuffle")
+        return self._plan_strata(epoch, strata)
+
+    def _plan_strata(self, epoch: int, parts: int) -> list[BatchPlan]:
+        """``mf.strata`` = P: sub-epoch s, part p: the ratings of user block p and item block
+        (p + s) mod P, shuffled and batched; the parts' batches interleaved (every rating once)."""
+        train, batch_size = self.splits["train"], self.config.train.batch_size
+        user_block = train.users * parts // self.dataset.num_users
+        item_block = train.items * parts // self.dataset.num_items
+        generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "mf-strata", epoch))
+        plans: list[BatchPlan] = []
+        for step in range(parts):
+            cells = []
+            for part in range(parts):
+                cell = ((user_block == part) & (item_block == (part + step) % parts)).nonzero().squeeze(1)
+                cells.append(cell[torch.randperm(cell.shape[0], generator=generator)].split(batch_size))
+            for row in range(max(len(cell) for cell in cells)):
+                for part, cell in enumerate(cells):
+                    if row < len(cell):
+                        plans.append(BatchPlan(epoch, len(plans), cell[row], part))
+        return plans
+
+    def partition(self, plans: list[BatchPlan], parts: int) -> list[list[BatchPlan]]:
+        """With ``mf.strata`` equal to the number of parts, part p trains its own strata."""
+        if self.config.mf.strata != parts:
+            return super().partition(plans, parts)
+        return [[plan for plan in plans if plan.part == part] for part in range(parts)]
 
     def prepare(self, plan: BatchPlan) -> Batch:
         train, index = self.splits["train"], plan.examples

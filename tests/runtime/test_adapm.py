@@ -1,0 +1,335 @@
+"""AdaPM's nodes (runtime/adapm): every verb against a single-node reference, the owner's
+relocate-or-replicate rule with expiry, exact merging of replica deltas under concurrent pushes,
+Algorithm 1's timing against its formula, and runs of the strategy (one node equals ``sync``: the
+task matrix)."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+import torch
+
+from cadence import api
+from cadence.errors import ConfigError
+from cadence.optim import Sgd
+from cadence.config import OptimizerConfig
+from cadence.runtime.adapm.engine import LocalTransport
+from cadence.runtime.adapm.node import ABSENT, OWNER, REPLICA, Node
+from cadence.runtime.adapm.timing import ActionTimer, poisson_quantile
+from tests.conftest import make_config
+
+KEYS, WIDTH = 24, 3
+
+
+def cluster(nodes: int, technique: str = "adaptive", workers: int = 1):
+    """Nodes over keys 0..23 whose values start at key * 10 (integers: sums are exact)."""
+    keys = torch.arange(KEYS)
+    initial = (keys.float() * 10).unsqueeze(1).repeat(1, WIDTH)
+    built = [Node(i, nodes, keys, initial.clone(), WIDTH, Sgd(OptimizerConfig()), technique, workers)
+             for i in range(nodes)]
+    return built, LocalTransport(built)
+
+
+def remote_of(node: Node, transport: LocalTransport):
+    return lambda dest, slots, delta, value: transport.access(node.index, dest, slots, delta, value)
+
+
+def rounds(nodes: list[Node], transport: LocalTransport, count: int = 1) -> None:
+    """``count`` communication rounds of every node, acting on every intent that starts by now + 1."""
+    for _ in range(count):
+        for node in nodes:
+            node.act_on_intents([clock + 1 for clock in node.clocks])
+            for dest, request in enumerate(node.requests()):
+                if request is not None:
+                    node.install(dest, transport.exchange(node.index, dest, request), request)
+
+
+def owners(nodes: list[Node], key: int) -> list[int]:
+    return [n.index for n in nodes if n.kind[key] == OWNER]
+
+
+def holders(nodes: list[Node], key: int) -> list[int]:
+    return [n.index for n in nodes if n.kind[key] == REPLICA]
+
+
+def main_value(nodes: list[Node], key: int) -> torch.Tensor:
+    (owner,) = owners(nodes, key)
+    return nodes[owner].data[key]
+
+
+# ---- the verbs against a single-node reference -----------------------------------------------------
+@pytest.mark.parametrize("technique", ["adaptive", "replication", "relocation", "static", "full"])
+def test_every_verb_matches_a_single_node_reference(technique: str) -> None:
+    """Random pulls, pushes and sets from three nodes, with intents and rounds in between: what each
+    pull returns and every final main copy equal a plain tensor updated in the same order, where
+    every write reaches the main copy before the next read (reads of replicas may lag: only their
+    final merged values are compared)."""
+    nodes, transport = cluster(3, technique)
+    reference = nodes[0].data.clone()
+    generator = torch.Generator().manual_seed(0)
+    for step in range(60):
+        node = nodes[int(torch.randint(3, (1,), generator=generator))]
+        keys = torch.randperm(KEYS, generator=generator)[:5].sort().values
+        node.intent(0, keys, node.clocks[0] + 1, node.clocks[0] + 3)
+        rounds(nodes, transport)
+        verb = step % 3
+        if verb == 0:
+            delta = torch.randint(-3, 4, (5, WIDTH), generator=generator).float()
+            node.push(keys, delta, remote_of(node, transport))
+            reference[keys] += delta
+        elif verb == 1:
+            value = torch.randint(-50, 50, (5, WIDTH), generator=generator).float()
+            node.set(keys, value, remote_of(node, transport))
+            reference[keys] = value
+        else:
+            node.advance_clock(0)
+        rounds(nodes, transport, 2)  # every replica delta reaches its owner, every refresh returns
+        values, _, _ = node.pull(keys, remote_of(node, transport))
+        assert torch.equal(values, reference[keys]), f"step {step}: a pull disagrees"
+    for node in nodes:
+        node.clocks = [c + 10 for c in node.clocks]  # every intent expires
+    rounds(nodes, transport, 3)
+    for key in range(KEYS):
+        assert len(owners(nodes, key)) == 1, f"key {key}: owners {owners(nodes, key)}"
+        assert torch.equal(main_value(nodes, key), reference[key])
+    if technique != "full":
+        assert all(node.quiet() for node in nodes)
+
+
+def test_a_key_not_held_is_a_counted_synchronous_remote_access() -> None:
+    nodes, transport = cluster(2, "static")
+    node = nodes[0]
+    keys = torch.tensor([0, 1, 2, 3])  # 1 and 3 live on node 1 (key % 2)
+    values, local, _ = node.pull(keys, remote_of(node, transport))
+    assert local.tolist() == [True, False, True, False]
+    assert torch.equal(values, nodes[0].data[keys])
+    assert node.remote_accesses == 2 and node.accesses == 4
+    node.push(keys, torch.ones(4, WIDTH), remote_of(node, transport))
+    assert nodes[1].data[1, 0] == 11.0 and nodes[0].data[0, 0] == 1.0  # each on its owner
+    assert node.remote_accesses == 4
+
+
+# ---- the owner's decision -----------------------------------------------------------------------------
+def test_one_node_with_intent_gets_the_parameter_relocated_and_keeps_it() -> None:
+    nodes, transport = cluster(3)
+    key = torch.tensor([4])  # home: node 1
+    nodes[2].intent(0, key, 0, 2)
+    rounds(nodes, transport)
+    assert owners(nodes, 4) == [2] and holders(nodes, 4) == []
+    assert nodes[2].relocations_in == 1
+    nodes[2].clocks = [5]  # the intent expired: the parameter stays where it is
+    rounds(nodes, transport, 2)
+    assert owners(nodes, 4) == [2]
+    # the home node knows where it went: node 0 reaches it through the home and caches the owner
+    values, local, _ = nodes[0].pull(key, remote_of(nodes[0], transport))
+    assert not bool(local[0]) and torch.equal(values[0], nodes[2].data[4])
+    assert int(nodes[0].hint[4]) == 2
+
+
+def test_several_nodes_with_intent_get_replicas_dropped_when_their_intent_expires() -> None:
+    nodes, transport = cluster(3)
+    key = torch.tensor([3])  # home: node 0
+    nodes[1].intent(0, key, 0, 2)
+    nodes[2].intent(0, key, 0, 4)
+    rounds(nodes, transport)  # node 1 asks first: relocated to 1; then node 2: a replica
+    assert owners(nodes, 3) == [1] and holders(nodes, 3) == [2]
+    nodes[0].intent(0, key, 0, 2)
+    rounds(nodes, transport)
+    assert owners(nodes, 3) == [1] and sorted(holders(nodes, 3)) == [0, 2]
+    nodes[0].clocks, nodes[1].clocks = [2], [2]  # 0's and 1's intents expire: 0 drops its replica
+    rounds(nodes, transport, 2)  # ... and 2 is the only node with intent: its replica becomes the main copy
+    assert holders(nodes, 3) == [] and owners(nodes, 3) == [2]
+    nodes[2].clocks = [9]
+    rounds(nodes, transport, 2)
+    assert owners(nodes, 3) == [2] and all(n.quiet() for n in nodes)
+
+
+def test_replication_only_never_relocates_and_relocation_only_never_replicates() -> None:
+    nodes, transport = cluster(3, "replication")
+    nodes[2].intent(0, torch.tensor([4]), 0, 2)
+    rounds(nodes, transport)
+    assert owners(nodes, 4) == [1] and holders(nodes, 4) == [2]
+    nodes, transport = cluster(3, "relocation")
+    nodes[2].intent(0, torch.tensor([4]), 0, 2)
+    nodes[0].intent(0, torch.tensor([4]), 0, 2)
+    rounds(nodes, transport)
+    assert len(owners(nodes, 4)) == 1 and owners(nodes, 4)[0] in (0, 2) and holders(nodes, 4) == []
+
+
+def test_intents_act_only_within_the_horizon() -> None:
+    nodes, transport = cluster(2)
+    nodes[0].intent(0, torch.tensor([1]), 5, 6)  # home: node 1
+    for node in nodes:
+        node.act_on_intents([5])  # start 5 is not < 5: not yet
+    rounds_without_acting = [node.requests() for node in nodes]
+    assert all(r is None or not r.intent.numel() for rs in rounds_without_acting for r in rs)
+    nodes[0].act_on_intents([6])
+    (_, request) = nodes[0].requests()
+    assert request.intent.tolist() == [1]
+
+
+# ---- replica synchronisation -----------------------------------------------------------------------------
+def test_replica_deltas_keep_unsent_updates_and_refresh_only_when_behind() -> None:
+    nodes, transport = cluster(3)
+    key = torch.tensor([3])
+    for node in nodes:
+        node.intent(0, key, 0, 10)
+    rounds(nodes, transport)
+    owner = owners(nodes, 3)[0]
+    replica = nodes[holders(nodes, 3)[0]]
+    start = main_value(nodes, 3).clone()
+    replica.push(key, torch.full((1, WIDTH), 2.0), None)
+    (request,) = [r for r in replica.requests() if r is not None and r.sync.numel()]
+    assert torch.equal(request.sync_delta, torch.full((1, WIDTH), 2.0))
+    replica.push(key, torch.full((1, WIDTH), 5.0), None)  # made after the delta left: must survive
+    response = nodes[owner].handle(request)
+    assert response.refresh.numel() == 0 and response.current.tolist() == [3]  # nobody else changed it
+    replica.install(owner, response, request)
+    assert torch.equal(replica.data[3], start + 7.0)
+    assert torch.equal(main_value(nodes, 3), start + 2.0)
+    nodes[owner].push(key, torch.full((1, WIDTH), 1.0), None)  # the main copy moves on
+    (request,) = [r for r in replica.requests() if r is not None and r.sync.numel()]
+    response = nodes[owner].handle(request)
+    assert response.refresh.tolist() == [3]  # behind: the full value comes back
+    replica.install(owner, response, request)
+    assert torch.equal(replica.data[3], start + 8.0) and torch.equal(main_value(nodes, 3), start + 8.0)
+
+
+def test_concurrent_pushes_on_replicas_sum_exactly() -> None:
+    """Four nodes, two worker threads each (one pushes +1, one pulls and commits +1) on hot keys held
+    as replicas and main copies while every node's sync thread runs rounds: after the intents expire
+    every main copy is its start plus every update (none overwritten by a commit)."""
+    nodes, transport = cluster(4, workers=2)
+    hot = torch.tensor([0, 1, 2, 5, 7])
+    pushes = 200
+    for node in nodes:
+        for worker in range(2):
+            node.intent(worker, hot, 0, pushes)
+    start = torch.stack([nodes[k % 4].data[k] for k in hot.tolist()])
+    done = threading.Event()
+
+    def sync(node: Node) -> None:
+        while not done.is_set():
+            node.act_on_intents([c + 1 for c in node.clocks])
+            for dest, request in enumerate(node.requests()):
+                if request is not None:
+                    node.install(dest, transport.exchange(node.index, dest, request), request)
+
+    def work(node: Node, worker: int) -> None:
+        remote = remote_of(node, transport)
+        for _ in range(pushes):
+            if worker == 0:  # the verb
+                node.push(hot, torch.ones(hot.shape[0], WIDTH), remote)
+            else:  # a training worker's read-modify-write: pull, +1, commit
+                before, local, stamps = node.pull(hot, remote)
+                node.commit(hot, before, before + 1, local, stamps, remote)
+            node.advance_clock(worker)
+
+    syncers = [threading.Thread(target=sync, args=(n,)) for n in nodes]
+    workers = [threading.Thread(target=work, args=(n, w)) for n in nodes for w in range(2)]
+    for thread in syncers + workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    done.set()
+    for thread in syncers:
+        thread.join()
+    rounds(nodes, transport, 4)
+    assert sum(n.replicas_created for n in nodes) > 0  # replicas were in play
+    final = torch.stack([main_value(nodes, k) for k in hot.tolist()])
+    assert torch.equal(final, start + 4 * 2 * pushes)
+    assert all(len(owners(nodes, k)) == 1 for k in range(KEYS))
+
+
+# ---- Algorithm 1 ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rate", [0.5, 3.0, 20.0, 137.5, 900.0])
+@pytest.mark.parametrize("p", [0.5, 0.99, 0.9999])
+def test_poisson_quantile_is_the_smallest_k_reaching_p(rate: float, p: float) -> None:
+    cdf = lambda k: float(torch.distributions.Poisson(torch.tensor(rate, dtype=torch.float64))
+                          .log_prob(torch.arange(k + 1, dtype=torch.float64)).exp().sum())
+    k = poisson_quantile(rate, p)
+    assert cdf(k) >= p - 1e-12
+    assert k == 0 or cdf(k - 1) < p
+
+
+def test_action_timer_follows_algorithm_one() -> None:
+    timer = ActionTimer(alpha=0.1, p=0.9999, rate=10.0)
+    assert timer.horizon(0) == 0 + poisson_quantile(20.0, 0.9999)  # delta 0: the rate is kept
+    assert timer.rate == 10.0
+    assert timer.horizon(30) == 30 + poisson_quantile(2 * 30, 0.9999)  # delta 30 > rate: max(rate, delta)
+    assert timer.rate == pytest.approx(0.9 * 10 + 0.1 * 30)
+    assert timer.horizon(30) == 30 + poisson_quantile(2 * 12.0, 0.9999)  # no clocks: the estimate stays
+    assert timer.rate == pytest.approx(12.0)
+    assert ActionTimer(immediate=True).horizon(5) == math.inf
+
+
+# ---- the strategy --------------------------------------------------------------------------------------------
+def adapm_run(task_data, tmp_path, name: str, *overrides: str):
+    config = make_config(tmp_path / name, *task_data["mf"], "strategy=adapm", *overrides)
+    return api.train(config)
+
+
+def test_summary_reports_communication_and_remote_accesses(task_data, tmp_path) -> None:
+    result = adapm_run(task_data, tmp_path, "two", "ps.workers=2", "adapm.lookahead=8")
+    summary = result.summary
+    assert summary["runtime"] == "adapm" and summary["nodes"] == 2
+    assert summary["bytes_per_epoch"] > 0 and summary["accesses"] > 0
+    assert 0.0 <= summary["remote_access_share"] <= 1.0
+    assert summary["relocations"] + summary["replicas_created"] > 0
+    for key in ("replica_staleness", "rounds", "bytes_per_node"):
+        assert key in summary
+
+
+def test_static_partitioning_accesses_every_foreign_key_remotely(task_data, tmp_path) -> None:
+    summary = adapm_run(task_data, tmp_path, "static", "ps.workers=2", "adapm.technique=static").summary
+    assert summary["relocations"] == 0 and summary["replicas_created"] == 0
+    assert summary["remote_access_share"] > 0.2  # about half the keys live on the other node
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["strategy=sync", "adapm.lookahead=3"], "adapm.lookahead applies to strategy adapm"),
+    (["strategy=adapm", "ps.shards=2"], "ps.shards does not apply to strategy adapm"),
+    (["strategy=adapm", "ps.engine=ray"], "threads engine"),
+    (["strategy=adapm", "adapm.quantile=1"], "adapm.quantile must be in (0, 1)"),
+    (["strategy=adapm", "adapm.technique=both"], "adapm.technique"),
+])
+def test_configuration_mistakes_are_named(overrides, message, task_data, tmp_path) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        api.train(make_config(tmp_path / "bad", *task_data["mf"], *overrides))
+
+
+def test_result_does_not_depend_on_the_lookahead_once_large_enough(task_data, tmp_path) -> None:
+    """Adaptive timing: a look-ahead of 16 or 256 batches gives (almost) no remote access and the
+    same quality, up to the noise of asynchronous training."""
+    zipf = ["data.dataset=synthetic-zipf", "mf.synthetic.users=2000", "mf.synthetic.items=500",
+            "mf.synthetic.ratings=40000", "train.batch_size=200", "train.epochs=2", "eval.every=0"]
+    runs = [api.train(make_config(tmp_path / f"ahead{ahead}", "task=mf", "strategy=adapm", "ps.workers=2",
+                                  f"adapm.lookahead={ahead}", *zipf)).summary for ahead in (16, 256)]
+    for summary in runs:
+        assert summary["remote_access_share"] < 0.001
+    assert runs[0]["rmse"] == pytest.approx(runs[1]["rmse"], rel=0.02)
+
+
+def test_mf_strata_partition_rows_and_rotate_item_blocks(task_data, tmp_path) -> None:
+    from cadence.tasks import TASKS
+
+    config = api.prepare_config(make_config(tmp_path / "strata", *task_data["mf"], "mf.strata=3"))
+    task = TASKS.get("mf")(config)
+    plans = task.plan(0)
+    train = task.splits["train"]
+    seen = torch.cat([plan.examples for plan in plans]).sort().values
+    assert torch.equal(seen, torch.arange(len(train)))  # every rating once
+    users, items = task.dataset.num_users, task.dataset.num_items
+    parts = task.partition(plans, 3)
+    for part, mine in enumerate(parts):
+        item_blocks = []
+        for plan in mine:
+            assert plan.part == part
+            assert set((train.users[plan.examples] * 3 // users).tolist()) == {part}  # its rows only
+            blocks = set((train.items[plan.examples] * 3 // items).tolist())
+            assert len(blocks) == 1  # one column block per batch
+            item_blocks.append(blocks.pop())
+        assert item_blocks == sorted(item_blocks, key=lambda b: (b - part) % 3)  # rotating: (p + s) mod 3
+    assert task.partition(plans, 2) == [plans[0::2], plans[1::2]]  # other node counts: round-robin
