@@ -77,7 +77,7 @@ INTERRUPTED = [(task, runtime) for task in (*TASKS, "image")
                                "shadow-ray", "adapm")]
 DEFAULT_INTERRUPTS = {("kge", "sync"), ("ctr", "oac"), ("mf", "hop_bw"), ("w2v", "gba"), ("ctr", "ray"),
                       ("kge", "async"), ("ctr", "shadow-ma"), ("kge", "fr-easgd"), ("image", "pdasgd"),
-                      ("ctr", "pdasgd"), ("mf", "adapm"), ("kge", "adapm")}
+                      ("ctr", "pdasgd"), ("mf", "adapm")}
 
 
 def _ctrl_c_then_resume(ws: Workspace, task: str, runtime: str) -> None:

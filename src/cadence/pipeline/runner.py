@@ -112,6 +112,8 @@ class PipelineRunner:
         self._timestamp = next_timestamp
         self._last_progress = time.monotonic()
         self._remaining = len(plans)
+        self._epoch = plans[0].epoch if plans else 0
+        self._total = len(plans)
         self._states: list[_Stage] = []
         self._loaders_left = self.config.loader_threads
         self._writers_left = self.config.writer_threads
@@ -290,6 +292,7 @@ class PipelineRunner:
                      f"for {time.monotonic() - oldest.since:.1f} s")
         else:
             waiting = max(self._states, key=lambda s: time.monotonic() - s.since)
-            where = f"every stage is waiting (longest: {waiting.name})"
+            where = (f"every stage is waiting (longest: {waiting.name}) with {self._total - self._remaining} of "
+                     f"{self._total} batches of epoch {self._epoch} finished")
         return (f"pipeline stalled: no batch finished for {self.config.stall_timeout:g} s; {where}; {queues}. "
                 "Training stopped; the last checkpoint is kept (resume with --resume).")
