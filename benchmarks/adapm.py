@@ -18,6 +18,8 @@ Parts (``--parts``, default all):
   0 .. ``--seeds`` - 1 (the paired difference's mean and 95% interval): KGE
   (Kinships, ComplEx, ``configs/kinships-complex.yaml`` for 20 epochs), MF (``configs/ml100k-mf.yaml``),
   CTR (``configs/ml100k-deepfm.yaml``), word2vec (the registered ``enwiki-excerpt`` corpus, 3 epochs).
+- ``ray``: two Ray nodes on loopback (two ``ray start``; one AdaPM node actor on each): the Zipf MF
+  with strata on 2 nodes, ``adaptive`` and ``replication`` against one node actor.
 - ``timing``: Figure 8's ablation on the Zipf MF without strata (every node sees every hot key), 2
   nodes, one epoch: adaptive timing against acting immediately, for look-aheads 4 .. 1024 batches.
 
@@ -30,7 +32,7 @@ The nodes are threads of this process (the ``threads`` engine): communication vo
 and remote accesses are the protocol's; epoch times share 2 cores and one interpreter among all
 nodes' workers and sync threads, so they measure overhead, not a cluster's speedup.
 
-    .venv/bin/python benchmarks/adapm.py [--quick] [--parts table2,tasks,timing] [--seeds 3]
+    .venv/bin/python benchmarks/adapm.py [--quick] [--parts table2,tasks,timing,ray] [--seeds 3]
 
 Writes benchmarks/results/adapm.json (``--quick``: adapm_quick.json, smaller data, to check the
 harness).
@@ -53,7 +55,7 @@ from cadence.config import load_config
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 KEYS = ("bytes_per_epoch", "replica_staleness", "remote_access_share", "remote_accesses", "accesses",
-        "relocations", "replicas_created", "rounds", "train_seconds", "examples_per_second")
+        "relocations", "replicas_created", "rounds", "train_seconds", "examples_per_second", "engine", "node_hosts")
 TECHNIQUES = ("adaptive", "replication", "relocation", "static", "full")
 
 
@@ -127,9 +129,10 @@ TASK_RUNS = {
 }
 
 
-def part_tasks(quick: bool, seeds: int) -> dict[str, Any]:
+def part_tasks(quick: bool, seeds: int, tasks: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for task, (path, extra) in TASK_RUNS.items():
+    for task in tasks:
+        path, extra = TASK_RUNS[task]
         shorter = ["train.epochs=2"] if quick else []
         common = [*extra, *shorter, "strategy=adapm", "progress=false"]
         print(f"tasks: {task}", flush=True)
@@ -164,17 +167,35 @@ def part_timing(quick: bool) -> dict[str, Any]:
     return out
 
 
+def part_ray(quick: bool) -> dict[str, Any]:
+    """Two Ray nodes on loopback (``ray start`` twice): one AdaPM node actor per Ray node."""
+    from ray_cluster import two_nodes
+
+    out: dict[str, Any] = {}
+    common = [*zipf(quick), "train.epochs=2" if quick else "train.epochs=3", "eval.every=1", "mf.strata=2",
+              "strategy=adapm", "ps.engine=ray"]
+    with two_nodes() as address:
+        print(f"ray: two nodes at {address}", flush=True)
+        where = [f"ps.ray_address={address}"]
+        single = run(None, [*common, *where, "ps.workers=1"], "single")
+        rows = [run(None, [*common, *where, "ps.workers=2", f"adapm.technique={t}"], t)
+                for t in ("adaptive", "replication")]
+    effective_speedups([single, *rows], single)
+    out = {"single": single, **{row["name"]: row for row in rows}}
+    return out
+
+
 def bars(report: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     runs = []
-    for group in report.get("table2", {}).values():
+    for group in [*report.get("table2", {}).values(), report.get("ray", {})]:
         runs += [r for name, r in group.items() if name == "adaptive" and "accesses" in r]
     for group in report.get("tasks", {}).values():
         runs += [r for r in group["adapm-2"] if "accesses" in r]
     if runs:
         share = max(r["remote_access_share"] for r in runs)
         result["remote_share_below_0.01%"] = {"max": share, "pass": share < 1e-4}
-    table = report.get("table2", {})
+    table = {**report.get("table2", {}), **({"ray_2_nodes": report["ray"]} if "ray" in report else {})}
     for nodes, group in table.items():
         if "bytes_per_epoch" in group.get("adaptive", {}) and "bytes_per_epoch" in group.get("replication", {}):
             ratio = group["adaptive"]["bytes_per_epoch"] / group["replication"]["bytes_per_epoch"]
@@ -200,9 +221,10 @@ def bars(report: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--parts", default="table2,tasks,timing")
+    parser.add_argument("--parts", default="table2,tasks,timing,ray")
     parser.add_argument("--out", default=None)
     parser.add_argument("--seeds", type=int, default=3, help="seeds of the tasks part (default 3)")
+    parser.add_argument("--tasks", default=",".join(TASK_RUNS), help="tasks of the tasks part (default all)")
     args = parser.parse_args()
     started = time.perf_counter()
     out = Path(args.out) if args.out else RESULTS / f"adapm{'_quick' if args.quick else ''}.json"
@@ -210,8 +232,8 @@ def main() -> None:
         "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/adapm.py", *sys.argv[1:]]),
         "machine": machine_info(), "engine": "threads (every node in this process)",
     }
-    parts = {"table2": part_table2, "tasks": lambda quick: part_tasks(quick, 1 if quick else args.seeds),
-             "timing": part_timing}
+    parts = {"table2": part_table2, "tasks": lambda quick: part_tasks(quick, 1 if quick else args.seeds, args.tasks.split(",")),
+             "timing": part_timing, "ray": part_ray}
     for name in args.parts.split(","):
         report[name] = parts[name](args.quick)
         write_report(report, out, started, 0.0)  # (a partial report survives an interrupted run)

@@ -209,7 +209,7 @@ def _check_foreign_keys(config: Config, runtime: str) -> None:
     for key in sorted(changed):
         if key.startswith("adapm.") and runtime != ADAPM:
             raise ConfigError(f"{key} applies to strategy adapm; this run's strategy is {config.strategy}")
-        if runtime == ADAPM and (key in SERVER_KEYS or any(key == own or key.startswith(own + ".")
+        if runtime == ADAPM and (key in SERVER_KEYS and key != "ps.ray_address" or any(key == own or key.startswith(own + ".")
                                                            for own in PIPELINE_KEYS)):
             raise ConfigError(f"{key} does not apply to strategy adapm (its nodes hold the rows: ps.workers "
                               "sets the number of nodes, adapm.* the rest)")

@@ -291,7 +291,6 @@ def test_static_partitioning_accesses_every_foreign_key_remotely(task_data, tmp_
 @pytest.mark.parametrize("overrides, message", [
     (["strategy=sync", "adapm.lookahead=3"], "adapm.lookahead applies to strategy adapm"),
     (["strategy=adapm", "ps.shards=2"], "ps.shards does not apply to strategy adapm"),
-    (["strategy=adapm", "ps.engine=ray"], "threads engine"),
     (["strategy=adapm", "adapm.quantile=1"], "adapm.quantile must be in (0, 1)"),
     (["strategy=adapm", "adapm.technique=both"], "adapm.technique"),
 ])

@@ -375,3 +375,34 @@ def test_a_trainer_process_that_dies_does_not_hang_the_others(tmp_path: Path, lo
     assert time.perf_counter() - started < 120
     assert summary["epochs"] == 2 and summary["workers_replaced"] == 1
     assert 768 < summary["examples_seen"] < 2 * 768
+
+
+# ---- AdaPM's nodes as actors (--strategy adapm --engine ray) -----------------------------------------------
+@pytest.mark.parametrize("task", ["kge", "ctr"])
+def test_one_adapm_node_actor_equals_sync(task: str, task_data, tmp_path: Path, local_cluster) -> None:
+    """The node actor builds the task, its store and its dense module itself: one node of one worker
+    computes exactly what ``sync`` does, and its rows reach the driver for evaluation and export."""
+    from cadence import api
+    from tests.conftest import make_config
+    from tests.test_task_matrix import assert_same_model
+
+    sync = api.train(make_config(tmp_path / "sync", *task_data[task]))
+    adapm = api.train(make_config(tmp_path / "adapm", *task_data[task], "strategy=adapm", "ps.engine=ray"))
+    assert adapm.summary["engine"] == "ray" and adapm.summary["runtime"] == "adapm"
+    assert_same_model(sync.run_dir, adapm.run_dir)
+
+
+def test_adapm_nodes_as_actors_relocate_and_replicate_between_processes(tmp_path: Path, local_cluster) -> None:
+    from cadence import api
+    from tests.conftest import make_config
+
+    zipf = ["task=mf", "data.dataset=synthetic-zipf", "mf.synthetic.users=2000", "mf.synthetic.items=500",
+            "mf.synthetic.ratings=40000", "train.batch_size=200", "train.epochs=2", "eval.every=0",
+            "strategy=adapm", "ps.workers=2", "adapm.lookahead=32"]
+    on_ray = api.train(make_config(tmp_path / "ray", *zipf, "ps.engine=ray")).summary
+    on_threads = api.train(make_config(tmp_path / "threads", *zipf)).summary
+    assert on_ray["engine"] == "ray" and on_ray["nodes"] == 2
+    assert on_ray["relocations"] > 0 and on_ray["replicas_created"] > 0 and on_ray["bytes_per_epoch"] > 0
+    assert on_ray["remote_access_share"] < 0.01
+    assert on_ray["examples_seen"] == on_threads["examples_seen"]
+    assert on_ray["rmse"] == pytest.approx(on_threads["rmse"], rel=0.03)

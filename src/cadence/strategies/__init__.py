@@ -10,7 +10,7 @@ and ``ps.engine`` (``runtime_of``):
 | ``pdasgd``, ``pdasgd-bu``     | the pipeline (forward and backward threads) | an error: threads of one process |
 | ``bsp``, ``gba``, ``hop_bs``, ``hop_bw`` | the parameter server (one worker) | the parameter server          |
 | ``shadow-*``, ``fr-*``, ``hogwild`` | the parameter server (one trainer)  | the parameter server (trainers: threads or Ray actors) |
-| ``adapm``                     | AdaPM's nodes (one node)              | AdaPM's nodes (``ps.workers`` nodes) |
+| ``adapm``                     | AdaPM's nodes (one node)              | AdaPM's nodes (``ps.workers`` nodes: threads or Ray actors) |
 
 With one worker ``sync`` means the same math on both runtimes (tested bit for bit).
 """
@@ -45,10 +45,7 @@ def runtime_of(config: Config) -> str:
     """``pipeline`` or ``parameter_server`` for this config's strategy, workers and engine."""
     name, ps = config.strategy, config.ps
     check_strategy(name)
-    if name == ADAPM:
-        if ps.engine != "threads":
-            raise ConfigError(f"strategy adapm runs its nodes on the threads engine (got ps.engine={ps.engine}); "
-                              "AdaPM's nodes as Ray actors are not built yet")
+    if name == ADAPM:  # nodes as threads of this process, or as Ray actors
         return ADAPM
     one_process = ps.workers == 1 and ps.engine == "threads"
     if name not in PS_MODES:

@@ -413,10 +413,15 @@ class AdaPMRuntime(Runtime):
 
     def __init__(self, config: Config, task: Task):
         super().__init__(config, task)
-        from cadence.runtime.adapm.engine import Cluster
-
         self.module = task.dense_module()
-        self.cluster = Cluster(config, task, self.module)
+        if config.ps.engine == "ray":
+            from cadence.runtime.adapm.ray_nodes import RayCluster
+
+            self.cluster = RayCluster(config, task, self.module)
+        else:
+            from cadence.runtime.adapm.engine import Cluster
+
+            self.cluster = Cluster(config, task, self.module)
         self.index = None if self.spec.fixed else KeyIndex(self.cluster.keys)
 
     def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
@@ -458,4 +463,7 @@ class AdaPMRuntime(Runtime):
         self.cluster.load_dense()
         if counters and "adapm" in meta:
             self.cluster.load_counters(meta["adapm"])
+
+    def close(self) -> None:
+        self.cluster.close()
 

@@ -54,58 +54,58 @@ def initial_values(task, state_width: int) -> tuple[Tensor, Tensor]:
     return keys, torch.cat([store.values, store.state], dim=1)
 
 
-class Cluster:
-    """``nodes`` AdaPM nodes of ``threads`` workers each, the run's dense module as node 0's main copy."""
+class NodeRunner:
+    """One node and what runs on it: its worker threads (each with its dense copy and an Algorithm 1
+    timer), its sync thread, and a transport to the other nodes. The same in a thread of this
+    process (``Cluster``) and in a Ray actor (``ray_nodes.NodeActor``)."""
 
-    def __init__(self, config, task, dense: nn.Module):
+    def __init__(self, config, task, index: int, keys: Tensor, initial: Tensor, dense: nn.Module, main_module: bool):
         self.config, self.task = config, task
-        settings = config.adapm
-        self.settings = settings
+        settings = self.settings = config.adapm
         self.count = config.ps.workers
         entity_class = ENTITY_OPTIMIZERS.get(config.optimizer.entity)
-        spec = task.table()
-        self.width = spec.width
-        keys, initial = initial_values(task, entity_class.state_width(spec.width))
-        self.keys = keys
-        self.nodes = [Node(index, self.count, keys, initial if index == 0 else initial.clone(), spec.width,
-                           entity_class(config.optimizer), settings.technique, settings.threads)
-                      for index in range(self.count)]
-        self.transport = LocalTransport(self.nodes)
-        self.dense = dense
-        params = list(dense.parameters())
-        self.dense_optimizer = dense_optimizer(config.optimizer, params) if params else None
-        for node in self.nodes:
-            for worker in range(settings.threads):
-                main = node.index == 0 and worker == 0
-                module = dense if main else copy.deepcopy(dense)
-                optimizer = (self.dense_optimizer if main else
-                             dense_optimizer(config.optimizer, list(module.parameters())) if params else None)
-                node.dense.append(DenseCopy(module, optimizer, main))
-        self.nodes[0].main_dense = self.nodes[0].dense[0]
-        immediate = settings.timing == "immediate"
-        self.timers = [[ActionTimer(settings.alpha, settings.quantile, settings.initial_rate, immediate=immediate)
-                        for _ in range(settings.threads)] for _ in self.nodes]
+        self.width = task.table().width
         self.entity = entity_class(config.optimizer)
-        self.epochs = 0
-        self.seconds = 0.0
+        self.node = Node(index, self.count, keys, initial, self.width, entity_class(config.optimizer),
+                         settings.technique, settings.threads)
+        self.transport = None  # set once every node exists (``connect``)
+        params = list(dense.parameters())
+        for worker in range(settings.threads):
+            main = index == 0 and worker == 0
+            module = dense if main and main_module else copy.deepcopy(dense)
+            optimizer = dense_optimizer(config.optimizer, list(module.parameters())) if params else None
+            self.node.dense.append(DenseCopy(module, optimizer, main))
+        if index == 0:
+            self.node.main_dense = self.node.dense[0]
+        immediate = settings.timing == "immediate"
+        self.timers = [ActionTimer(settings.alpha, settings.quantile, settings.initial_rate, immediate=immediate)
+                       for _ in range(settings.threads)]
 
-    # ---- one communication round of one node --------------------------------------------------------
-    def round(self, node: Node) -> None:
-        timers = self.timers[node.index]
+    def connect(self, transport) -> None:
+        self.transport = transport
+
+    def set_lr(self, lr: float) -> None:
+        for dense_copy in self.node.dense:
+            if dense_copy.optimizer is not None:
+                for group in dense_copy.optimizer.param_groups:
+                    group["lr"] = lr
+
+    # ---- one communication round ----------------------------------------------------------------------
+    def round(self) -> None:
+        node = self.node
         node.round_started()
-        node.act_on_intents([timer.horizon(clock) for timer, clock in zip(timers, list(node.clocks))])
+        node.act_on_intents([timer.horizon(clock) for timer, clock in zip(self.timers, list(node.clocks))])
         if node.index == 0:
-            self._sync_local_dense(node)
+            self._sync_local_dense()
         for dest, request in enumerate(node.requests()):
             if request is not None:
                 node.install(dest, self.transport.exchange(node.index, dest, request), request)
         node.round_completed()
 
-    @staticmethod
-    def _sync_local_dense(node: Node) -> None:
+    def _sync_local_dense(self) -> None:
         """Node 0's other workers' dense replicas meet the main copy without a message."""
-        main = node.main_dense
-        for replica in node.dense[1:]:
+        main = self.node.main_dense
+        for replica in self.node.dense[1:]:
             if not replica.params:
                 return
             with replica.lock:
@@ -121,27 +121,19 @@ class Cluster:
                 replica.sync = value
                 replica.version = main.version
 
-    # ---- an epoch ------------------------------------------------------------------------------------
-    def run_epoch(self, plans: list[BatchPlan], lr: float, on_batch: Callable[[Batch], None]) -> tuple[float, int]:
-        for node in self.nodes:
-            for dense_copy in node.dense:
-                if dense_copy.optimizer is not None:
-                    for group in dense_copy.optimizer.param_groups:
-                        group["lr"] = lr
-        parts = self.task.partition(plans, self.count)
+    # ---- this node's share of an epoch ------------------------------------------------------------------
+    def run_epoch(self, plans: list[BatchPlan], report: Callable[[Batch], None], stop: threading.Event) -> tuple[float, int]:
+        """Run this node's workers over ``plans`` (round-robin among them) with its sync thread
+        beside them; (summed loss, examples). ``stop``: another node failed, leave early."""
         threads = self.settings.threads
         results: list[tuple[float, int]] = []
         errors: list[BaseException] = []
         lock = threading.Lock()
-        stop = threading.Event()
+        finished = threading.Event()
 
-        def report(batch: Batch) -> None:
-            with lock:
-                on_batch(batch)
-
-        def work(node: Node, worker: int, mine: list[BatchPlan]) -> None:
+        def work(worker: int) -> None:
             try:
-                outcome = self._work(node, worker, mine, report, stop)
+                outcome = self._work(worker, plans[worker::threads], report, stop)
                 with lock:
                     results.append(outcome)
             except BaseException as err:  # re-raised on the caller's thread
@@ -149,62 +141,46 @@ class Cluster:
                     errors.append(err)
                 stop.set()
 
-        def sync(node: Node) -> None:
+        def sync() -> None:
             try:
                 while not finished.is_set():
-                    self.round(node)
+                    self.round()
                     finished.wait(self.settings.round_interval)
             except BaseException as err:
                 with lock:
                     errors.append(err)
                 stop.set()
 
-        finished = threading.Event()
-        started = time.perf_counter()
-        syncers = [threading.Thread(target=sync, args=(node,), name=f"cadence-adapm-sync-{node.index}", daemon=True)
-                   for node in self.nodes] if self.count > 1 else []
-        workers = [threading.Thread(target=work, args=(node, w, parts[node.index][w::threads]),
-                                    name=f"cadence-adapm-{node.index}.{w}", daemon=True)
-                   for node in self.nodes for w in range(threads)]
-        for thread in syncers + workers:
+        index = self.node.index
+        syncer = ([threading.Thread(target=sync, name=f"cadence-adapm-sync-{index}", daemon=True)]
+                  if self.count > 1 else [])
+        workers = [threading.Thread(target=work, args=(w,), name=f"cadence-adapm-{index}.{w}", daemon=True)
+                   for w in range(threads)]
+        for thread in syncer + workers:
             thread.start()
         for thread in workers:
             thread.join()
         finished.set()
-        for thread in syncers:
+        for thread in syncer:
             thread.join()
         if errors:
             raise errors[0]
-        self.settle()
-        self.seconds += time.perf_counter() - started
-        self.epochs += 1
         return sum(r[0] for r in results), sum(r[1] for r in results)
 
-    def settle(self, limit: int = 1000) -> None:
-        """Rounds until nothing is left to manage: every worker is past its intents, so replicas are
-        dropped with their last deltas and the owners hold every update (and node 0 every dense
-        delta: two rounds at least)."""
-        if self.count == 1:
-            self._sync_local_dense(self.nodes[0])
-            return
-        for attempt in range(limit):
-            for node in self.nodes:
-                self.round(node)
-            if attempt >= 1 and all(node.quiet() for node in self.nodes):
-                return
-        raise ProtocolError(f"the nodes did not settle after {limit} rounds")
-
-    def _work(self, node: Node, worker: int, plans: list[BatchPlan], report, stop: threading.Event) -> tuple[float, int]:
+    def _work(self, worker: int, plans: list[BatchPlan], report, stop: threading.Event) -> tuple[float, int]:
         """One worker's share of the epoch: intent ``lookahead`` batches ahead, then per batch pull,
         compute, commit, advance the clock."""
-        task, width = self.task, self.width
+        node, task, width = self.node, self.task, self.width
         dense = node.dense[worker]
         module = dense.module
         compute = ComputeStage(task, module, self.entity, None)  # (the dense step: below, under its lock)
         base = node.current_clock(worker)
         lookahead = self.settings.lookahead
         ready: deque[Batch] = deque()
-        remote = self._remote(node)
+        transport = self.transport
+
+        def remote(dest: int, slots: Tensor, delta: Tensor | None, value: Tensor | None):
+            return transport.access(node.index, dest, slots, delta, value)
 
         def signal(position: int) -> None:
             batch = task.prepare(plans[position])
@@ -243,93 +219,197 @@ class Cluster:
             report(batch)
         return loss_total, examples
 
-    def _remote(self, node: Node):
-        def remote(dest: int, slots: Tensor, delta: Tensor | None, value: Tensor | None):
-            return self.transport.access(node.index, dest, slots, delta, value)
-        return remote
+    # ---- this node's parameters ----------------------------------------------------------------------
+    def owned(self) -> tuple[Tensor, Tensor]:
+        """(slots, values) of the main copies held here."""
+        node = self.node
+        with node.lock:
+            slots = (node.kind == OWNER).nonzero().squeeze(1)
+            return slots, node.data.index_select(0, slots)
 
-    # ---- the run's parameters --------------------------------------------------------------------------
+    def load_rows(self, values: Tensor) -> None:
+        """Every copy here takes ``values`` (between epochs only owners, and full replication's
+        replicas, hold copies)."""
+        node = self.node
+        with node.lock:
+            node.data.copy_(values)
+            node.stamp += 1
+            if node.sync.shape[0]:
+                node.sync.copy_(values)
+
+    def main_dense_state(self) -> tuple[dict[str, Tensor], dict | None]:
+        """Node 0: the main dense module's state and its optimizer's."""
+        main = self.node.main_dense
+        optimizer = main.optimizer.state_dict() if main.optimizer is not None else None
+        return {k: v.detach().clone() for k, v in main.module.state_dict().items()}, copy.deepcopy(optimizer)
+
+    def load_dense(self, state: dict[str, Tensor], optimizer_state: dict | None, version: int) -> None:
+        """Every dense copy here takes the main copy's ``state`` (a loaded checkpoint) and, when given,
+        its optimizer's state."""
+        for dense_copy in self.node.dense:
+            if not dense_copy.params:
+                continue
+            with dense_copy.lock:
+                dense_copy.module.load_state_dict(state)
+                dense_copy.sync = dense_copy.vector()
+                dense_copy.version = version
+                if optimizer_state is not None and dense_copy.optimizer is not None:
+                    dense_copy.optimizer.load_state_dict(copy.deepcopy(optimizer_state))
+
+    def quiet(self) -> bool:
+        return self.node.quiet()
+
+    COUNTERS = ("accesses", "remote_accesses", "remote_reads", "bytes_sent", "relocations_in", "replicas_created",
+                "staleness_total", "staleness_count", "rounds")
+
+    def counters(self) -> dict[str, Any]:
+        node = self.node
+        return {**{name: getattr(node, name) for name in self.COUNTERS}, "clocks": list(node.clocks)}
+
+    def load_counters(self, entry: dict[str, Any]) -> None:
+        node = self.node
+        for name in self.COUNTERS:
+            setattr(node, name, entry.get(name, 0))
+        if len(entry.get("clocks", [])) == len(node.clocks):
+            node.clocks = list(entry["clocks"])
+            for timer, clock in zip(self.timers, node.clocks):
+                timer.last_clock = clock
+
+
+def summarize(settings, counters: list[dict[str, Any]], epochs: int, seconds: float) -> dict[str, Any]:
+    """summary.json's AdaPM fields from every node's counters."""
+    total = {name: sum(c[name] for c in counters) for name in NodeRunner.COUNTERS}
+    nodes = len(counters)
+    stale = total["staleness_count"]
+    return {
+        "nodes": nodes,
+        "technique": settings.technique,
+        "timing": settings.timing,
+        "lookahead": settings.lookahead,
+        "worker_threads_per_node": settings.threads,
+        # bytes of every message (intents, relocations, replicas, deltas, refreshes, remote accesses,
+        # forwarded parts, dense deltas), per node and epoch
+        "bytes_per_epoch": round(total["bytes_sent"] / nodes / max(1, epochs), 1),
+        "bytes_per_node": [c["bytes_sent"] for c in counters],
+        "accesses": total["accesses"],
+        "remote_accesses": total["remote_accesses"],
+        "remote_reads": total["remote_reads"],
+        "remote_access_share": total["remote_accesses"] / total["accesses"] if total["accesses"] else 0.0,
+        # mean time since the replica's last refresh over reads of a replica (Table 2's measure), ms
+        "replica_staleness": round(1000.0 * total["staleness_total"] / stale, 4) if stale else 0.0,
+        "replica_reads": stale,
+        "relocations": total["relocations_in"],
+        "replicas_created": total["replicas_created"],
+        "rounds": total["rounds"],
+        "adapm_seconds": round(seconds, 3),
+    }
+
+
+class Cluster:
+    """The ``threads`` engine: ``ps.workers`` nodes in this process, the run's dense module as node
+    0's first worker's (the main copy)."""
+
+    def __init__(self, config, task, dense: nn.Module):
+        self.config, self.task, self.settings = config, task, config.adapm
+        self.count = config.ps.workers
+        entity_class = ENTITY_OPTIMIZERS.get(config.optimizer.entity)
+        keys, initial = initial_values(task, entity_class.state_width(task.table().width))
+        self.keys = keys
+        self.runners = [NodeRunner(config, task, index, keys, initial if index == 0 else initial.clone(), dense, True)
+                        for index in range(self.count)]
+        self.nodes = [runner.node for runner in self.runners]
+        self.transport = LocalTransport(self.nodes)
+        for runner in self.runners:
+            runner.connect(self.transport)
+        self.dense = dense
+        self.dense_optimizer = self.nodes[0].main_dense.optimizer  # the run's (checkpointed)
+        self.epochs = 0
+        self.seconds = 0.0
+
+    def run_epoch(self, plans: list[BatchPlan], lr: float, on_batch: Callable[[Batch], None]) -> tuple[float, int]:
+        for runner in self.runners:
+            runner.set_lr(lr)
+        parts = self.task.partition(plans, self.count)
+        lock = threading.Lock()
+        stop = threading.Event()
+        results: list[tuple[float, int]] = []
+        errors: list[BaseException] = []
+
+        def report(batch: Batch) -> None:
+            with lock:
+                on_batch(batch)
+
+        def node_epoch(runner: NodeRunner) -> None:
+            try:
+                outcome = runner.run_epoch(parts[runner.node.index], report, stop)
+                with lock:
+                    results.append(outcome)
+            except BaseException as err:  # re-raised on the caller's thread
+                with lock:
+                    errors.append(err)
+                stop.set()
+
+        started = time.perf_counter()
+        threads = [threading.Thread(target=node_epoch, args=(runner,), name=f"cadence-adapm-node-{runner.node.index}",
+                                    daemon=True) for runner in self.runners]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        self.settle()
+        self.seconds += time.perf_counter() - started
+        self.epochs += 1
+        return sum(r[0] for r in results), sum(r[1] for r in results)
+
+    def settle(self, limit: int = 1000) -> None:
+        """Rounds until nothing is left to manage: every worker is past its intents, so replicas are
+        dropped with their last deltas and the owners hold every update (and node 0 every dense
+        delta: two rounds at least)."""
+        if self.count == 1:
+            self.runners[0]._sync_local_dense()
+            return
+        for attempt in range(limit):
+            for runner in self.runners:
+                runner.round()
+            if attempt >= 1 and all(runner.quiet() for runner in self.runners):
+                return
+        raise ProtocolError(f"the nodes did not settle after {limit} rounds")
+
+    # ---- the run's parameters ----------------------------------------------------------------------------
     def rows(self) -> Tensor:
         """[N, width + state]: every key's main copy, gathered from its owner."""
         out = torch.empty_like(self.nodes[0].data)
-        for node in self.nodes:
-            with node.lock:
-                owned = (node.kind == OWNER).nonzero().squeeze(1)
-                out[owned] = node.data.index_select(0, owned)
+        for runner in self.runners:
+            slots, values = runner.owned()
+            out[slots] = values
         return out
 
     def load_rows(self, values: Tensor) -> None:
-        """Every copy of every key takes ``values`` (between epochs: only owners, and full
-        replication's replicas, hold copies)."""
-        for node in self.nodes:
-            with node.lock:
-                node.data.copy_(values)
-                node.stamp += 1
-                if node.sync.shape[0]:
-                    node.sync.copy_(values)
+        for runner in self.runners:
+            runner.load_rows(values)
 
     def load_dense(self) -> None:
-        """The replicas take the main dense copy (after a checkpoint was loaded into it)."""
+        """The replicas take the main dense copy and its optimizer state (a checkpoint was loaded
+        into them)."""
+        state, optimizer = self.runners[0].main_dense_state()
         main = self.nodes[0].main_dense
-        value = main.vector()
-        for node in self.nodes:
-            for dense_copy in node.dense:
-                if dense_copy is not main and dense_copy.params:
-                    dense_copy.assign(value)
-                    dense_copy.sync = value.clone()
-                    dense_copy.version = main.version
-                    if self.dense_optimizer is not None:
-                        dense_copy.optimizer.load_state_dict(copy.deepcopy(self.dense_optimizer.state_dict()))
+        for runner in self.runners:
+            runner.load_dense(state, optimizer, main.version)
 
     def stats(self) -> dict[str, Any]:
-        nodes = self.nodes
-        accesses = sum(n.accesses for n in nodes)
-        remote = sum(n.remote_accesses for n in nodes)
-        staleness = sum(n.staleness_total for n in nodes)
-        stale_count = sum(n.staleness_count for n in nodes)
-        sent = sum(n.bytes_sent for n in nodes)
-        epochs = max(1, self.epochs)
-        return {
-            "nodes": self.count,
-            "technique": self.settings.technique,
-            "timing": self.settings.timing,
-            "lookahead": self.settings.lookahead,
-            "worker_threads_per_node": self.settings.threads,
-            # bytes of every message (intents, relocations, replicas, deltas, refreshes, remote
-            # accesses), per node and epoch
-            "bytes_per_epoch": round(sent / self.count / epochs, 1),
-            "bytes_per_node": [n.bytes_sent for n in nodes],
-            "accesses": accesses,
-            "remote_accesses": remote,
-            "remote_reads": sum(n.remote_reads for n in nodes),
-            "remote_access_share": remote / accesses if accesses else 0.0,
-            # mean seconds since the replica's last refresh, over reads of a replica (the paper's
-            # Table 2 measure), in milliseconds
-            "replica_staleness": round(1000.0 * staleness / stale_count, 4) if stale_count else 0.0,
-            "replica_reads": stale_count,
-            "relocations": sum(n.relocations_in for n in nodes),
-            "replicas_created": sum(n.replicas_created for n in nodes),
-            "rounds": sum(n.rounds for n in nodes),
-            "adapm_seconds": round(self.seconds, 3),
-        }
+        return summarize(self.settings, [runner.counters() for runner in self.runners], self.epochs, self.seconds)
 
     def counters(self) -> dict[str, Any]:
-        return {"nodes": [{"accesses": n.accesses, "remote_accesses": n.remote_accesses, "bytes_sent": n.bytes_sent,
-                           "relocations_in": n.relocations_in, "replicas_created": n.replicas_created,
-                           "staleness_total": n.staleness_total, "staleness_count": n.staleness_count,
-                           "rounds": n.rounds, "clocks": list(n.clocks)} for n in self.nodes],
-                "epochs": self.epochs, "seconds": self.seconds}
+        return {"nodes": [runner.counters() for runner in self.runners], "epochs": self.epochs, "seconds": self.seconds}
 
     def load_counters(self, meta: dict[str, Any]) -> None:
         saved = meta.get("nodes", [])
-        if len(saved) != self.count:
-            return
-        for node, entry in zip(self.nodes, saved):
-            for name in ("accesses", "remote_accesses", "bytes_sent", "relocations_in", "replicas_created",
-                         "staleness_total", "staleness_count", "rounds"):
-                setattr(node, name, entry[name])
-            if len(entry["clocks"]) == len(node.clocks):
-                node.clocks = list(entry["clocks"])
-                for timer, clock in zip(self.timers[node.index], node.clocks):
-                    timer.last_clock = clock
+        if len(saved) == self.count:
+            for runner, entry in zip(self.runners, saved):
+                runner.load_counters(entry)
         self.epochs, self.seconds = meta.get("epochs", 0), meta.get("seconds", 0.0)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,70 @@
+"""A Ray cluster of two nodes on this machine for benchmarks: two ``ray start --block`` processes on
+loopback (a head and a second node), each in its own process group and temp dir, torn down by
+group id afterwards (never ``ray stop``, which ends every Ray process of the user)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def two_nodes(cpus_per_node: int = 1) -> Iterator[str]:
+    """Yield the head's address once both nodes are alive (the caller runs ``ray.init`` with it)."""
+    import ray
+
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    temp_dir = Path(f"/tmp/cdn-bench-ray-{os.getpid()}")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str) -> None:
+        started.append(subprocess.Popen([ray_bin, "start", "--block", f"--num-cpus={cpus_per_node}",
+                                         "--node-ip-address=127.0.0.1", *args], env=env, start_new_session=True,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def wait_until(condition, what: str, seconds: float = 120) -> None:
+        deadline = time.monotonic() + seconds
+        while not condition():
+            if time.monotonic() > deadline or any(p.poll() is not None for p in started):
+                raise RuntimeError(f"two-node Ray cluster: {what}")
+            time.sleep(0.5)
+
+    try:
+        start("--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}")
+        wait_until(lambda: subprocess.run([ray_bin, "status", f"--address={address}"], env=env,
+                                          capture_output=True).returncode == 0, "the head did not come up")
+        start(f"--address={address}")
+        ray.init(address=address, log_to_driver=False)
+        wait_until(lambda: sum(1 for node in ray.nodes() if node["Alive"]) == 2, "the second node did not join")
+        yield address
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        for process in reversed(started):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
