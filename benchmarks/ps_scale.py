@@ -32,13 +32,14 @@ import json
 import os
 import platform
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from ray_cluster import stop_nodes  # same folder
 
 RESULTS = Path(__file__).parent / "results"
 BIN = Path(sys.executable).parent
@@ -152,18 +153,7 @@ def main() -> None:
             raise RuntimeError(f"cadence train exited {code}")
         summary = json.loads((run_dir / "summary.json").read_text())
     finally:
-        for node in reversed(nodes):
-            if node.poll() is None:
-                node.send_signal(signal.SIGTERM)
-                try:
-                    node.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    pass
-            try:
-                os.killpg(node.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(temp, ignore_errors=True)
+        stop_nodes(nodes, temp, grace=30)
     peaks: dict[str, list[float]] = {}
     for key, value in monitor.peaks.items():
         peaks.setdefault(key.split(":")[0], []).append(value)

@@ -57,14 +57,20 @@ def two_nodes(cpus_per_node: int = 1) -> Iterator[str]:
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        for process in reversed(started):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    pass
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        stop_nodes(started, temp_dir)
+
+
+def stop_nodes(started: list[subprocess.Popen], temp_dir: Path, grace: float = 20) -> None:
+    """End ``ray start --block`` supervisors (the last started first, while the head can drain it):
+    SIGTERM, then whatever of each process group is left; remove the cluster's temp dir."""
+    for process in reversed(started):
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    shutil.rmtree(temp_dir, ignore_errors=True)

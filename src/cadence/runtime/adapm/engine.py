@@ -54,6 +54,21 @@ def initial_values(task, state_width: int) -> tuple[Tensor, Tensor]:
     return keys, torch.cat([store.values, store.state], dim=1)
 
 
+def guarded(run: Callable[[], Any], results: list | None, errors: list, lock: threading.Lock,
+            stop: threading.Event) -> None:
+    """``run()`` on a thread: its result into ``results``; an exception into ``errors`` (re-raised on
+    the caller's thread) and ``stop`` set, so every other thread of the epoch leaves early."""
+    try:
+        outcome = run()
+        if results is not None:
+            with lock:
+                results.append(outcome)
+    except BaseException as err:
+        with lock:
+            errors.append(err)
+        stop.set()
+
+
 class NodeRunner:
     """One node and what runs on it: its worker threads (each with its dense copy and an Algorithm 1
     timer), its sync thread, and a transport to the other nodes. The same in a thread of this
@@ -132,24 +147,15 @@ class NodeRunner:
         finished = threading.Event()
 
         def work(worker: int) -> None:
-            try:
-                outcome = self._work(worker, plans[worker::threads], report, stop)
-                with lock:
-                    results.append(outcome)
-            except BaseException as err:  # re-raised on the caller's thread
-                with lock:
-                    errors.append(err)
-                stop.set()
+            guarded(lambda: self._work(worker, plans[worker::threads], report, stop), results, errors, lock, stop)
+
+        def rounds() -> None:
+            while not finished.is_set():
+                self.round()
+                finished.wait(self.settings.round_interval)
 
         def sync() -> None:
-            try:
-                while not finished.is_set():
-                    self.round()
-                    finished.wait(self.settings.round_interval)
-            except BaseException as err:
-                with lock:
-                    errors.append(err)
-                stop.set()
+            guarded(rounds, None, errors, lock, stop)
 
         index = self.node.index
         syncer = ([threading.Thread(target=sync, name=f"cadence-adapm-sync-{index}", daemon=True)]
@@ -340,14 +346,7 @@ class Cluster:
                 on_batch(batch)
 
         def node_epoch(runner: NodeRunner) -> None:
-            try:
-                outcome = runner.run_epoch(parts[runner.node.index], report, stop)
-                with lock:
-                    results.append(outcome)
-            except BaseException as err:  # re-raised on the caller's thread
-                with lock:
-                    errors.append(err)
-                stop.set()
+            guarded(lambda: runner.run_epoch(parts[runner.node.index], report, stop), results, errors, lock, stop)
 
         started = time.perf_counter()
         threads = [threading.Thread(target=node_epoch, args=(runner,), name=f"cadence-adapm-node-{runner.node.index}",

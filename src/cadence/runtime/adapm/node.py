@@ -314,30 +314,24 @@ class Node:
 
     def push(self, keys: Tensor, delta: Tensor, remote) -> None:
         """The verb ``push``: add ``delta`` to the values of ``keys`` (wherever they are)."""
-        slots = self.slots(keys)
-        with self.lock:
-            here = self.kind.index_select(0, slots) != ABSENT
-            self.accesses += slots.shape[0]
-            chosen = here.nonzero().squeeze(1)
-            if chosen.numel():
-                self._write(slots[chosen], delta[chosen], add=True)
-        away = (~here).nonzero().squeeze(1)
-        if away.numel():
-            self._remote(slots[away], remote, delta=delta[away])
+        self._apply(keys, delta, True, remote)
 
     def set(self, keys: Tensor, values: Tensor, remote) -> None:
         """The verb ``set``: overwrite the values of ``keys`` (on a replica: the change travels to the
         owner as a delta, like any local update)."""
+        self._apply(keys, values, False, remote)
+
+    def _apply(self, keys: Tensor, block: Tensor, add: bool, remote) -> None:
         slots = self.slots(keys)
         with self.lock:
             here = self.kind.index_select(0, slots) != ABSENT
             self.accesses += slots.shape[0]
             chosen = here.nonzero().squeeze(1)
             if chosen.numel():
-                self._write(slots[chosen], values[chosen], add=False)
+                self._write(slots[chosen], block[chosen], add=add)
         away = (~here).nonzero().squeeze(1)
         if away.numel():
-            self._remote(slots[away], remote, value=values[away])
+            self._remote(slots[away], remote, **{"delta" if add else "value": block[away]})
 
     def _write(self, slots: Tensor, block: Tensor, add: bool) -> None:
         if add:
