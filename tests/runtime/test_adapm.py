@@ -332,3 +332,58 @@ def test_mf_strata_partition_rows_and_rotate_item_blocks(task_data, tmp_path) ->
             item_blocks.append(blocks.pop())
         assert item_blocks == sorted(item_blocks, key=lambda b: (b - part) % 3)  # rotating: (p + s) mod 3
     assert task.partition(plans, 2) == [plans[0::2], plans[1::2]]  # other node counts: round-robin
+
+
+def test_an_epoch_ends_with_every_update_in_the_main_copies(task_data, tmp_path) -> None:
+    """After the workers finish, the nodes settle: no replica is left (each sent its last delta),
+    nothing waits to be delivered, every key has exactly one owner; what the trainer evaluates and
+    checkpoints are the main copies."""
+    from cadence.tasks import TASKS
+    from cadence.training.runtimes import AdaPMRuntime
+    from cadence.runtime.adapm.node import OWNER
+
+    config = api.prepare_config(make_config(tmp_path / "settle", "task=mf", "data.dataset=synthetic-zipf",
+                                            "mf.synthetic.users=500", "mf.synthetic.items=200",
+                                            "mf.synthetic.ratings=8000", "train.batch_size=100",
+                                            "strategy=adapm", "ps.workers=3", "adapm.lookahead=8"))
+    task = TASKS.get("mf")(config)
+    runtime = AdaPMRuntime(config, task)
+    runtime.run_epoch(task.plan(0), lambda batch: None)
+    nodes = runtime.cluster.nodes
+    assert sum(n.replicas_created for n in nodes) > 0
+    assert all(node.quiet() for node in nodes)
+    owners = sum((node.kind == OWNER).long() for node in nodes)
+    assert bool((owners == 1).all())
+    rows = runtime.table_tensors()["table.values"]
+    for node in nodes:
+        owned = (node.kind == OWNER).nonzero().squeeze(1)
+        assert torch.equal(rows[owned], node.data[owned, :rows.shape[1]])
+
+
+def test_a_late_location_update_does_not_undo_a_newer_one_at_the_home() -> None:
+    """Relocations are reported to the home node in the old owner's next round; two reports of one
+    key can arrive out of order: the one with more relocations behind it wins."""
+    from cadence.runtime.adapm.node import Request
+
+    nodes, _ = cluster(3)
+    key = torch.tensor([3])  # home: node 0
+    nodes[0].handle(Request(2, home=key, home_owner=torch.tensor([1]), home_moves=torch.tensor([2])))
+    nodes[0].handle(Request(1, home=key, home_owner=torch.tensor([2]), home_moves=torch.tensor([1])))
+    assert int(nodes[0].home_owner[3]) == 1 and int(nodes[0].home_moves[3]) == 2
+
+
+def test_keys_that_moved_twice_are_found_through_a_stale_home_record() -> None:
+    """Node 1 relocates a key to node 2 and its report to the home has not arrived: node 0 still
+    finds the owner (the home points at node 1, which knows where it sent the key)."""
+    nodes, transport = cluster(3)
+    key = torch.tensor([3])  # home: node 0
+    nodes[1].intent(0, key, 0, 1)
+    rounds(nodes[1:2], transport)  # node 1 asks the home: relocated to 1 (the home's record: 1)
+    nodes[1].clocks = [5]
+    nodes[2].intent(0, key, 0, 1)
+    nodes[2].hint[3] = 1  # node 2 asks node 1 directly (a cached location)
+    rounds(nodes[1:2] + nodes[2:3], transport)
+    assert owners(nodes, 3) == [2]
+    nodes[1].home_updates[0].clear()  # the report to the home is still on its way
+    values, local, _ = nodes[0].pull(key, remote_of(nodes[0], transport))
+    assert not bool(local[0]) and torch.equal(values[0], nodes[2].data[3])

@@ -137,37 +137,52 @@ class NodeRunner:
                 replica.version = main.version
 
     # ---- this node's share of an epoch ------------------------------------------------------------------
+    def start_sync(self, stop: threading.Event) -> None:
+        """Start this node's sync thread: rounds until ``stop_sync``. It runs until every node's
+        workers are done (not only this node's): other nodes' intents and remote accesses are
+        answered by ``handle`` and ``serve`` either way, but this node's queued home-record updates
+        and replica deltas travel only in its own rounds."""
+        self._sync_errors: list[BaseException] = []
+        self._sync_done = threading.Event()
+        self._syncer = None
+        if self.count == 1:
+            return
+        lock = threading.Lock()
+
+        def rounds() -> None:
+            while not self._sync_done.is_set():
+                self.round()
+                self._sync_done.wait(self.settings.round_interval)
+
+        self._syncer = threading.Thread(target=guarded, args=(rounds, None, self._sync_errors, lock, stop),
+                                        name=f"cadence-adapm-sync-{self.node.index}", daemon=True)
+        self._syncer.start()
+
+    def stop_sync(self) -> None:
+        self._sync_done.set()
+        if self._syncer is not None:
+            self._syncer.join()
+        if self._sync_errors:
+            raise self._sync_errors[0]
+
     def run_epoch(self, plans: list[BatchPlan], report: Callable[[Batch], None], stop: threading.Event) -> tuple[float, int]:
-        """Run this node's workers over ``plans`` (round-robin among them) with its sync thread
-        beside them; (summed loss, examples). ``stop``: another node failed, leave early."""
+        """Run this node's workers over ``plans`` (round-robin among them; the sync thread runs
+        beside them: ``start_sync``); (summed loss, examples). ``stop``: another node failed, leave
+        early."""
         threads = self.settings.threads
         results: list[tuple[float, int]] = []
         errors: list[BaseException] = []
         lock = threading.Lock()
-        finished = threading.Event()
 
         def work(worker: int) -> None:
             guarded(lambda: self._work(worker, plans[worker::threads], report, stop), results, errors, lock, stop)
 
-        def rounds() -> None:
-            while not finished.is_set():
-                self.round()
-                finished.wait(self.settings.round_interval)
-
-        def sync() -> None:
-            guarded(rounds, None, errors, lock, stop)
-
         index = self.node.index
-        syncer = ([threading.Thread(target=sync, name=f"cadence-adapm-sync-{index}", daemon=True)]
-                  if self.count > 1 else [])
         workers = [threading.Thread(target=work, args=(w,), name=f"cadence-adapm-{index}.{w}", daemon=True)
                    for w in range(threads)]
-        for thread in syncer + workers:
+        for thread in workers:
             thread.start()
         for thread in workers:
-            thread.join()
-        finished.set()
-        for thread in syncer:
             thread.join()
         if errors:
             raise errors[0]
@@ -351,10 +366,16 @@ class Cluster:
         started = time.perf_counter()
         threads = [threading.Thread(target=node_epoch, args=(runner,), name=f"cadence-adapm-node-{runner.node.index}",
                                     daemon=True) for runner in self.runners]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        for runner in self.runners:
+            runner.start_sync(stop)
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            for runner in self.runners:
+                runner.stop_sync()
         if errors:
             raise errors[0]
         self.settle()

@@ -418,14 +418,19 @@ class Node:
         return hints
 
     def _record_home(self, slots: Tensor, owners: Tensor, moves: Tensor) -> None:
+        """The home node's record of where its keys are, as of ``moves`` relocations (the newest wins)."""
         newer = moves > self.home_moves.index_select(0, slots)
         self.home_owner[slots[newer]] = owners[newer].to(torch.int16)
         self.home_moves[slots[newer]] = moves[newer]
 
     def _answer_hint(self, slots: Tensor) -> Tensor:
-        """Where to look for keys not owned here: the home node's record, or the home node."""
+        """Where to look for keys not owned here: the home node's record if this is the home; else
+        this node's cache (a former owner knows where it sent the key: fresher than a home record
+        whose update is still on its way), unless the cache names this node: then the home node."""
         mine = self.home.index_select(0, slots) == self.index
-        return torch.where(mine, self.home_owner.index_select(0, slots).long(), self.home.index_select(0, slots))
+        cached = self.hint.index_select(0, slots).long()
+        elsewhere = torch.where(cached == self.index, self.home.index_select(0, slots), cached)
+        return torch.where(mine, self.home_owner.index_select(0, slots).long(), elsewhere)
 
     # ---- a communication round: this node's side ----------------------------------------------------
     def act_on_intents(self, horizons: list[float]) -> None:
@@ -585,9 +590,8 @@ class Node:
         source, me = request.source, _bit(request.source)
         response = Response()
         with self.lock:
-            if request.home.numel():  # a relocation reported late must not undo a later one
-                newer = request.home_moves > self.home_moves.index_select(0, request.home)
-                self._record_home(request.home[newer], request.home_owner[newer], request.home_moves[newer])
+            if request.home.numel():  # (a relocation reported late must not undo a later one: _record_home)
+                self._record_home(request.home, request.home_owner, request.home_moves)
             not_mine = []
             for slots, on in ((request.intent, True), (request.expire, False)):
                 if not slots.numel():

@@ -66,10 +66,16 @@ class NodeActor:
         self.transport = RayTransport(handles, self.runner)
         self.runner.connect(self.transport)
 
-    def run_epoch(self, plans: list[BatchPlan], lr: float) -> tuple[float, int]:
+    def start_epoch(self, lr: float) -> None:
         self.stop.clear()
         self.runner.set_lr(lr)
+        self.runner.start_sync(self.stop)
+
+    def run_epoch(self, plans: list[BatchPlan]) -> tuple[float, int]:
         return self.runner.run_epoch(_unpack(plans), lambda batch: None, self.stop)
+
+    def end_epoch(self) -> None:
+        self.runner.stop_sync()
 
     def abort(self) -> None:
         self.stop.set()
@@ -152,17 +158,21 @@ class RayCluster:
     def run_epoch(self, plans: list[BatchPlan], lr: float, on_batch: Callable[[Batch], None]) -> tuple[float, int]:
         parts = self.task.partition(plans, self.count)
         started = time.perf_counter()
-        calls = {actor.run_epoch.remote(_pack(parts[index]), lr): index for index, actor in enumerate(self.actors)}
+        _get([actor.start_epoch.remote(lr) for actor in self.actors])  # every sync thread runs until all are done
+        calls = {actor.run_epoch.remote(_pack(parts[index])): index for index, actor in enumerate(self.actors)}
         results, pending = [], list(calls)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            try:
-                results.append(ray.get(done[0]))
-            except Exception as err:  # one node failed: the others stop at their next batch
-                for actor in self.actors:
-                    actor.abort.remote()
-                ray.wait(pending, num_returns=len(pending), timeout=60)
-                raise WorkerFailed(f"AdaPM node {calls[done[0]]} failed: {err}; the epoch is abandoned") from err
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                try:
+                    results.append(ray.get(done[0]))
+                except Exception as err:  # one node failed: the others stop at their next batch
+                    for actor in self.actors:
+                        actor.abort.remote()
+                    ray.wait(pending, num_returns=len(pending), timeout=60)
+                    raise WorkerFailed(f"AdaPM node {calls[done[0]]} failed: {err}; the epoch is abandoned") from err
+        finally:
+            _get([actor.end_epoch.remote() for actor in self.actors])
         self.settle()
         self.seconds += time.perf_counter() - started
         self.epochs += 1
