@@ -13,8 +13,6 @@ import torch
 
 from cadence import api
 from cadence.errors import ConfigError
-from cadence.optim import Sgd
-from cadence.config import OptimizerConfig
 from cadence.runtime.adapm.engine import LocalTransport
 from cadence.runtime.adapm.node import ABSENT, OWNER, REPLICA, Node
 from cadence.runtime.adapm.timing import ActionTimer, poisson_quantile
@@ -27,7 +25,7 @@ def cluster(nodes: int, technique: str = "adaptive", workers: int = 1):
     """Nodes over keys 0..23 whose values start at key * 10 (integers: sums are exact)."""
     keys = torch.arange(KEYS)
     initial = (keys.float() * 10).unsqueeze(1).repeat(1, WIDTH)
-    built = [Node(i, nodes, keys, initial.clone(), WIDTH, Sgd(OptimizerConfig()), technique, workers)
+    built = [Node(i, nodes, keys, initial.clone(), WIDTH, technique, workers)
              for i in range(nodes)]
     return built, LocalTransport(built)
 

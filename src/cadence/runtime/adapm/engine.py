@@ -81,8 +81,7 @@ class NodeRunner:
         entity_class = ENTITY_OPTIMIZERS.get(config.optimizer.entity)
         self.width = task.table().width
         self.entity = entity_class(config.optimizer)
-        self.node = Node(index, self.count, keys, initial, self.width, entity_class(config.optimizer),
-                         settings.technique, settings.threads)
+        self.node = Node(index, self.count, keys, initial, self.width, settings.technique, settings.threads)
         self.transport = None  # set once every node exists (``connect``)
         params = list(dense.parameters())
         for worker in range(settings.threads):

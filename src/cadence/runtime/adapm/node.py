@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from cadence.optim import EntityOptimizer
 
 ABSENT, OWNER, REPLICA = 0, 1, 2
 TECHNIQUES = ("adaptive", "replication", "relocation", "static", "full")
@@ -165,7 +164,7 @@ class Node:
     """One node: its store, its workers' verbs, and its side of the management protocol."""
 
     def __init__(self, index: int, nodes: int, keys: Tensor, initial: Tensor, width: int,
-                 entity_optimizer: EntityOptimizer, technique: str = "adaptive", workers: int = 1):
+                 technique: str = "adaptive", workers: int = 1):
         if technique not in TECHNIQUES:
             raise ValueError(f"technique {technique!r} (choose one of {', '.join(TECHNIQUES)})")
         if nodes > 63:
@@ -173,7 +172,6 @@ class Node:
         self.index, self.nodes, self.technique = index, nodes, technique
         self.keys = keys  # [N] int64, sorted: slot -> key
         self.width = width  # of a row; values hold the row and its optimizer state
-        self.entity_optimizer = entity_optimizer
         n = keys.shape[0]
         self.data = initial  # [N, width + state] float32 (every node starts from the same initial rows)
         self.home = keys.remainder(nodes)
