@@ -378,7 +378,7 @@ def test_a_trainer_process_that_dies_does_not_hang_the_others(tmp_path: Path, lo
 
 
 # ---- AdaPM's nodes as actors (--strategy adapm --engine ray) -----------------------------------------------
-@pytest.mark.parametrize("task", ["kge", "ctr"])
+@pytest.mark.parametrize("task", ["kge", pytest.param("ctr", marks=pytest.mark.slow)])
 def test_one_adapm_node_actor_equals_sync(task: str, task_data, tmp_path: Path, local_cluster) -> None:
     """The node actor builds the task, its store and its dense module itself: one node of one worker
     computes exactly what ``sync`` does, and its rows reach the driver for evaluation and export."""
