@@ -1,14 +1,17 @@
-"""AdaPM's nodes in one process (the ``threads`` engine): each node is a ``Node`` with its worker
-threads and one sync thread; nodes talk through ``LocalTransport`` (a call on the other node,
-every tensor in a message counted as bytes communicated).
+"""What runs on AdaPM's nodes, and the ``threads`` engine.
+
+``NodeRunner`` is one node with its worker threads and its sync thread, the same in a thread of
+this process and in a Ray actor (``ray_nodes``). ``Cluster`` is the ``threads`` engine: every node in
+this process, talking through ``LocalTransport`` (a call on the other node; every tensor of a
+message counted as bytes communicated).
 
 An epoch: the task's plans are split among the nodes (``Task.partition``) and among each node's
 workers; a worker prepares its batches ``lookahead`` batches ahead, signals the intent of each
 (its keys, for the one clock at which it will compute it), and per batch pulls, computes, commits
-its update and advances its clock. Each node's sync thread runs communication rounds: Algorithm 1
-picks which intents to act on, then one grouped message per destination. After the workers finish,
-rounds continue until every intent has expired and every replica is dropped (the main copies then
-hold every update), so checkpoints and evaluation read the owners' rows.
+its update and advances its clock. Each node's sync thread runs communication rounds until every
+node's workers are done: Algorithm 1 picks which intents to act on, then one grouped message per
+destination. Then rounds continue until every intent has expired and every replica is dropped (the
+main copies hold every update), so checkpoints and evaluation read the owners' rows.
 """
 
 from __future__ import annotations
