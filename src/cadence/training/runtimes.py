@@ -455,7 +455,7 @@ class AdaPMRuntime(Runtime):
             rows = loaded
         else:  # another run's parameters (``--init-from``): the keys both know
             rows = self.cluster.rows()
-            position, found = KeyIndex(self.cluster.keys).locate(keys)
+            position, found = (self.index or KeyIndex(self.cluster.keys)).locate(keys)
             both = found.nonzero().squeeze(1)
             rows[position[both]] = loaded[both]
         self.cluster.load_rows(rows)

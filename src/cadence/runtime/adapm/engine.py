@@ -47,11 +47,17 @@ class LocalTransport:
         return self.nodes[dest].serve(source, slots, delta, value)
 
 
+def key_space(task) -> Tensor:
+    """Every key a node has a slot for, sorted: a fixed table's 0..N-1, or the keys in the data."""
+    spec = task.table()
+    return torch.arange(spec.rows) if spec.fixed else task.known_keys()
+
+
 def initial_values(task, state_width: int) -> tuple[Tensor, Tensor]:
     """(keys, [N, width + state] initial values): every key of the task's key space, as the
     pipeline's store starts (the same seeded rows, zero optimizer state)."""
     spec = task.table()
-    keys = torch.arange(spec.rows) if spec.fixed else task.known_keys()
+    keys = key_space(task)
     store = create_store(keys.shape[0], spec.width, state_width, "memory", None)
     spec.initialize(store, None if spec.fixed else keys)
     return keys, torch.cat([store.values, store.state], dim=1)

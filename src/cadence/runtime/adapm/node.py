@@ -171,6 +171,7 @@ class Node:
             raise ValueError("at most 63 nodes (intent sets are 64-bit masks)")
         self.index, self.nodes, self.technique = index, nodes, technique
         self.keys = keys  # [N] int64, sorted: slot -> key
+        self.key_is_slot = bool(keys.shape[0]) and int(keys[-1]) == keys.shape[0] - 1  # 0..N-1: a fixed table
         self.width = width  # of a row; values hold the row and its optimizer state
         n = keys.shape[0]
         self.data = initial  # [N, width + state] float32 (every node starts from the same initial rows)
@@ -218,7 +219,7 @@ class Node:
 
     # ---- slots -----------------------------------------------------------------------------------
     def slots(self, keys: Tensor) -> Tensor:
-        if self.keys.shape[0] and bool(self.keys[-1] == self.keys.shape[0] - 1):  # a fixed table: key = slot
+        if self.key_is_slot:
             return keys
         position = torch.searchsorted(self.keys, keys)
         if bool((position >= self.keys.shape[0]).any()) or not torch.equal(self.keys[position], keys):

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from cadence.optim import ENTITY_OPTIMIZERS, dense_optimizer
 from cadence.pipeline.batch import Batch, BatchPlan
-from cadence.runtime.adapm.engine import NodeRunner, initial_values, summarize
+from cadence.runtime.adapm.engine import NodeRunner, initial_values, key_space, summarize
 from cadence.runtime.adapm.node import ProtocolError, nbytes
 from cadence.runtime.engines import WorkerFailed
 from cadence.runtime.ray_engine import _get, _nodes, _pack, _unpack, connect, ray
@@ -136,8 +136,7 @@ class RayCluster:
             connect(config.ps.ray_address, config.threads)
         self.config, self.task, self.settings = config, task, config.adapm
         self.count = config.ps.workers
-        spec = task.table()
-        self.keys = torch.arange(spec.rows) if spec.fixed else task.known_keys()
+        self.keys = key_space(task)
         self.dense = dense  # the driver's copy of the main dense module (refreshed after each epoch)
         params = list(dense.parameters())
         self.dense_optimizer = dense_optimizer(config.optimizer, params) if params else None

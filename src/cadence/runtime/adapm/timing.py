@@ -22,8 +22,9 @@ def _quantile(rate: float, p: float) -> int:
     # the pmf summed from k = 0 in log space (exp(-rate) underflows past rate ~ 745)
     log_rate, total, k = math.log(rate), 0.0, 0
     while True:
-        total += math.exp(k * log_rate - rate - math.lgamma(k + 1))
-        if total >= p or (k > rate and math.exp(k * log_rate - rate - math.lgamma(k + 1)) < 1e-300):
+        term = math.exp(k * log_rate - rate - math.lgamma(k + 1))
+        total += term
+        if total >= p or (k > rate and term < 1e-300):
             return k
         k += 1
 
