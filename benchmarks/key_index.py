@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from cadence.runtime.embedding_table import DynamicEmbeddingTable
-from cadence.runtime.hash_index import HashIndex
+from cadence.store.embedding_table import DynamicEmbeddingTable
+from cadence.store.hash_index import HashIndex
 
 RESULTS = Path(__file__).parent / "results"
 BATCH = 10_000

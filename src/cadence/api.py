@@ -6,7 +6,7 @@
 ``train`` validates everything it can (config, registry names, keys of other tasks, data) before it
 creates the run directory, so a user's mistake leaves no partial output behind. Every task runs
 under every strategy; the runtime follows from the strategy and ``ps.workers``
-(``cadence.strategies.runtime_of``).
+(``cadence.strategies.STRATEGIES``: each entry picks and builds its runtime).
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ from cadence.data import fingerprint
 from cadence.device import resolve_device, use_deterministic_kernels
 from cadence.errors import CadenceError, CheckpointError, ConfigError, os_errors
 from cadence.optim import ENTITY_OPTIMIZERS
-from cadence.strategies import ADAPM, PIPELINE, PS_MODES, STRATEGIES, check_strategy, runtime_of
+from cadence.core.strategy import BuildContext, RuntimeKind
+from cadence.strategies import STRATEGIES, runtime_kinds
 from cadence.tasks import TASKS, Task
-from cadence.training import checkpoint as ckpt
+from cadence.core import checkpoint as ckpt
 from cadence.training.batch_order import BatchOrder
 from cadence.training.run_directory import RunDirectory, default_run_dir, finite, write_atomic  # noqa: F401  (re-exported)
-from cadence.pipeline.stages import KeyIndex
-from cadence.training.runtimes import AdaPMRuntime, ParameterServerRuntime, PipelineRuntime, RowsView, Runtime
+from cadence.core.keys import KeyIndex
+from cadence.core.runtime import RowsView, Runtime
 from cadence.training.trainer import Trainer, TrainerHook
 
 log = logging.getLogger("cadence")
@@ -42,11 +43,6 @@ RESUMABLE_KEYS = {"train.epochs", "progress", "threads", "device"}
 DEFAULT_MODELS = {"kge": "complex", "ctr": "deepfm", "mf": "biased", "w2v": "skipgram", "image": "mlp"}
 DEFAULT_ENTITY_OPTIMIZERS = {"kge": "rowwise_adagrad", "ctr": "rowwise_adagrad", "mf": "adagrad", "w2v": "sgd",
                              "image": "sgd"}  # (image: no rows; sgd keeps no per-row state)
-# keys that only the pipeline runtime reads (a parameter-server run must not set them), and keys that
-# shape the parameter-server runtime itself (a pipeline run must not set them; a mode's own keys,
-# such as ps.tolerance, are ignored by the other modes on either runtime, as by design)
-PIPELINE_KEYS = ("record_order", "batch_order", "store", "pipeline")
-SERVER_KEYS = ("ps.shards", "ps.stragglers", "ps.kill_workers", "ps.emulated_latency", "ps.ray_address", "ps.dense")
 
 
 @dataclass
@@ -176,8 +172,8 @@ def prepare_config(config: Config) -> Config:
         config.model.name = DEFAULT_MODELS[config.task]
     if config.optimizer.entity is None:
         config.optimizer.entity = DEFAULT_ENTITY_OPTIMIZERS[config.task]
-    check_strategy(config.strategy)
-    runtime = runtime_of(config)
+    strategy = STRATEGIES.get(config.strategy)
+    runtime = strategy.runtime(config)
     order = config.record_order  # a file the run will write: a directory, or a missing parent, fails now
     if order and (Path(order).is_dir() or not Path(order).resolve().parent.is_dir()):
         raise ConfigError(f"record_order: {order} is a directory or in a directory that does not exist; "
@@ -185,18 +181,14 @@ def prepare_config(config: Config) -> Config:
     ENTITY_OPTIMIZERS.get(config.optimizer.entity)
     _check_foreign_keys(config, runtime)
     resolve_device(config.device)
-    if runtime != PIPELINE:
-        from cadence.runtime.engines import ENGINES
-        from cadence.runtime.worker import Faults
-
-        ENGINES.get(config.ps.engine)
-        Faults.parse(config.ps.stragglers, config.ps.kill_workers, config.ps.workers)
+    strategy.check(config)
     return config
 
 
-def _check_foreign_keys(config: Config, runtime: str) -> None:
-    """A key set away from its default that belongs to another task, or to the other runtime, is a
-    mistake (it would be silently ignored): an error naming it."""
+def _check_foreign_keys(config: Config, runtime: RuntimeKind) -> None:
+    """A key set away from its default that belongs to another task, or only to a runtime this run
+    does not use, is a mistake (it would be silently ignored): an error naming it. (A mode's own
+    keys, such as ps.tolerance, are ignored by the other modes on either runtime, as by design.)"""
     defaults = flatten(Config().to_dict())
     changed = {k for k, v in flatten(config.to_dict()).items() if defaults.get(k) != v}
     for name in TASKS.names():
@@ -205,20 +197,12 @@ def _check_foreign_keys(config: Config, runtime: str) -> None:
         for key in sorted(changed):
             if any(key == own or key.startswith(own + ".") for own in TASKS.get(name).own_keys):
                 raise ConfigError(f"{key} belongs to the {name} task; this run's task is {config.task}")
-    where = (f"(strategy {config.strategy}, ps.workers={config.ps.workers}, ps.engine={config.ps.engine})")
+    where = f"(strategy {config.strategy}, ps.workers={config.ps.workers}, ps.engine={config.ps.engine})"
+    kinds = runtime_kinds()
     for key in sorted(changed):
-        if key.startswith("adapm.") and runtime != ADAPM:
-            raise ConfigError(f"{key} applies to strategy adapm; this run's strategy is {config.strategy}")
-        if runtime == ADAPM and (key in SERVER_KEYS and key != "ps.ray_address" or any(key == own or key.startswith(own + ".")
-                                                           for own in PIPELINE_KEYS)):
-            raise ConfigError(f"{key} does not apply to strategy adapm (its nodes hold the rows: ps.workers "
-                              "sets the number of nodes, adapm.* the rest)")
-        if runtime != PIPELINE and any(key == own or key.startswith(own + ".") for own in PIPELINE_KEYS):
-            raise ConfigError(f"{key} applies to the one-process pipeline; this run {where} runs on the "
-                              "parameter server")
-        if runtime == PIPELINE and key in SERVER_KEYS:
-            raise ConfigError(f"{key} applies to the parameter-server runtime; this run {where} runs on the "
-                              "one-process pipeline (use --workers N > 1 or a parameter-server strategy)")
+        owners = [kind for kind in kinds if kind.owns(key)]
+        if owners and runtime not in owners:
+            raise ConfigError(runtime.refuse(key, owners[0], where))
 
 
 def _init_checkpoint(config: Config) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
@@ -238,20 +222,15 @@ def build_runtime(config: Config, task: Task, run: RunDirectory) -> tuple[Runtim
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
     use_deterministic_kernels(device, config.deterministic)
-    if runtime_of(config) == PIPELINE:
-        strategy = STRATEGIES.get(config.strategy)(config)
-        store_path = config.store.path or str(run.path / "store")
-        return PipelineRuntime(config, task, store_path, device, strategy), device
-    if runtime_of(config) == ADAPM:
-        return AdaPMRuntime(config, task), device
-    return ParameterServerRuntime(config, task, PS_MODES.get(config.strategy)), device
+    context = BuildContext(device, config.store.path or str(run.path / "store"))
+    return STRATEGIES.get(config.strategy).build(config, task, context), device
 
 
 def _connect(config: Config) -> None:
     """Join the Ray cluster of a run on the ``ray`` engine (a clear error within seconds if it
     cannot be reached)."""
-    if runtime_of(config) != PIPELINE and config.ps.engine == "ray":
-        from cadence.runtime.ray_engine import connect
+    if STRATEGIES.get(config.strategy).runtime(config).engine and config.ps.engine == "ray":
+        from cadence.engines.ray import connect
 
         connect(config.ps.ray_address, config.threads)
 

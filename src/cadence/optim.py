@@ -8,6 +8,8 @@ An update reads and writes only the batch's rows; rows absent from a batch are u
 
 from __future__ import annotations
 
+import copy
+
 import math
 from abc import ABC, abstractmethod
 
@@ -83,6 +85,20 @@ def dense_optimizer(config: OptimizerConfig, parameters: list[nn.Parameter]) -> 
         return torch.optim.SGD(parameters, lr=lr, momentum=config.momentum, weight_decay=decay,
                                nesterov=config.nesterov)
     return torch.optim.Adagrad(parameters, lr=lr, eps=config.eps, weight_decay=decay)
+
+
+def module_optimizer(config: OptimizerConfig, module: nn.Module,
+                     state: dict | None = None) -> torch.optim.Optimizer | None:
+    """The dense optimizer of ``module``'s parameters (None when it has none), continuing from
+    ``state`` (another copy's ``state_dict()``) when given: the one way every runtime, shard, worker
+    replica and node makes one."""
+    parameters = list(module.parameters())
+    if not parameters:
+        return None
+    optimizer = dense_optimizer(config, parameters)
+    if state is not None:
+        optimizer.load_state_dict(copy.deepcopy(state))
+    return optimizer
 
 
 def dense_lr(config: OptimizerConfig, epochs: int, epoch: int) -> float:

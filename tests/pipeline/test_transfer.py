@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cadence.device import use_deterministic_kernels
-from cadence.pipeline.batch import Batch, BatchPlan
+from cadence.core.batch import Batch, BatchPlan
 from cadence.pipeline.transfer import DeviceLink
 from cadence.store import create_store
 

@@ -4,8 +4,8 @@ import random
 
 import torch
 
-from cadence.pipeline.validation_cache import ValidationCache
-from cadence.store import RowBlock
+from cadence.strategies.pipelined.validation_cache import ValidationCache
+from cadence.core.rows import RowBlock
 
 
 def test_cache_matches_a_dictionary_reference() -> None:

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from cadence.runtime.channel import Channel, ChannelClosed, ChannelServer
+from cadence.engines.channel import Channel, ChannelClosed, ChannelServer
 
 SECRET = bytes(range(32))
 
@@ -86,7 +86,7 @@ def test_failures_travel_back_as_themselves_and_the_channel_goes_on():
 
 SERVER = """
 import sys, time
-from cadence.runtime.channel import ChannelServer
+from cadence.engines.channel import ChannelServer
 server = ChannelServer(lambda request: time.sleep(request) or request, "127.0.0.1", b"s" * 32)
 print(server.address[1], flush=True)
 time.sleep(60)

@@ -12,9 +12,9 @@ from cadence import api
 from cadence.api import build_trainer, prepare_config
 from cadence.config import load_config
 from cadence.models.ctr import CTR_MODELS
-from cadence.store.initial import hashed_normal
+from cadence.core.initial import hashed_normal
 from cadence.seeding import derive_seed
-from cadence.strategies.parameter_server import PS_MODES
+from cadence.strategies.parameter_server.modes import PS_MODES
 from cadence.tasks.ctr import CtrTask
 from cadence.training.run_directory import RunDirectory
 
@@ -226,8 +226,8 @@ def test_a_worker_that_raises_fails_the_run_without_hanging(tmp_path: Path, mode
     import threading
     import time
 
-    from cadence.runtime import worker as worker_module
-    from cadence.runtime.engines import WorkerFailed
+    from cadence.strategies.parameter_server import worker as worker_module
+    from cadence.core.runtime import WorkerFailed
 
     original = worker_module.Worker.step
 
@@ -272,7 +272,7 @@ def test_logistic_regression_rows_are_one_weight_and_dim_changes_nothing(tmp_pat
 
 def test_a_transient_straggler_is_slow_only_in_its_window() -> None:
     from cadence.errors import ConfigError
-    from cadence.runtime.worker import Faults
+    from cadence.strategies.parameter_server.worker import Faults
 
     faults = Faults.parse(["0:4@2-3", "1:2"], [], 3)
     assert [faults.slowdown_in(0, epoch) for epoch in range(4)] == [1.0, 4.0, 4.0, 1.0]
@@ -282,7 +282,7 @@ def test_a_transient_straggler_is_slow_only_in_its_window() -> None:
 
 
 def test_each_shard_writes_its_own_checksummed_part_and_a_corrupt_part_is_skipped(tmp_path: Path) -> None:
-    from cadence.training import checkpoint as ckpt
+    from cadence.core import checkpoint as ckpt
 
     trainer, _, _ = trainer_for(tmp_path, "strategy=gba", "ps.workers=2", "ps.shards=2")
     trainer.fit()

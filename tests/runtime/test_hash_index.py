@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from cadence.runtime.embedding_table import DynamicEmbeddingTable
-from cadence.runtime.hash_index import HashIndex
+from cadence.store.embedding_table import DynamicEmbeddingTable
+from cadence.store.hash_index import HashIndex
 
 
 @pytest.mark.parametrize("seed", range(3))

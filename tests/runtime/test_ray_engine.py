@@ -23,7 +23,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 from cadence.cli import main  # noqa: E402
-from cadence.runtime import ray_engine  # noqa: E402
+from cadence.strategies.parameter_server import ray_engine  # noqa: E402
 from tests.runtime.ctr_helpers import BATCH, final_state, make_trainer  # noqa: E402
 
 COUNTERS = ("global_steps", "gradients_applied", "gradients_dropped", "staleness_mean", "staleness_max",
@@ -235,7 +235,7 @@ def test_an_unreachable_ray_address_fails_fast_and_leaves_no_run_directory(tmp_p
 
 
 def test_import_cadence_does_not_import_ray_and_a_missing_ray_is_a_config_error() -> None:
-    code = ("import sys, cadence, cadence.api, cadence.tasks, cadence.runtime.engines as e; make = e.ENGINES.get('ray'); "
+    code = ("import sys, cadence, cadence.api, cadence.tasks, cadence.strategies.parameter_server.engines as e; make = e.ENGINES.get('ray'); "
             "assert 'ray' not in sys.modules, 'ray imported'\n"
             "sys.modules['ray'] = None  # as if it were not installed\n"
             "from cadence.errors import ConfigError\n"
@@ -406,3 +406,18 @@ def test_adapm_nodes_as_actors_relocate_and_replicate_between_processes(tmp_path
     assert on_ray["remote_access_share"] < 0.01
     assert on_ray["examples_seen"] == on_threads["examples_seen"]
     assert on_ray["rmse"] == pytest.approx(on_threads["rmse"], rel=0.03)
+
+
+# ---- Runtime.run_epoch's contract on Ray ----------------------------------------------------------------------
+@pytest.mark.parametrize("settings", [["strategy=gba", "ps.workers=2"], ["strategy=hogwild", "ps.workers=2"],
+                                      ["strategy=adapm", "ps.workers=2", "adapm.lookahead=4"]],
+                         ids=["server", "shadowsync", "adapm"])
+def test_on_batch_fires_once_per_finished_batch_on_ray(settings: list[str], task_data, tmp_path: Path,
+                                                      local_cluster) -> None:
+    """The batches finish in the actors; each is reported to the driver's ``on_batch`` exactly once,
+    with its plan and loss, before the epoch returns (as on threads: tests/training/test_on_batch.py)."""
+    from tests.conftest import make_config
+    from tests.training.test_on_batch import assert_each_batch_once, batches_reported
+
+    log, plans = batches_reported(make_config(tmp_path / "run", *task_data["mf"], "ps.engine=ray", *settings))
+    assert_each_batch_once(log, plans)

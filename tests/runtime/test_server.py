@@ -6,9 +6,9 @@ from torch import nn
 
 from cadence.config import OptimizerConfig
 from cadence.optim import RowwiseAdagrad
-from cadence.runtime.aggregation import Buffered, Gradient, PerStep
-from cadence.runtime.embedding_table import DynamicEmbeddingTable
-from cadence.runtime.server import DataList, ServerShard
+from cadence.strategies.parameter_server.aggregation import Buffered, Gradient, PerStep
+from cadence.store.embedding_table import DynamicEmbeddingTable
+from cadence.strategies.parameter_server.server import DataList, ServerShard
 
 
 def make_shard(aggregation, dense=None):
@@ -111,7 +111,7 @@ def test_fresh_tokens_give_each_worker_one_batch_of_the_current_step() -> None:
 @pytest.mark.parametrize("rows", [0, 2])
 def test_a_fixed_table_with_fewer_keys_than_shards_gives_the_extra_shards_none(rows: int) -> None:
     """(The image task has 0 rows; a tiny key space on many shards has shards that own nothing.)"""
-    from cadence.runtime.embedding_table import FixedTable
+    from cadence.store.embedding_table import FixedTable
     from cadence.tasks.base import TableSpec
 
     spec = TableSpec(rows, 3, 0.1, 0)

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cadence.runtime.dense_sync import (Bmuf, CentralCopy, Easgd, HogwildReplica, ModelAverage, ShadowThread,
+from cadence.strategies.parameter_server.dense_sync import (Bmuf, CentralCopy, Easgd, HogwildReplica, ModelAverage, ShadowThread,
                                         ThreadAverager)
 
-from cadence.runtime.engines import WorkerFailed
-from cadence.runtime.shadow import finish_epoch
+from cadence.core.runtime import WorkerFailed
+from cadence.strategies.parameter_server.shadow import finish_epoch
 
 from tests.runtime.ctr_helpers import BATCH, make_trainer
 

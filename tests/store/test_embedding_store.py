@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cadence.store import STORE_BACKENDS, RowBlock, create_store
+from cadence.core.rows import RowBlock
+from cadence.store import STORE_BACKENDS, create_store
 
 
 @pytest.fixture(params=STORE_BACKENDS.names())

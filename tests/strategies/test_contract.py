@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cadence import api
-from cadence.strategies import STRATEGIES
+from cadence.strategies.pipelined.base import SCHEDULES as STRATEGIES
 from cadence.training.run_directory import RunDirectory
 from tests.conftest import make_config
 

@@ -11,7 +11,7 @@ import torch
 
 from cadence import api
 from cadence.optim import InPlaceDense
-from cadence.strategies import pdasgd as pdasgd_module
+from cadence.strategies.pipelined import pdasgd as pdasgd_module
 from tests.conftest import make_config
 
 

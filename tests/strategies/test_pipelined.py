@@ -15,8 +15,8 @@ from cadence.pipeline.runner import PipelineStall
 from cadence.pipeline.stages import ComputeStage
 from cadence.store import embedding_store
 from cadence.store.embedding_store import EmbeddingStore
-from cadence.strategies.pipelined import LastWriterWins, OptimisticAsynchronyControl
-from cadence.training import checkpoint as ckpt
+from cadence.strategies.pipelined.control import LastWriterWins, OptimisticAsynchronyControl
+from cadence.core import checkpoint as ckpt
 from cadence.training.run_directory import RunDirectory
 from tests.conftest import make_config
 
@@ -152,7 +152,7 @@ def test_oac_repairs_what_async_reads_stale(tiny_graph: Path, tmp_path: Path) ->
 
 
 def test_mft_advances_only_over_contiguous_finished_batches(tmp_path: Path) -> None:
-    from cadence.pipeline.batch import Batch, BatchPlan
+    from cadence.core.batch import Batch, BatchPlan
     from cadence.store import create_store
 
     control = OptimisticAsynchronyControl(create_store(4, 2, 1), torch.device("cpu"), first_timestamp=0)

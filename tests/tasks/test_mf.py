@@ -105,7 +105,7 @@ def test_the_written_out_gradient_equals_autograd_through_the_formula() -> None:
 
 
 def test_unique_keys_equals_torch_unique() -> None:
-    from cadence.pipeline.batch import unique_keys
+    from cadence.core.batch import unique_keys
 
     for num_keys, size in ((50, 200), (10_000, 20)):
         keys = torch.randint(0, num_keys, (size,), generator=torch.Generator().manual_seed(num_keys))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cadence import api
-from cadence.training import checkpoint as ckpt
+from cadence.core import checkpoint as ckpt
 from cadence.training.run_directory import RunDirectory
 from tests.conftest import make_config
 

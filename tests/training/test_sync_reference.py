@@ -10,7 +10,7 @@ from cadence import api
 from cadence.data.datasets import load_graph
 from cadence.data.triples import with_reciprocals
 from cadence.models.kge import KgeModel
-from cadence.pipeline.batch import plan_epoch
+from cadence.core.batch import plan_epoch
 from cadence.seeding import derive_seed
 from tests.conftest import make_config
 

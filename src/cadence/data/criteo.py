@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cadence.data.ctr import MAX_VALUE_INDEX, VALUE_BITS, CtrDataset, CtrExamples
+from cadence.data.ctr_examples import MAX_VALUE_INDEX, VALUE_BITS, CtrDataset, CtrExamples
 from cadence.data.text import numbered_lines
 from cadence.errors import DataError
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from cadence.data import fetch as fetching
-from cadence.data.ctr import CTR_DATASETS, PAD, CtrDataset, CtrDatasetEntry, CtrExamples, feature_keys
+from cadence.data.ctr_examples import CTR_DATASETS, PAD, CtrDataset, CtrDatasetEntry, CtrExamples, feature_keys
 from cadence.data.text import numbered_lines
 from cadence.errors import DataError
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from cadence.errors import ConfigError
 from cadence.registry import Registry
 
 IMAGE_MODELS: Registry[type[nn.Module]] = Registry("image model", "model.name")
@@ -65,8 +66,6 @@ class Cnn(nn.Module):
             blocks += [nn.Conv2d(channels, out, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
             channels, height, width = out, height // 2, width // 2
         if height < 1 or width < 1:
-            from cadence.errors import ConfigError
-
             raise ConfigError(f"image.channels: {len(config.channels)} pooling blocks shrink {shape[0]}x{shape[1]} "
                               "images to nothing; use fewer")
         self.features = nn.Sequential(*blocks)

@@ -1,6 +1,6 @@
 """Pipeline stages (load, transfer, compute, write) that every strategy composes."""
 
-from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch
+from cadence.core.batch import Batch, BatchPlan, plan_epoch
 from cadence.pipeline.stages import ComputeStage, LoadStage, Stages, WriteStage
 from cadence.pipeline.transfer import DeviceLink
 

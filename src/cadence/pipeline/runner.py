@@ -19,6 +19,7 @@ stage thread stops all threads and is re-raised on the calling thread.
 from __future__ import annotations
 
 import queue
+import functools
 import threading
 import time
 from typing import Callable
@@ -26,8 +27,9 @@ from typing import Callable
 import torch
 
 from cadence.config import PipelineConfig
+from cadence.engines.threads import ThreadGroup
 from cadence.errors import CadenceError
-from cadence.pipeline.batch import Batch, BatchPlan
+from cadence.core.batch import Batch, BatchPlan
 from cadence.pipeline.stages import Stages
 from cadence.store.embedding_store import EmbeddingStore
 
@@ -105,7 +107,7 @@ class PipelineRunner:
         self._compute_queue: queue.Queue = queue.Queue(self.config.queue_size)
         self._write_queue: queue.Queue = queue.Queue(self.config.queue_size)
         self._stop = threading.Event()
-        self._errors: list[BaseException] = []
+        self._group = ThreadGroup()  # the stage threads; the first error stops all
         self._finished_lock = threading.Lock()
         self._on_batch = on_batch
         self._stages = stages
@@ -121,10 +123,10 @@ class PipelineRunner:
         self._finished = threading.Event()  # set when the last writer exits, or on an error
         self._intra_op_threads = torch.get_num_threads()
 
-        loaders = self._spawn("load", self.config.loader_threads, self._load)
-        computer = self._spawn("compute", 1, self._compute)
-        writers = self._spawn("write", self.config.writer_threads, self._write)
-        self._watch(loaders, computer, writers)
+        self._spawn("load", self.config.loader_threads, self._load)
+        self._spawn("compute", 1, self._compute)
+        self._spawn("write", self.config.writer_threads, self._write)
+        self._watch()
         return self._timestamp
 
     def busy_seconds(self) -> dict[str, float]:
@@ -137,24 +139,19 @@ class PipelineRunner:
         return {key: round(value, 4) for key, value in busy.items()}
 
     # ---- threads --------------------------------------------------------------------------------
-    def _spawn(self, name: str, count: int, body: Callable[[_Stage], None]) -> list[threading.Thread]:
-        threads = []
+    def _spawn(self, name: str, count: int, body: Callable[[_Stage], None]) -> None:
         for index in range(count):
             state = _Stage(name)
             self._states.append(state)
-            thread = threading.Thread(target=self._guard, args=(body, state), name=f"cadence-{name}-{index}",
-                                      daemon=True)
-            thread.start()
-            threads.append(thread)
-        return threads
+            self._group.spawn(functools.partial(self._guard, body, state), f"cadence-{name}-{index}")
 
     def _guard(self, body: Callable[[_Stage], None], state: _Stage) -> None:
         try:
             body(state)
-        except BaseException as err:  # surfaced on the calling thread by _watch
-            self._errors.append(err)
-            self._stop.set()
+        except BaseException:  # kept by the group, surfaced on the calling thread by _watch
+            self._stop.set()  # (before this thread's exit counts: no end marker goes downstream)
             self._finished.set()
+            raise
         finally:
             self._exited(state.name)
 
@@ -194,7 +191,7 @@ class PipelineRunner:
                 return
 
     def _compute(self, state: _Stage) -> None:
-        torch.set_num_threads(self._intra_op_threads)  # OpenMP's thread count is per thread
+        torch.set_num_threads(self._intra_op_threads)  # OpenMP's thread count is per thread (the caller's)
         while True:
             batch = self._get(self._compute_queue)
             if batch is None:
@@ -256,8 +253,7 @@ class PipelineRunner:
         return None
 
     # ---- the calling thread ---------------------------------------------------------------------
-    def _watch(self, loaders, computer, writers) -> None:
-        threads = loaders + computer + writers
+    def _watch(self) -> None:
         check_every = min(1.0, self.config.stall_timeout / 4)
         try:
             while not self._finished.wait(timeout=check_every):
@@ -265,21 +261,18 @@ class PipelineRunner:
                     raise PipelineStall(self._stall_report())
         except BaseException:  # a stall, or Ctrl-C on this thread: every stage thread stops first
             self._stop.set()
-            self._join_all(threads)
+            self._join_all()
             raise
-        self._join_all(threads)
-        if self._errors:
-            raise self._errors[0]
+        self._join_all()
+        self._group.raise_first()
 
-    def _join_all(self, threads: list[threading.Thread]) -> None:
+    def _join_all(self) -> None:
         """Wait for the stage threads to leave (at their next queue poll, or when the stage call
         they are in returns); one truly stuck stays behind, and the ``cadence`` command exits
         without tearing the interpreter down under it (cli.entry)."""
-        if self._errors:
+        if self._group.failed:
             self._stop.set()
-        deadline = time.monotonic() + STOP_GRACE
-        for thread in threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._group.join(timeout=STOP_GRACE)
 
     def _stall_report(self) -> str:
         busy = [s for s in self._states if s.batch is not None]

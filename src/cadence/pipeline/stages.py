@@ -15,33 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from cadence.optim import EntityOptimizer, row_gradient
-from cadence.pipeline.batch import Batch, BatchPlan
+from cadence.core.batch import Batch, BatchPlan
+from cadence.core.keys import KeyIndex
 from cadence.pipeline.transfer import DeviceLink
 from cadence.store.embedding_store import EmbeddingStore
-
-
-class KeyIndex:
-    """Maps a growing vocabulary's keys to the rows of a store sized from the keys in the data (the
-    pipeline's view of a ``TableSpec`` with ``rows=None``). Immutable, so threads share it."""
-
-    def __init__(self, keys: Tensor):
-        self.keys = keys  # sorted, unique
-
-    def locate(self, keys: Tensor) -> tuple[Tensor, Tensor]:
-        """(row of each key, whether it is known); the row of an unknown key is meaningless."""
-        if not self.keys.numel():
-            return torch.zeros_like(keys), torch.zeros_like(keys, dtype=torch.bool)
-        position = torch.searchsorted(self.keys, keys).clamp(max=self.keys.shape[0] - 1)
-        return position, self.keys[position] == keys
-
-    def rows(self, keys: Tensor) -> Tensor:
-        position, found = self.locate(keys)
-        if not bool(found.all()):
-            raise KeyError(f"{int((~found).sum())} keys are not in the data this store was sized from")
-        return position
 
 
 class LoadStage:

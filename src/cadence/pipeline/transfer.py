@@ -30,8 +30,8 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
-from cadence.pipeline.batch import Batch
-from cadence.store.embedding_store import RowBlock
+from cadence.core.batch import Batch
+from cadence.core.rows import RowBlock
 
 
 def accelerated(device: torch.device) -> bool:

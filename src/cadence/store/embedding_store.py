@@ -26,7 +26,6 @@ import mmap
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -34,18 +33,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from cadence.core.rows import RowBlock
 from cadence.errors import ConfigError
 from cadence.registry import Registry
-from cadence.store.initial import INIT_CHUNK_ROWS, initial_chunk
-
-
-@dataclass
-class RowBlock:
-    """A copy of some rows of a store, in the order of the ids that were pulled."""
-
-    values: Tensor  # [n, dim] float32
-    state: Tensor  # [n, state_width] float32
-    versions: Tensor | None = None  # [n] int64
+from cadence.core.initial import INIT_CHUNK_ROWS, initial_chunk
 
 
 # An allocator returns (values, state, versions, mapped arrays to flush) for a table's shape.

@@ -1,63 +1,87 @@
-"""Training strategies: *how* batches flow and when updates are applied. One module per strategy.
+"""Training strategies: *how* batches flow and when updates are applied; the one strategy registry.
 
-Every strategy runs every task. Which runtime a run uses follows from the strategy, ``ps.workers``
-and ``ps.engine`` (``runtime_of``):
+One package per family, each owning the runtime it builds (``cadence.core.strategy``):
 
-| strategy                      | ps.workers = 1, engine threads        | more workers, or engine ray        |
-|-------------------------------|---------------------------------------|------------------------------------|
-| ``sync``, ``async``           | the pipeline (one process)            | the parameter server               |
-| ``oac``                       | the pipeline                          | an error: OAC is a one-process pipeline |
-| ``pdasgd``, ``pdasgd-bu``     | the pipeline (forward and backward threads) | an error: threads of one process |
-| ``bsp``, ``gba``, ``hop_bs``, ``hop_bw`` | the parameter server (one worker) | the parameter server          |
-| ``shadow-*``, ``fr-*``, ``hogwild`` | the parameter server (one trainer)  | the parameter server (trainers: threads or Ray actors) |
-| ``adapm``                     | AdaPM's nodes (one node)              | AdaPM's nodes (``ps.workers`` nodes: threads or Ray actors) |
+| family                | strategies                                              | runtime                    |
+|-----------------------|---------------------------------------------------------|----------------------------|
+| ``pipelined``         | ``sync``, ``async``, ``oac``, ``pdasgd``, ``pdasgd-bu`` | the one-process pipeline   |
+| ``parameter_server``  | ``sync``, ``async``, ``bsp``, ``gba``, ``hop_bs``, ``hop_bw``; ``shadow-*``, ``fr-*``, ``hogwild`` | the parameter server (threads or Ray actors) |
+| ``adapm``             | ``adapm``                                               | AdaPM's nodes (threads or Ray actors) |
 
-With one worker ``sync`` means the same math on both runtimes (tested bit for bit).
+``STRATEGIES`` holds one entry per name. A name two families define (``sync``, ``async``) is one
+entry that takes the first family whose runtime fits the config: the pipeline with ``ps.workers: 1``
+on threads, the parameter server otherwise (the same math with one worker: tested bit for bit).
+A strategy defined elsewhere registers the same way: ``STRATEGIES.register(name)(entry)``.
 """
 
 from __future__ import annotations
 
-import difflib
-
 from cadence.config import Config
+from cadence.core.runtime import Runtime
+from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
 from cadence.errors import ConfigError
-from cadence.strategies import pdasgd, pipelined, sync  # noqa: F401  (register sync, async, oac, pdasgd, pdasgd-bu)
-from cadence.strategies.base import STRATEGIES, Strategy
-from cadence.strategies.parameter_server import PS_MODES
+from cadence.registry import Registry
+from cadence.strategies import adapm, parameter_server, pipelined
 
-PIPELINE, PARAMETER_SERVER, ADAPM = "pipeline", "parameter_server", "adapm"
-# strategies that are a runtime of their own (AdaPM's nodes: runtime/adapm/)
-RUNTIME_STRATEGIES = (ADAPM,)
+STRATEGIES: Registry[Strategy] = Registry("strategy", "strategy")
+
+
+class FirstThatFits(Strategy):
+    """One name over several families' entries (in order of preference): the first whose runtime
+    fits the config runs it."""
+
+    def __init__(self, entries: list[Strategy]):
+        self.entries = entries
+        self.name = entries[0].name
+        self.description = "; ".join(f"{kind.name}: {entry.description}" for entry in entries
+                                     for kind in entry.runtimes)
+
+    @property
+    def runtimes(self) -> tuple[RuntimeKind, ...]:
+        return tuple(kind for entry in self.entries for kind in entry.runtimes)
+
+    def _entry(self, config: Config) -> Strategy:
+        for entry in self.entries[:-1]:
+            try:
+                entry.runtime(config)
+            except ConfigError:
+                continue
+            return entry
+        return self.entries[-1]
+
+    def runtime(self, config: Config) -> RuntimeKind:
+        return self._entry(config).runtime(config)
+
+    def check(self, config: Config) -> None:
+        self._entry(config).check(config)
+
+    def build(self, config: Config, task, context: BuildContext) -> Runtime:
+        return self._entry(config).build(config, task, context)
+
+
+def _register_families() -> None:
+    by_name: dict[str, list[Strategy]] = {}
+    for family in (pipelined, parameter_server, adapm):  # order of preference for a shared name
+        for entry in family.STRATEGIES:
+            by_name.setdefault(entry.name, []).append(entry)
+    for name, entries in sorted(by_name.items()):
+        STRATEGIES.register(name)(entries[0] if len(entries) == 1 else FirstThatFits(entries))
+
+
+_register_families()
 
 
 def strategy_names() -> list[str]:
-    return sorted(set(STRATEGIES.names()) | set(PS_MODES.names()) | set(RUNTIME_STRATEGIES))
+    return STRATEGIES.names()
 
 
-def check_strategy(name: str) -> None:
-    if name not in STRATEGIES and name not in PS_MODES and name not in RUNTIME_STRATEGIES:
-        close = difflib.get_close_matches(name, strategy_names(), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"strategy: unknown strategy {name!r}{hint}; choose one of: {', '.join(strategy_names())}")
+def runtime_kinds() -> list[RuntimeKind]:
+    """Every runtime a registered strategy can build (each once)."""
+    kinds: dict[str, RuntimeKind] = {}
+    for name in STRATEGIES.names():
+        for kind in STRATEGIES.get(name).runtimes:
+            kinds.setdefault(kind.name, kind)
+    return list(kinds.values())
 
 
-def runtime_of(config: Config) -> str:
-    """``pipeline`` or ``parameter_server`` for this config's strategy, workers and engine."""
-    name, ps = config.strategy, config.ps
-    check_strategy(name)
-    if name == ADAPM:  # nodes as threads of this process, or as Ray actors
-        return ADAPM
-    one_process = ps.workers == 1 and ps.engine == "threads"
-    if name not in PS_MODES:
-        if not one_process:
-            raise ConfigError(f"strategy {name} runs in one process (the pipeline): it needs ps.workers=1 and "
-                              f"ps.engine=threads (got ps.workers={ps.workers}, ps.engine={ps.engine}); use "
-                              "--workers 1, or a parameter-server strategy (sync, async, bsp, gba, hop_bs, hop_bw)")
-        return PIPELINE
-    if name in STRATEGIES and one_process:
-        return PIPELINE
-    return PARAMETER_SERVER
-
-
-__all__ = ["ADAPM", "PARAMETER_SERVER", "RUNTIME_STRATEGIES", "PIPELINE", "PS_MODES", "STRATEGIES", "Strategy", "check_strategy",
-           "runtime_of", "strategy_names"]
+__all__ = ["STRATEGIES", "FirstThatFits", "runtime_kinds", "strategy_names"]

@@ -34,7 +34,7 @@ from cadence.data.ctr import CtrDataset, CtrExamples, load_ctr_dataset
 from cadence.errors import ConfigError
 from cadence.evaluation.classification import auc, logloss, normalized_entropy
 from cadence.models.ctr import CTR_MODELS, pool_bags
-from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch
+from cadence.core.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, Validation
 

@@ -25,7 +25,7 @@ from cadence.config import Config
 from cadence.data.images import ImageDataset, load_image_dataset
 from cadence.errors import ConfigError
 from cadence.models.image import IMAGE_MODELS
-from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch
+from cadence.core.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task
 

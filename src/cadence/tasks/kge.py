@@ -22,7 +22,7 @@ from cadence.errors import ConfigError
 from cadence.evaluation.ranking import FilteredRankingMetric
 from cadence.models.kge import KgeModel
 from cadence.models.scorers import SCORERS
-from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch
+from cadence.core.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task
 

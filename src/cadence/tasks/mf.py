@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from cadence.config import Config
 from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
 from cadence.errors import ConfigError
-from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch, unique_keys
+from cadence.core.batch import Batch, BatchPlan, plan_epoch, unique_keys
 from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TablePart, TableSpec, Task
 

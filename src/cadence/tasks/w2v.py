@@ -40,7 +40,7 @@ from cadence.config import Config
 from cadence.data.corpus import Corpus, keep_probabilities, load_corpus, noise_distribution
 from cadence.errors import ConfigError
 from cadence.evaluation.word_vectors import evaluate_word_vectors
-from cadence.pipeline.batch import Batch, BatchPlan, plan_epoch, unique_keys
+from cadence.core.batch import Batch, BatchPlan, plan_epoch, unique_keys
 from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TablePart, TableSpec, Task
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cadence.data.text import numbered_lines
 from cadence.errors import DataError
-from cadence.pipeline.batch import Batch, BatchPlan
+from cadence.core.batch import Batch, BatchPlan
 from cadence.training.run_directory import write_atomic
 
 

@@ -6,7 +6,7 @@
 - ``summary.json``: ``strategy``, ``dataset``, ``model``, ``epochs``, ``train_seconds``,
   ``examples_per_second`` and the final test metrics (``mrr``, ``hits@1``, ``hits@3``, ``hits@10``);
 - ``entity_ids.tsv`` / ``relation_ids.tsv``: id maps of named datasets;
-- ``checkpoints/``: see ``cadence.training.checkpoint``.
+- ``checkpoints/``: see ``cadence.core.checkpoint``.
 """
 
 from __future__ import annotations

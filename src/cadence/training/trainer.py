@@ -26,13 +26,12 @@ from tqdm.auto import tqdm
 from cadence.config import Config
 from cadence.data import fingerprint
 from cadence.errors import CheckpointError
-from cadence.pipeline.batch import Batch
-from cadence.runtime.engines import ShardLost
+from cadence.core.batch import Batch
 from cadence.tasks.base import Task, Validation
-from cadence.training import checkpoint as ckpt
+from cadence.core import checkpoint as ckpt
 from cadence.training.batch_order import BatchOrder, ComputationOrderRecorder
 from cadence.training.run_directory import RunDirectory
-from cadence.training.runtimes import Runtime
+from cadence.core.runtime import Runtime, ShardLost
 
 log = logging.getLogger("cadence")
 
@@ -198,7 +197,7 @@ class Trainer:
         best = self.progress.best_value if self.progress.best_epoch else None
         return {
             **self.task.summary_fields(),
-            "strategy": self.config.strategy,
+            "strategy": self.runtime.strategy,
             "runtime": self.runtime.name,
             "epochs": self.progress.epoch,
             "train_seconds": round(seconds, 4),

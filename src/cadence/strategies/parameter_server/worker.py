@@ -12,6 +12,7 @@ killed worker takes one more batch and dies with it (its batch and token are dro
 from __future__ import annotations
 
 import time
+from typing import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -19,10 +20,10 @@ from torch import Tensor, nn
 
 from cadence.errors import ConfigError
 from cadence.optim import row_gradient
-from cadence.pipeline.batch import BatchPlan
-from cadence.runtime.aggregation import Gradient
-from cadence.runtime.gates import NoGate
-from cadence.runtime.server import Aborted, DataList
+from cadence.core.batch import Batch, BatchPlan, on_device
+from cadence.strategies.parameter_server.aggregation import Gradient
+from cadence.strategies.parameter_server.gates import NoGate
+from cadence.strategies.parameter_server.server import Aborted, DataList
 
 
 class ShardRouter:
@@ -174,6 +175,8 @@ class Worker:
         self.loss_total = 0.0  # the epoch's summed loss (``task.loss_total`` of each batch)
         self.bytes_moved = 0  # tensor bytes pulled and pushed (keys, rows, dense parameters, gradients)
         self.died = False
+        self.on_batch: Callable[[Batch], None] | None = None  # called for each finished batch (threads)
+        self.finished: list[tuple[int, float]] = []  # (plan index, loss) of each finished batch
 
     def run(self, data: DataList, gate: NoGate) -> None:
         if self.reducer is not None:
@@ -218,7 +221,7 @@ class Worker:
                 total, count = self.reducer.allreduce(self.index, gradients)
                 if count == 0:
                     return
-                self.bytes_moved += 2 * _nbytes(total)  # an all-reduce moves about twice the gradients
+                self.bytes_moved += 2 * nbytes(total)  # an all-reduce moves about twice the gradients
                 for name, parameter in self.model.named_parameters():
                     parameter.grad = total[name].div(count).to(self.device)
                 if self.dense_optimizer is not None:
@@ -249,10 +252,7 @@ class Worker:
         else:
             rows, dense_state, pulled_step = self.router.pull(batch.ids), None, None
         ids = batch.ids  # pushed from the host
-        if self.device.type != "cpu":
-            rows = rows.to(self.device)
-            batch.ids = batch.ids.to(self.device)
-            batch.inputs = {name: value.to(self.device) for name, value in batch.inputs.items()}
+        rows = on_device(batch, rows, self.device)
         rows.requires_grad_(True)
         self.model.zero_grad(set_to_none=True)
         loss = self.task.loss(batch, rows, self.model)
@@ -262,11 +262,19 @@ class Worker:
                  for name, p in self.model.named_parameters()}
         batch.ids = ids
         here = self.reducer is not None  # (then the dense gradients travel in the all-reduce instead)
-        self.bytes_moved += 2 * _nbytes(batch.ids) + 2 * _nbytes(rows) + _nbytes(dense_state) + (0 if here else _nbytes(dense))
+        self.bytes_moved += 2 * nbytes(batch.ids) + 2 * nbytes(rows) + nbytes(dense_state) + (0 if here else nbytes(dense))
         self.delay(time.perf_counter() - started)  # between pull and push: the gradient goes stale
         self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, row_gradient(rows).cpu(),
                                   None if here else dense, pulled_step))
+        self.done(batch, loss)
         return dense if here else None
+
+    def done(self, batch: Batch, loss: Tensor) -> None:
+        """The batch is pushed: recorded (``finished``) and reported (``on_batch``, when set)."""
+        batch.loss = loss.detach()
+        self.finished.append((batch.plan.index, float(batch.loss)))
+        if self.on_batch is not None:
+            self.on_batch(batch)
 
     def delay(self, elapsed: float) -> None:
         """Fault injection: an emulated machine of its own adds ``emulated_latency`` to each batch,
@@ -278,9 +286,9 @@ class Worker:
             time.sleep(pause)
 
 
-def _nbytes(value) -> int:
+def nbytes(value) -> int:
     if isinstance(value, Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, dict):
-        return sum(_nbytes(v) for v in value.values())
+        return sum(nbytes(v) for v in value.values())
     return 0

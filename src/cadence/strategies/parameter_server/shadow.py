@@ -23,42 +23,38 @@ epoch of trainers as threads of this process.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
-from cadence.runtime.aggregation import Gradient
-from cadence.runtime.dense_sync import (RULES, Averager, Bmuf, DenseSync, Easgd, ForegroundGate, HogwildReplica,
-                                        ModelAverage, ShadowThread, ThreadAverager, sync_layout)
-from cadence.runtime.gates import NoGate
-from cadence.runtime.server import DataList
-from cadence.runtime.worker import Worker, _nbytes
+from cadence.config import ShadowConfig
+from cadence.core.batch import on_device
+from cadence.core.runtime import OnBatch, WorkerFailed
+from cadence.engines.threads import intra_op_share
+from cadence.optim import module_optimizer
+from cadence.strategies.parameter_server.aggregation import Gradient
+from cadence.strategies.parameter_server.dense_sync import (RULES, Averager, DenseSync, ForegroundGate, HogwildReplica, ShadowThread, ThreadAverager,
+                                        sync_layout)
+from cadence.strategies.parameter_server.epoch import WorkerReport, abandon, run_guarded
+from cadence.strategies.parameter_server.gates import NoGate
+from cadence.strategies.parameter_server.server import DataList
+from cadence.strategies.parameter_server.worker import Worker, nbytes
 
 
-def shadow_alpha(config) -> float:
+def shadow_alpha(shadow: ShadowConfig, trainers: int) -> float:
     """``shadow.alpha``, or its reconstructed default 0.9 / trainers (TF's EASGD moving rate with a
     period of one: the paper gives no value)."""
-    alpha = config.shadow.alpha
-    return alpha if alpha is not None else 0.9 / config.ps.workers
+    return shadow.alpha if shadow.alpha is not None else 0.9 / trainers
 
 
-def make_rule(config, rule: str, params: list[Tensor], central: ShardCentralCopy | None, averager: Averager | None,
-              training: Callable[[], int]) -> DenseSync:
-    """Trainer's ``DenseSync`` for rule ``easgd``, ``ma`` or ``bmuf`` with the ``shadow`` settings."""
-    alpha, shadow = shadow_alpha(config), config.shadow
-    RULES.get(rule)  # (a rule this function does not know is a bug: fail loudly below)
-    if rule == "easgd":
-        return Easgd(alpha, central, training)
-    if rule == "ma":
-        return ModelAverage(alpha, averager)
-    if rule == "bmuf":
-        return Bmuf(alpha, averager, params, shadow.block_lr, shadow.block_momentum, shadow.nesterov)
-    raise AssertionError(f"no dense sync rule {rule!r}")
+def make_rule(shadow: ShadowConfig, trainers: int, rule: str, params: list[Tensor], central: ShardCentralCopy | None,
+              averager: Averager | None, training: Callable[[], int]) -> DenseSync:
+    """A trainer's ``DenseSync`` for rule ``rule`` (``RULES``: easgd, ma, bmuf) with the ``shadow`` settings."""
+    return RULES.get(rule).from_settings(shadow_alpha(shadow, trainers), shadow, params, central, averager, training)
 
 
 class ShardCentralCopy:
@@ -71,23 +67,23 @@ class ShardCentralCopy:
         return self.shard.submit("central_exchange", local, alpha).result()
 
 
-def shadow_data_list(config, batches, first_token: int, shards: list, dead: list[int]) -> DataList:
+def shadow_data_list(threads: int, trainers: int, batches, first_token: int, shards: list,
+                     dead: list[int]) -> DataList:
     """The epoch's data list of every worker thread (thread n of trainer t is worker t * threads + n):
     any thread takes the next batch, one token a batch, the dead trainers' threads left out."""
-    threads = config.shadow.threads
-    data = DataList(batches, 1, first_token, shards, config.ps.workers * threads)
+    data = DataList(batches, 1, first_token, shards, trainers * threads)
     for index in dead:
-        for thread in thread_indices(config, index):
+        for thread in thread_indices(threads, index):
             data.abandon(thread)
     return data
 
 
-def thread_indices(config, trainer: int) -> range:
-    threads = config.shadow.threads
+def thread_indices(threads: int, trainer: int) -> range:
+    """The worker indices of trainer ``trainer``'s ``threads`` Hogwild threads."""
     return range(trainer * threads, (trainer + 1) * threads)
 
 
-def reset_central(config, mode, shards: list, dense: nn.Module) -> None:
+def reset_central(mode, shards: list, dense: nn.Module) -> None:
     """EASGD: the central copy on shard 0 starts the epoch from the run's dense parameters."""
     params = [p.detach().cpu() for p in dense.parameters()]
     if mode.dense_sync == "easgd" and params:
@@ -156,10 +152,7 @@ class HogwildWorker(Worker):
         batch = self.task.prepare(plan)
         rows = self.router.pull(batch.ids)
         ids = batch.ids
-        if self.device.type != "cpu":
-            rows = rows.to(self.device)
-            batch.ids = batch.ids.to(self.device)
-            batch.inputs = {name: value.to(self.device) for name, value in batch.inputs.items()}
+        rows = on_device(batch, rows, self.device)
         rows.requires_grad_(True)
         loss = self.task.loss(batch, rows, self.model)
         if self.replica is None:
@@ -169,9 +162,10 @@ class HogwildWorker(Worker):
             self.replica.apply(dense)
         self.loss_total += self.task.loss_total(float(loss.detach()), plan.size)
         batch.ids = ids
-        self.bytes_moved += 2 * _nbytes(ids) + 2 * _nbytes(rows)
+        self.bytes_moved += 2 * nbytes(ids) + 2 * nbytes(rows)
         self.delay(time.perf_counter() - started)
         self.router.push(Gradient(self.index, position, token, plan.size, ids, row_grad.cpu()))
+        self.done(batch, loss)
 
 
 class ShadowTrainer:
@@ -182,11 +176,10 @@ class ShadowTrainer:
                  central: ShardCentralCopy | None, averager: Averager | None, training_count: Callable[[], int],
                  device: torch.device = torch.device("cpu"),
                  on_error: Callable[[BaseException], None] = lambda err: None):
-        from cadence.runtime.engines import replica_optimizer
 
         self.index = index
         self.module = module = copy.deepcopy(dense).to(device)
-        self.optimizer = replica_optimizer(config, module, optimizer_state)
+        self.optimizer = module_optimizer(config.optimizer, module, optimizer_state)
         self.replica = HogwildReplica(module, self.optimizer) if self.optimizer is not None else None
         shadow = config.shadow
         synced = mode.dense_sync is not None and self.replica is not None  # (a task may have no dense part)
@@ -196,7 +189,8 @@ class ShadowTrainer:
         self.kill_after: int | None = None  # fault injection: batches it pushes before it dies
         self.shadow: ShadowThread | None = None
         if synced:
-            rule = make_rule(config, mode.dense_sync, self.replica.flat, central, averager, training_count)
+            rule = make_rule(shadow, config.ps.workers, mode.dense_sync, self.replica.flat, central, averager,
+                             training_count)
             cap = 0.0 if mode.foreground else shadow.max_syncs_per_second
             self.shadow = ShadowThread(rule, self.replica.flat, self.gate.training, cap,
                                        name=f"cadence-shadow-{index}", gate=foreground, on_error=on_error,
@@ -220,7 +214,7 @@ class ShadowTrainer:
         """This trainer's ``shadow.threads`` workers (``router_of(n)``: thread n's router). A trainer
         that ``ps.kill_workers`` kills after k batches dies once its threads pushed k together."""
         self.kill_after = plan.kill_after.get(self.index)
-        for n, index in enumerate(thread_indices(config, self.index)):
+        for n, index in enumerate(thread_indices(config.shadow.threads, self.index)):
             self.workers.append(HogwildWorker(index, router_of(n), self.module, self.replica, task, self,
                                               plan.faults.slowdown_in(self.index, plan.epoch),
                                               config.ps.emulated_latency, device))
@@ -234,7 +228,6 @@ class ShadowTrainer:
     def run(self, run_worker: Callable[[HogwildWorker], None], abandon_epoch: Callable[[str], None]) -> None:
         """This trainer's epoch, alone in its process (a Ray trainer actor): its threads and shadow
         thread; an error or Ctrl-C stops the shadow thread and is raised here."""
-        from cadence.runtime.engines import WorkerFailed, run_guarded
 
         if self.shadow is not None:  # (its errors abandon the epoch: the ``on_error`` it was built with)
             self.shadow.start()
@@ -255,7 +248,6 @@ class ShadowTrainer:
 
     def join_shadow(self) -> None:
         """Raise the shadow thread's error, if it had one, as the epoch's."""
-        from cadence.runtime.engines import WorkerFailed
 
         if self.shadow is None:
             return
@@ -270,12 +262,12 @@ class ShadowTrainer:
         return self.module.state_dict(), self.optimizer.state_dict() if self.optimizer is not None else None
 
     def report(self):
-        from cadence.runtime.engines import WorkerReport
 
         mine = self.workers
         return WorkerReport(self.index, sum(w.loss_total for w in mine), sum(w.examples_done for w in mine),
                             sum(w.pushed for w in mine), any(w.died for w in mine),  # (one process)
-                            bytes_moved=sum(w.bytes_moved for w in mine))
+                            bytes_moved=sum(w.bytes_moved for w in mine),
+                            batches=[item for w in mine for item in w.finished])
 
 
 def mean_state(states: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -302,7 +294,7 @@ class TrainerGroup:
                  on_error: Callable[[BaseException], None] = lambda err: None):
         self.config, self.mode = config, mode
         state = optimizer.state_dict() if optimizer is not None else None
-        reset_central(config, mode, shards, dense)
+        reset_central(mode, shards, dense)
         central = ShardCentralCopy(shards[0]) if mode.dense_sync == "easgd" else None
         averager = ThreadAverager(len(live)) if mode.dense_sync in ("ma", "bmuf") else None
         self.trainers = [ShadowTrainer(index, config, mode, dense, state, central,
@@ -319,29 +311,18 @@ class TrainerGroup:
                 for worker in trainer.add_threads(self.config, lambda n: router, task, plan, device)]
 
 
-@contextlib.contextmanager
-def intra_op_share(workers: int) -> Iterator[None]:
-    """Each worker thread gets an equal share of torch's intra-op threads (one when the threads
-    outnumber them), as the paper gives each Hogwild worker thread its own core."""
-    intra_op = torch.get_num_threads()
-    torch.set_num_threads(max(1, intra_op // max(1, workers)))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(intra_op)
-
-
-def run_trainers(engine, plan, plans) -> list:
+def run_trainers(engine, plan, plans, on_batch: OnBatch) -> list:
     """One epoch of ShadowSync trainers as threads of this process; returns one ``WorkerReport`` per
     trainer. On an error or Ctrl-C every worker is released, every shadow thread stopped and joined
     (a collective round completes or is left), and the error raised here."""
-    from cadence.runtime.engines import WorkerFailed, abandon, run_guarded
 
     config = engine.config
-    data = shadow_data_list(config, plans, plan.first_token, engine.shards, plan.dead)
+    data = shadow_data_list(config.shadow.threads, config.ps.workers, plans, plan.first_token, engine.shards, plan.dead)
     group = TrainerGroup(config, engine.mode, engine.dense, engine.dense_optimizer, plan.workers, engine.shards,
                          engine.device, on_error=lambda err: abandon(data, f"a shadow thread failed: {err!r}"))
     workers = group.workers(engine.router, engine.task, plan, engine.device)
+    for worker in workers:
+        worker.on_batch = on_batch  # (serialized by the engine)
     gates = {worker.index: trainer.gate for trainer in group.trainers for worker in trainer.workers}
     shadows = [trainer.shadow for trainer in group.trainers if trainer.shadow is not None]
     for shadow in shadows:

@@ -20,13 +20,12 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from cadence.optim import ENTITY_OPTIMIZERS, dense_optimizer
-from cadence.pipeline.batch import Batch, BatchPlan
-from cadence.runtime.adapm.engine import NodeRunner, initial_values, key_space, summarize
-from cadence.runtime.adapm.node import ProtocolError, nbytes
-from cadence.runtime.engines import WorkerFailed
-from cadence.runtime.ray_engine import _get, _nodes, _pack, _unpack, connect, ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from cadence.optim import ENTITY_OPTIMIZERS, module_optimizer
+from cadence.core.batch import Batch, BatchPlan, finished_batch
+from cadence.strategies.adapm.engine import NodeCluster, NodeRunner, initial_values, key_space, summarize
+from cadence.strategies.adapm.node import ProtocolError, nbytes
+from cadence.core.runtime import WorkerFailed, serialized
+from cadence.engines.ray import cluster_nodes, connect, on_node, pack, ray, ray_get, unpack
 
 CONCURRENCY = 16  # calls an actor serves at once: its epoch, rounds, and the other nodes' messages
 
@@ -38,14 +37,14 @@ class RayTransport:
         self.handles, self.runner = handles, runner
 
     def exchange(self, source: int, dest: int, request):
-        return _unpack(ray.get(self.handles[dest].handle.remote(_pack(request))))
+        return unpack(ray.get(self.handles[dest].handle.remote(pack(request))))
 
     def forward(self, node: int, sub):
-        return _unpack(ray.get(self.handles[node].handle_forwarded.remote(_pack(sub))))
+        return unpack(ray.get(self.handles[node].handle_forwarded.remote(pack(sub))))
 
     def access(self, source: int, dest: int, slots: Tensor, delta: Tensor | None, value: Tensor | None):
         self.runner.node.bytes_sent += nbytes(slots, delta, value)
-        return _unpack(ray.get(self.handles[dest].serve.remote(source, *_pack((slots, delta, value)))))
+        return unpack(ray.get(self.handles[dest].serve.remote(source, *pack((slots, delta, value)))))
 
 
 class NodeActor:
@@ -71,8 +70,12 @@ class NodeActor:
         self.runner.set_lr(lr)
         self.runner.start_sync(self.stop)
 
-    def run_epoch(self, plans: list[BatchPlan]) -> tuple[float, int]:
-        return self.runner.run_epoch(_unpack(plans), lambda batch: None, self.stop)
+    def work(self, plans: list[BatchPlan]) -> tuple[float, int, list[tuple[int, float]]]:
+        """This node's share of the epoch; (summed loss, examples, (plan index, loss) of each batch)."""
+        finished: list[tuple[int, float]] = []
+        report = serialized(lambda batch: finished.append((batch.plan.index, float(batch.loss))))
+        loss, examples = self.runner.work(unpack(plans), report, self.stop)
+        return loss, examples, finished
 
     def end_epoch(self) -> None:
         self.runner.stop_sync()
@@ -83,13 +86,13 @@ class NodeActor:
     # ---- the protocol: other nodes' calls ------------------------------------------------------------
     # (tensors cross as numpy arrays: ``_pack`` / ``_unpack``; pickled tensors cost milliseconds each)
     def handle(self, request):
-        return _pack(self.runner.node.handle(_unpack(request), self.transport.forward))
+        return pack(self.runner.node.handle(unpack(request), self.transport.forward))
 
     def handle_forwarded(self, request):
-        return _pack(self.runner.node.handle(_unpack(request), forwarded=True))
+        return pack(self.runner.node.handle(unpack(request), forwarded=True))
 
     def serve(self, source: int, slots, delta, value):
-        return _pack(self.runner.node.serve(source, *_unpack((slots, delta, value))))
+        return pack(self.runner.node.serve(source, *unpack((slots, delta, value))))
 
     # ---- the driver's calls ---------------------------------------------------------------------------
     def round(self) -> bool:
@@ -100,16 +103,16 @@ class NodeActor:
         self.runner._sync_local_dense()
 
     def owned(self):
-        return _pack(self.runner.owned())
+        return pack(self.runner.owned())
 
     def load_rows(self, values) -> None:
-        self.runner.load_rows(_unpack(values))
+        self.runner.load_rows(unpack(values))
 
     def main_dense_state(self):
-        return _pack(self.runner.main_dense_state())
+        return pack(self.runner.main_dense_state())
 
     def load_dense(self, state, optimizer, version: int) -> None:
-        self.runner.load_dense(_unpack(state), _unpack(optimizer), version)
+        self.runner.load_dense(unpack(state), unpack(optimizer), version)
 
     def counters(self) -> dict[str, Any]:
         return self.runner.counters()
@@ -127,7 +130,7 @@ def _actor_class():
     return _ACTOR[0]
 
 
-class RayCluster:
+class RayCluster(NodeCluster):
     """The driver's side: one ``NodeActor`` per node, dealt round-robin over the cluster's machines;
     the same interface as the thread engine's ``Cluster``."""
 
@@ -138,40 +141,42 @@ class RayCluster:
         self.count = config.ps.workers
         self.keys = key_space(task)
         self.dense = dense  # the driver's copy of the main dense module (refreshed after each epoch)
-        params = list(dense.parameters())
-        self.dense_optimizer = dense_optimizer(config.optimizer, params) if params else None
+        self.dense_optimizer = module_optimizer(config.optimizer, dense)
         recipe_box = [ray.put(task.recipe())]
-        machines = _nodes()
+        machines = cluster_nodes()
         threads = max(1, config.threads)
         started = time.perf_counter()
         self.actors = [_actor_class().options(
             num_cpus=0, max_concurrency=CONCURRENCY,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(machines[index % len(machines)], soft=False),
+            scheduling_strategy=on_node(machines[index % len(machines)]),
         ).remote(config, recipe_box, index, threads) for index in range(self.count)]
-        self.hosts = _get([actor.ping.remote() for actor in self.actors])
-        _get([actor.connect.remote(self.actors) for actor in self.actors])
+        self.hosts = ray_get([actor.ping.remote() for actor in self.actors])
+        ray_get([actor.connect.remote(self.actors) for actor in self.actors])
         self.start_seconds = time.perf_counter() - started
         self.epochs = 0
         self.seconds = 0.0
 
-    def run_epoch(self, plans: list[BatchPlan], lr: float, on_batch: Callable[[Batch], None]) -> tuple[float, int]:
+    def run_nodes(self, plans: list[BatchPlan], lr: float, on_batch: Callable[[Batch], None]) -> tuple[float, int]:
         parts = self.task.partition(plans, self.count)
         started = time.perf_counter()
-        _get([actor.start_epoch.remote(lr) for actor in self.actors])  # every sync thread runs until all are done
-        calls = {actor.run_epoch.remote(_pack(parts[index])): index for index, actor in enumerate(self.actors)}
+        ray_get([actor.start_epoch.remote(lr) for actor in self.actors])  # every sync thread runs until all are done
+        calls = {actor.work.remote(pack(parts[index])): index for index, actor in enumerate(self.actors)}
         results, pending = [], list(calls)
+        by_index = {plan.index: plan for plan in plans}
         try:
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
                 try:
                     results.append(ray.get(done[0]))
+                    for plan_index, batch_loss in results[-1][2]:  # the node's batches, as its result arrives
+                        on_batch(finished_batch(by_index[plan_index], batch_loss))
                 except Exception as err:  # one node failed: the others stop at their next batch
                     for actor in self.actors:
                         actor.abort.remote()
                     ray.wait(pending, num_returns=len(pending), timeout=60)
                     raise WorkerFailed(f"AdaPM node {calls[done[0]]} failed: {err}; the epoch is abandoned") from err
         finally:
-            _get([actor.end_epoch.remote() for actor in self.actors])
+            ray_get([actor.end_epoch.remote() for actor in self.actors])
         self.settle()
         self.seconds += time.perf_counter() - started
         self.epochs += 1
@@ -180,16 +185,16 @@ class RayCluster:
 
     def settle(self, limit: int = 1000) -> None:
         if self.count == 1:
-            _get(self.actors[0].sync_local_dense.remote())
+            ray_get(self.actors[0].sync_local_dense.remote())
             return
         for attempt in range(limit):
-            quiet = _get([actor.round.remote() for actor in self.actors])
+            quiet = ray_get([actor.round.remote() for actor in self.actors])
             if attempt >= 1 and all(quiet):
                 return
         raise ProtocolError(f"the nodes did not settle after {limit} rounds")
 
     def _refresh_dense(self) -> None:
-        state, optimizer = _unpack(_get(self.actors[0].main_dense_state.remote()))
+        state, optimizer = unpack(ray_get(self.actors[0].main_dense_state.remote()))
         self.dense.load_state_dict(state)
         if self.dense_optimizer is not None and optimizer is not None:
             self.dense_optimizer.load_state_dict(optimizer)
@@ -198,36 +203,36 @@ class RayCluster:
     def rows(self) -> Tensor:
         """[N, width + state]: every key's main copy, gathered from its owner (evaluation, checkpoints)."""
         out = None
-        for slots, values in _unpack(_get([actor.owned.remote() for actor in self.actors])):
+        for slots, values in unpack(ray_get([actor.owned.remote() for actor in self.actors])):
             if out is None:
                 out = torch.empty(self.keys.shape[0], values.shape[1])
             out[slots] = values
         return out
 
     def load_rows(self, values: Tensor) -> None:
-        ref = ray.put(_pack(values))
-        _get([actor.load_rows.remote(ref) for actor in self.actors])
+        ref = ray.put(pack(values))
+        ray_get([actor.load_rows.remote(ref) for actor in self.actors])
 
     def load_dense(self) -> None:
         """Every node takes the driver's dense module and optimizer state (a loaded checkpoint)."""
         state = {k: v.detach().clone() for k, v in self.dense.state_dict().items()}
         optimizer = self.dense_optimizer.state_dict() if self.dense_optimizer is not None else None
-        _get([actor.load_dense.remote(*_pack((state, optimizer)), 0) for actor in self.actors])
+        ray_get([actor.load_dense.remote(*pack((state, optimizer)), 0) for actor in self.actors])
 
     def stats(self) -> dict[str, Any]:
-        counters = _get([actor.counters.remote() for actor in self.actors])
+        counters = ray_get([actor.counters.remote() for actor in self.actors])
         return {**summarize(self.settings, counters, self.epochs, self.seconds),
                 "engine": "ray", "engine_start_seconds": round(self.start_seconds, 3),
                 "node_hosts": len(set(self.hosts))}
 
     def counters(self) -> dict[str, Any]:
-        return {"nodes": _get([actor.counters.remote() for actor in self.actors]), "epochs": self.epochs,
+        return {"nodes": ray_get([actor.counters.remote() for actor in self.actors]), "epochs": self.epochs,
                 "seconds": self.seconds}
 
     def load_counters(self, meta: dict[str, Any]) -> None:
         saved = meta.get("nodes", [])
         if len(saved) == self.count:
-            _get([actor.load_counters.remote(entry) for actor, entry in zip(self.actors, saved)])
+            ray_get([actor.load_counters.remote(entry) for actor, entry in zip(self.actors, saved)])
         self.epochs, self.seconds = meta.get("epochs", 0), meta.get("seconds", 0.0)
 
     def close(self) -> None:

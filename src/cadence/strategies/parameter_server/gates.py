@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from cadence.runtime.server import ServerShard
+from cadence.strategies.parameter_server.server import ServerShard
 
 
 class NoGate:

@@ -28,10 +28,7 @@ worker that raises abandons the epoch (``WorkerFailed``); every actor is killed 
 from __future__ import annotations
 
 import collections
-import copy
-import dataclasses
 import functools
-import os
 import pickle
 import secrets
 import socket
@@ -40,116 +37,31 @@ import time
 import uuid
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from cadence.device import resolve_device
-from cadence.errors import ConfigError
-from cadence.runtime.channel import Channel, ChannelClosed, ChannelServer, Reply
-from cadence.runtime.engines import (EpochPlan, ShardLost, WorkerFailed, WorkerReport, abandon, dense_here,
-                                     new_data_list, replica_optimizer)
-from cadence.runtime.gates import NoGate
-from cadence.runtime.server import DenseReducer, build_shard
-from cadence.runtime.shadow import (ShadowTrainer, ShardCentralCopy, finish_epoch, reset_central, shadow_data_list,
+from cadence.core.batch import finished_batch
+from cadence.core.runtime import OnBatch, ShardLost, WorkerFailed
+from cadence.engines.ray import (Actor, cluster_nodes, connect, node_host, on_node, pack, ray,
+                                ray_get, settings, unpack)
+from cadence.engines.channel import Channel, ChannelClosed, ChannelServer, Reply
+from cadence.optim import module_optimizer
+from cadence.strategies.parameter_server.epoch import (Engine, EpochPlan, WorkerReport, abandon,
+                                     new_data_list)
+from cadence.strategies.parameter_server.dense_sync import GlooAverager
+from cadence.strategies.parameter_server.gates import NoGate
+from cadence.strategies.parameter_server.modes import PS_MODES
+from cadence.strategies.parameter_server.server import DenseReducer, build_shard
+from cadence.strategies.parameter_server.shadow import (ShadowTrainer, ShardCentralCopy, finish_epoch, reset_central, shadow_data_list,
                                     thread_indices)
-from cadence.runtime.worker import ShardRouter, Worker
-
-try:
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-except ModuleNotFoundError as err:  # pragma: no cover - exercised only without the extra
-    if err.name != "ray":
-        raise
-    raise ConfigError("ps.engine: ray needs Ray; install it with: pip install 'cadence[ray]'") from None
+from cadence.strategies.parameter_server.worker import ShardRouter, Worker
 
 GATE_METHODS = ("wait", "done", "leave")
-CONNECT_TIMEOUT = 10.0  # seconds to reach a cluster's address before ``ray.init`` is tried
-_settings: dict[str, Any] = {"address": None, "threads": 1}
-
-
-def connect(address: str | None = None, threads: int = 0) -> None:
-    """Join the Ray cluster at ``address`` ("HOST:PORT"), or with None whatever ``ray.init()``
-    finds (``RAY_ADDRESS``, the newest local cluster) or starts. ``threads``: torch threads per actor
-    (0 = 1). A process already connected to Ray keeps its connection. An address that cannot be
-    reached fails within ``CONNECT_TIMEOUT`` seconds (``ray.init`` alone would retry for minutes)."""
-    _settings.update(address=address, threads=max(1, threads))
-    if ray.is_initialized():
-        return
-    if address is not None and address != "auto":
-        _reachable(address)
-    try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        raise ConfigError(
-            f"ps.ray_address: cannot join the Ray cluster at {address}: {err}. If the cluster uses token "
-            "authentication (`ray start` turns it on), run with RAY_AUTH_MODE=token and its token in "
-            "~/.ray/auth_token or RAY_AUTH_TOKEN") from None
-
-
-def _reachable(address: str) -> None:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"ps.ray_address: {address!r} is not HOST:PORT")
-    try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
-    except OSError as err:
-        raise ConfigError(f"ps.ray_address: cannot reach a Ray cluster at {address} ({err}); is `ray start "
-                          "--head` running there?") from None
-
-
 def shutdown() -> None:
     """Kill the actors of every engine of this process (the Ray connection itself stays)."""
     for engine in list(_ENGINES):
         engine.close()
-
-
-# ---- moving tensors between processes ----------------------------------------------------------------
-class _Array:
-    """A tensor crossing an actor boundary, as a numpy array (zero-copy through the object store)."""
-
-    def __init__(self, array: np.ndarray):
-        self.array = array
-
-
-def _pack(value: Any) -> Any:
-    """Tensors (also inside tuples, lists, dicts and dataclasses) to ``_Array``."""
-    if isinstance(value, Tensor):
-        try:
-            return _Array(value.detach().cpu().numpy())
-        except TypeError:  # a dtype numpy lacks (bfloat16): pickled as a tensor
-            return value
-    return _map(value, _pack)
-
-
-def _unpack(value: Any) -> Any:
-    """``_Array`` back to tensors (copied when read-only: torch may write them)."""
-    if isinstance(value, _Array):
-        array = value.array
-        return torch.from_numpy(array if array.flags.writeable else array.copy())
-    return _map(value, _unpack)
-
-
-def _map(value: Any, convert) -> Any:
-    if type(value) in (tuple, list):
-        return type(value)(convert(item) for item in value)
-    if isinstance(value, dict):
-        return type(value)((key, convert(item)) for key, item in value.items())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        result = copy.copy(value)
-        for item in dataclasses.fields(value):
-            object.__setattr__(result, item.name, convert(getattr(value, item.name)))
-        return result
-    return value
-
-
-def _get(refs: Any) -> Any:
-    """``ray.get``, with a remote exception re-raised as itself (``Aborted`` stays catchable) and a
-    dead shard actor as ``ShardLost``."""
-    try:
-        return ray.get(refs)
-    except ray.exceptions.RayTaskError as err:
-        raise err.as_instanceof_cause() from None
 
 
 class _Call:
@@ -162,17 +74,12 @@ class _Call:
     def result(self) -> Any:
         try:
             if isinstance(self.ref, Reply):
-                return _unpack(self.ref.result())
-            return _unpack(_get(self.ref))
+                return unpack(self.ref.result())
+            return unpack(ray_get(self.ref))
         except (ray.exceptions.RayActorError, ChannelClosed) as err:
             if self.shard is None:
                 raise
             raise ShardLost(f"server shard {self.shard}'s process died ({type(err).__name__})") from None
-
-
-def _host() -> str:
-    """This node's address, where its actors' channels listen."""
-    return ray.util.get_node_ip_address()
 
 
 class RemoteShard:
@@ -208,7 +115,7 @@ class RemoteShard:
                 raise ShardLost(f"server shard {self.index}: {err}") from None
 
     def _remote(self, method: str, args: tuple) -> _Call:
-        packed = _pack(args)
+        packed = pack(args)
         with self._lock:  # sequence numbers in submission order
             seq, self._seq = self._seq, self._seq + 1
             if self._channel is not None:
@@ -245,32 +152,19 @@ class RemoteShard:
 
 
 # ---- the actors -------------------------------------------------------------------------------------------
-class _Actor:
-    def node(self) -> str:
-        """The id of the Ray node this actor runs on."""
-        return ray.get_runtime_context().get_node_id()
-
-    def ping(self) -> int:
-        return 0
-
-    def pid(self) -> int:
-        return os.getpid()
-
-
-class ShardServer(_Actor):
+class ShardServer(Actor):
     """Holds server shard ``index`` for the whole run."""
 
     def __init__(self, config, spec, mode_name: str, index: int, dense_blob: bytes | None, threads: int,
                  secret: bytes):
-        from cadence.strategies.parameter_server import PS_MODES
 
         torch.set_num_threads(threads)
         dense = pickle.loads(dense_blob) if dense_blob is not None else None
-        self.shard = build_shard(config, spec, PS_MODES.get(mode_name), index, dense)
+        self.shard = build_shard(config.optimizer, config.ps, spec, PS_MODES.get(mode_name), index, dense)
 
         self.turns = threading.Condition()
         self.next_seq: dict[str, int] = {}  # caller -> sequence number of its next call
-        self.channel = ChannelServer(lambda request: self.call(*request[:3], *request[3]), _host(), secret)
+        self.channel = ChannelServer(lambda request: self.call(*request[:3], *request[3]), node_host(), secret)
 
     def endpoint(self) -> tuple:
         return self.channel.address
@@ -286,16 +180,15 @@ class ShardServer(_Actor):
             self.next_seq[caller] = seq + 1
             self.turns.notify_all()
         try:
-            return _pack(getattr(self.shard, method)(*_unpack(args)))
+            return pack(getattr(self.shard, method)(*unpack(args)))
         finally:
             lock.release()
 
 
-class Coordinator(_Actor):
+class Coordinator(Actor):
     """One epoch's data list (positions and tokens only) and gate."""
 
     def __init__(self, config, mode_name: str, shards: list[RemoteShard], secret: bytes):
-        from cadence.strategies.parameter_server import PS_MODES
 
         self.config, self.mode, self.shards = config, PS_MODES.get(mode_name), shards
         self.data = None
@@ -303,7 +196,7 @@ class Coordinator(_Actor):
         self.gate: NoGate = NoGate()
         # worker -> (position, token) of the batches it may hold: with prefetching, the last two taken
         self.held: dict[int, collections.deque] = {}
-        self.channel = ChannelServer(self._direct, _host(), secret)
+        self.channel = ChannelServer(self._direct, node_host(), secret)
 
     def endpoint(self) -> tuple:
         return self.channel.address
@@ -317,10 +210,11 @@ class Coordinator(_Actor):
 
     def begin(self, batches: int, first_token: int, dead: list[int], live: list[int]) -> tuple[str, ...] | None:
         if self.mode.replicas:  # ShadowSync: every worker thread of every trainer takes from one list
-            self.data = shadow_data_list(self.config, range(batches), first_token, self.shards, dead)
+            self.data = shadow_data_list(self.config.shadow.threads, self.config.ps.workers, range(batches), first_token,
+                                         self.shards, dead)
         else:
-            self.data = new_data_list(self.config, self.mode, range(batches), first_token, self.shards)
-        self.reducer = DenseReducer(live) if dense_here(self.config) and not self.mode.replicas else None
+            self.data = new_data_list(self.config.ps, self.mode, range(batches), first_token, self.shards)
+        self.reducer = DenseReducer(live) if self.mode.dense_on_workers(self.config.ps) and not self.mode.replicas else None
         self.gate = self.mode.gate(self.config.ps, self.shards)
         self.held = {}
         if not self.mode.replicas:  # (ShadowSync's list already left the dead trainers' threads out)
@@ -346,7 +240,7 @@ class Coordinator(_Actor):
         getattr(self.gate, method)(*args)
 
     def allreduce(self, worker: int, gradients: Any) -> Any:
-        return _pack(self.reducer.allreduce(worker, _unpack(gradients)))
+        return pack(self.reducer.allreduce(worker, unpack(gradients)))
 
     def leave_reducer(self, worker: int) -> None:
         self.reducer.leave(worker)
@@ -354,7 +248,7 @@ class Coordinator(_Actor):
     def release(self, worker: int) -> None:
         """The worker's process died: the tokens of the batches it held are dropped (a shard ignores
         the drop of a batch that did arrive) and the epoch goes on without it."""
-        takers = thread_indices(self.config, worker) if self.mode.replicas else [worker]  # (a trainer's threads)
+        takers = thread_indices(self.config.shadow.threads, worker) if self.mode.replicas else [worker]  # (a trainer's threads)
         for taker in takers:
             for position, token in self.held.pop(taker, ()):
                 for shard in self.shards:
@@ -396,7 +290,7 @@ class _RemoteData:
         return item[0], self.plans[item[0]], item[1]
 
     def abandon(self, worker: int) -> None:
-        _get(self.coordinator.abandon.remote(worker))
+        ray_get(self.coordinator.abandon.remote(worker))
 
 
 class _RemoteReducer:
@@ -406,10 +300,10 @@ class _RemoteReducer:
         self.coordinator = coordinator
 
     def allreduce(self, worker: int, gradients):
-        return _unpack(_get(self.coordinator.allreduce.remote(worker, _pack(gradients))))
+        return unpack(ray_get(self.coordinator.allreduce.remote(worker, pack(gradients))))
 
     def leave(self, worker: int) -> None:
-        _get(self.coordinator.leave_reducer.remote(worker))
+        ray_get(self.coordinator.leave_reducer.remote(worker))
 
 
 class _RemoteGate(NoGate):
@@ -420,23 +314,22 @@ class _RemoteGate(NoGate):
 
     def wait(self, worker, token):
         if "wait" in self.active:
-            _get(self.coordinator.gate_call.remote("wait", worker, token))
+            ray_get(self.coordinator.gate_call.remote("wait", worker, token))
 
     def done(self, worker):
         if "done" in self.active:
-            _get(self.coordinator.gate_call.remote("done", worker))
+            ray_get(self.coordinator.gate_call.remote("done", worker))
 
     def leave(self, worker):
         if "leave" in self.active:
-            _get(self.coordinator.gate_call.remote("leave", worker))
+            ray_get(self.coordinator.gate_call.remote("leave", worker))
 
 
-class TaskWorker(_Actor):
+class TaskWorker(Actor):
     """Worker ``index``: builds the task (and reads its data) itself, keeps it for the run."""
 
     def __init__(self, index: int, config, recipe_box: list, shards: list[RemoteShard], coordinator: Any,
                  coordinator_address: tuple, threads: int, secret: bytes):
-        from cadence.strategies.parameter_server import PS_MODES
 
         torch.set_num_threads(threads)
         self.index, self.config, self.coordinator = index, config, coordinator
@@ -451,7 +344,7 @@ class TaskWorker(_Actor):
         self.model = self.task.dense_module().to(self.device)
         self.plans: tuple[int, list] | None = None
 
-    def run_epoch(self, epoch: int, slowdown: float, kill_after: int | None, gate: tuple[str, ...] | None,
+    def run_worker(self, epoch: int, slowdown: float, kill_after: int | None, gate: tuple[str, ...] | None,
                   rng_state: Tensor, dense: Any = None) -> tuple:
         """``dense``: with ``ps.dense: workers``, the run's dense state and optimizer state to start
         from; the replica's are returned with the worker's counters."""
@@ -460,9 +353,9 @@ class TaskWorker(_Actor):
             self.plans = (epoch, self.task.plan(epoch))
         reducer, optimizer = None, None
         if dense is not None:
-            model_state, optimizer_state = _unpack(dense)
+            model_state, optimizer_state = unpack(dense)
             self.model.load_state_dict(model_state)
-            optimizer = replica_optimizer(self.config, self.model, optimizer_state)
+            optimizer = module_optimizer(self.config.optimizer, self.model, optimizer_state)
             reducer = _RemoteReducer(self.coordinator)
         worker = Worker(self.index, self.router, self.model, self.task, slowdown, kill_after,
                         self.config.ps.emulated_latency, reducer, optimizer, self.device)
@@ -480,19 +373,19 @@ class TaskWorker(_Actor):
                 shard.settle()
         replica = None
         if dense is not None:
-            replica = _pack((self.model.state_dict(), optimizer.state_dict() if optimizer is not None else None))
+            replica = pack((self.model.state_dict(), optimizer.state_dict() if optimizer is not None else None))
         return (worker.loss_total, worker.examples_done, worker.pushed, worker.died, torch.get_rng_state(),
-                worker.bytes_moved, replica, 0)
+                worker.bytes_moved, replica, 0, worker.finished)
 
     # ---- ShadowSync: this actor is a trainer ---------------------------------------------------
     def free_port(self) -> tuple[str, int]:
         """An address for the trainers' gloo rendezvous, on this actor's node."""
         with socket.socket() as probe:
-            probe.bind((_host(), 0))
-            return _host(), probe.getsockname()[1]
+            probe.bind((node_host(), 0))
+            return node_host(), probe.getsockname()[1]
 
-    def run_trainer_epoch(self, plan: EpochPlan, rng_state: Tensor, dense: Any, rendezvous: tuple | None) -> tuple:
-        """One epoch of this trainer (``cadence.runtime.shadow``): its dense replica starts from
+    def run_trainer(self, plan: EpochPlan, rng_state: Tensor, dense: Any, rendezvous: tuple | None) -> tuple:
+        """One epoch of this trainer (``cadence.strategies.parameter_server.shadow``): its dense replica starts from
         ``dense`` (the run's state and optimizer state), ``shadow.threads`` worker threads train it,
         each with its own channels to the shards and the coordinator, and its shadow thread syncs it:
         EASGD with the central copy on shard 0, MA and BMUF over a gloo group of the trainers
@@ -500,12 +393,12 @@ class TaskWorker(_Actor):
         torch.set_rng_state(rng_state)
         if self.plans is None or self.plans[0] != plan.epoch:
             self.plans = (plan.epoch, self.task.plan(plan.epoch))
-        model_state, optimizer_state = _unpack(dense)
+        model_state, optimizer_state = unpack(dense)
         self.model.load_state_dict(model_state)
         central = ShardCentralCopy(_own_copy(self.router.shards[0])) if self.mode.dense_sync == "easgd" else None
         averager = _join_gloo(*rendezvous) if rendezvous is not None else None
         def abandon_epoch(reason: str) -> None:
-            _get(self.coordinator.stop.remote(reason))
+            ray_get(self.coordinator.stop.remote(reason))
 
         trainer = ShadowTrainer(self.index, self.config, self.mode, self.model, optimizer_state, central, averager,
                                 lambda: int(trainer.gate.training()), self.device,
@@ -536,7 +429,7 @@ class TaskWorker(_Actor):
                 _leave_gloo()
         report = trainer.report()
         return (report.loss_total, report.examples, report.pushed, report.died, torch.get_rng_state(),
-                report.bytes_moved, _pack(trainer.replica_state), trainer.syncs)
+                report.bytes_moved, pack(trainer.replica_state), trainer.syncs, report.batches)
 
 
 def _own_copy(shard: RemoteShard) -> RemoteShard:
@@ -550,7 +443,6 @@ def _join_gloo(host: str, port: int, rank: int, size: int):
 
     import torch.distributed as dist
 
-    from cadence.runtime.dense_sync import GlooAverager
 
     _leave_gloo()
     timeout = datetime.timedelta(seconds=60)
@@ -576,27 +468,19 @@ def _remote(cls: type) -> Any:
     return _ACTOR_CLASSES[cls]
 
 
-def _nodes() -> list[str]:
-    """The alive nodes that have CPUs (a head started with --num-cpus=0 is left alone), the driver's first."""
-    alive = [node for node in ray.nodes() if node.get("Alive")]
-    working = [node for node in alive if node.get("Resources", {}).get("CPU", 0) > 0] or alive
-    here = ray.get_runtime_context().get_node_id()
-    return sorted((node["NodeID"] for node in working), key=lambda node: (node != here, node))
-
-
-class RayEngine:
+class RayEngine(Engine):
     """``ENGINES.get("ray")(config, task, mode, dense)``: the actors of one run (module docstring)."""
 
     def __init__(self, config, task, mode, dense: nn.Module):
         if not ray.is_initialized():
             connect(config.ps.ray_address, config.threads)
         self.config, self.mode = config, mode
-        self.threads = _settings["threads"]
+        self.threads = settings["threads"]
         self.spec = task.table()
         self.dense = dense
         # shard 0 starts from the driver's initial dense module, unless the workers hold it (ps.dense)
-        self.dense_blob = None if dense_here(config) else pickle.dumps(dense)
-        self.dense_optimizer = replica_optimizer(config, dense, None) if dense_here(config) else None
+        self.dense_blob = None if mode.dense_on_workers(config.ps) else pickle.dumps(dense)
+        self.dense_optimizer = module_optimizer(config.optimizer, dense, None) if mode.dense_on_workers(config.ps) else None
         self.recipe = [ray.put(task.recipe())]  # in a list: fetched by each worker when it starts
         self.concurrency = max(32, 3 * config.ps.workers + 8)
         self.placed = 0
@@ -612,11 +496,11 @@ class RayEngine:
         (three 1-CPU actors on a 2-CPU node would leave one pending forever). An actor that asks
         for ``gpus`` (a worker of a ``device: cuda`` run: a share of one GPU each) goes wherever
         Ray finds that share instead."""
-        nodes = _nodes()
+        nodes = cluster_nodes()
         node = nodes[self.placed % len(nodes)]
         self.placed += 1
         where = {"num_gpus": gpus} if gpus else {
-            "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+            "scheduling_strategy": on_node(node)}
         actor = _remote(cls).options(num_cpus=0, max_concurrency=self.concurrency, **where).remote(*args)
         self.actors.append(actor)
         return actor
@@ -626,16 +510,16 @@ class RayEngine:
         handles = [self._new(ShardServer, self.config, self.spec, self.mode.name, index,
                              self.dense_blob if index == 0 else None, self.threads, self.secret)
                    for index in range(self.config.ps.shards)]
-        addresses = _get([handle.endpoint.remote() for handle in handles])
+        addresses = ray_get([handle.endpoint.remote() for handle in handles])
         self.shards = [RemoteShard(handle, index, self.spec.width, address, self.secret)
                        for index, (handle, address) in enumerate(zip(handles, addresses))]
         self.coordinator = self._new(Coordinator, self.config, self.mode.name, self.shards, self.secret)
-        self.coordinator_address = _get(self.coordinator.endpoint.remote())
+        self.coordinator_address = ray_get(self.coordinator.endpoint.remote())
         self.workers = {index: self._worker(index) for index in range(self.config.ps.workers)}
         # every actor is built (torch imported, the task and its data read) before training starts:
         # setup, as the thread engine's is, not the first epoch's time
         started = time.perf_counter()
-        _get([actor.ping.remote() for actor in (self.coordinator, *self.workers.values())])
+        ray_get([actor.ping.remote() for actor in (self.coordinator, *self.workers.values())])
         self.start_seconds += time.perf_counter() - started
 
     def _worker(self, index: int) -> Any:
@@ -644,11 +528,11 @@ class RayEngine:
                          self.coordinator_address, self.threads, self.secret, gpus=gpus)
 
     # ---- one epoch ----------------------------------------------------------------------------
-    def run_epoch(self, plan: EpochPlan, plans: list) -> list[WorkerReport]:
-        gate = _get(self.coordinator.begin.remote(plan.batches, plan.first_token, plan.dead, plan.workers))
+    def run_workers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
+        gate = ray_get(self.coordinator.begin.remote(plan.batches, plan.first_token, plan.dead, plan.workers))
         dense = None
-        if dense_here(self.config):
-            dense = _pack((self.dense.state_dict(),
+        if self.mode.dense_on_workers(self.config.ps):
+            dense = pack((self.dense.state_dict(),
                            self.dense_optimizer.state_dict() if self.dense_optimizer is not None else None))
         # Dropout draws from torch's default generator. A single worker continues this process's
         # stream and hands it back, exactly as a thread would; several get streams of their own.
@@ -660,17 +544,18 @@ class RayEngine:
         if self.mode.replicas:
             runs = self._start_trainers(plan, states, dense)
         else:
-            runs = {self.workers[index].run_epoch.remote(plan.epoch, plan.faults.slowdown_in(index, plan.epoch),
+            runs = {self.workers[index].run_worker.remote(plan.epoch, plan.faults.slowdown_in(index, plan.epoch),
                                                          plan.kill_after.get(index), gate, state, dense): index
                     for index, state in zip(plan.workers, states)}
         reports, failure, replicas, syncs = [], None, {}, 0
+        by_index = {item.index: item for item in plans}
         while runs:
             ready, _ = ray.wait(list(runs), num_returns=1)
             index = runs.pop(ready[0])
             try:
-                loss, examples, pushed, died, state, moved, replica, synced = _get(ready[0])
+                loss, examples, pushed, died, state, moved, replica, synced, batches = ray_get(ready[0])
             except ray.exceptions.RayActorError:  # the worker's process died: release its token, go on
-                _get(self.coordinator.release.remote(index))
+                ray_get(self.coordinator.release.remote(index))
                 reports.append(WorkerReport(index, 0.0, 0, 0, False, lost=True))
                 continue
             except BaseException as err:  # noqa: BLE001 - a shard lost, or a worker failed: abandon the epoch
@@ -680,16 +565,18 @@ class RayEngine:
                 continue
             if len(plan.workers) == 1:
                 torch.set_rng_state(state)
-            reports.append(WorkerReport(index, loss, examples, pushed, died, bytes_moved=moved))
+            reports.append(WorkerReport(index, loss, examples, pushed, died, bytes_moved=moved, batches=batches))
+            for plan_index, batch_loss in batches:  # the worker's batches, reported as its result arrives
+                on_batch(finished_batch(by_index[plan_index], batch_loss))
             syncs += synced
             if replica is not None and not died:
-                replicas[index] = _unpack(replica)
+                replicas[index] = unpack(replica)
         if failure is not None:
             index, err = failure
             if isinstance(err, ShardLost) or not self._shards_alive():
                 raise ShardLost(f"a server shard's process died during the epoch ({err})") from None
             raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
-        _get(self.coordinator.settle.remote())  # the data list's drops and closes are applied
+        ray_get(self.coordinator.settle.remote())  # the data list's drops and closes are applied
         if self.mode.replicas:  # ShadowSync: the mean of the trainers' replicas
             finish_epoch(self, [replicas[index] for index in sorted(replicas)], syncs)
         elif replicas:  # ps.dense: workers: every replica took the same steps
@@ -708,16 +595,16 @@ class RayEngine:
         """ShadowSync: each live worker actor runs one trainer's epoch; EASGD's central copy on shard
         0 starts from the run's dense parameters, MA and BMUF meet at a gloo rendezvous on the first
         trainer's node."""
-        reset_central(self.config, self.mode, self.shards, self.dense)
+        reset_central(self.mode, self.shards, self.dense)
         collective = self.mode.dense_sync in ("ma", "bmuf") and any(True for _ in self.dense.parameters())
-        host, port = _get(self.workers[plan.workers[0]].free_port.remote()) if collective else (None, None)
-        return {self.workers[index].run_trainer_epoch.remote(
+        host, port = ray_get(self.workers[plan.workers[0]].free_port.remote()) if collective else (None, None)
+        return {self.workers[index].run_trainer.remote(
                     plan, state, dense, (host, port, rank, len(plan.workers)) if collective else None): index
                 for rank, (index, state) in enumerate(zip(plan.workers, states))}
 
     def _abandon(self, reason: str) -> None:
         try:
-            _get(self.coordinator.stop.remote(reason))
+            ray_get(self.coordinator.stop.remote(reason))
         except Exception:  # noqa: BLE001 - a dead shard cannot be told; its callers fail anyway
             for shard in self.shards:
                 try:
@@ -727,7 +614,7 @@ class RayEngine:
 
     def _shards_alive(self) -> bool:
         try:
-            _get([shard.handle.ping.remote() for shard in self.shards])
+            ray_get([shard.handle.ping.remote() for shard in self.shards])
             return True
         except ray.exceptions.RayActorError:
             return False

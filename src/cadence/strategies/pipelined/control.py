@@ -33,12 +33,12 @@ import threading
 
 import torch
 
-from cadence.pipeline.batch import Batch
+from cadence.core.batch import Batch
 from cadence.pipeline.runner import ConcurrencyControl, PipelineRunner
 from cadence.pipeline.transfer import accelerated
-from cadence.pipeline.validation_cache import ValidationCache
+from cadence.strategies.pipelined.validation_cache import ValidationCache
 from cadence.store.embedding_store import EmbeddingStore
-from cadence.strategies.base import STRATEGIES, Strategy
+from cadence.strategies.pipelined.base import SCHEDULES, Schedule
 
 
 class LastWriterWins(ConcurrencyControl):
@@ -132,7 +132,7 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
 PEAK_COUNTERS = {"peak_cache_rows"}
 
 
-class PipelinedStrategy(Strategy):
+class PipelinedStrategy(Schedule):
     """Runs each epoch through a ``PipelineRunner``; subclasses choose the concurrency control."""
 
     def __init__(self, config):
@@ -160,13 +160,13 @@ class PipelinedStrategy(Strategy):
         return dict(self.totals)
 
 
-@STRATEGIES.register("async")
+@SCHEDULES.register("async")
 class AsyncStrategy(PipelinedStrategy):
     def make_control(self, store, device, first_timestamp):
         return LastWriterWins(store, device)
 
 
-@STRATEGIES.register("oac")
+@SCHEDULES.register("oac")
 class OacStrategy(PipelinedStrategy):
     def make_control(self, store, device, first_timestamp):
         return OptimisticAsynchronyControl(store, device, first_timestamp, self.config.pipeline.coalesce_writes)

@@ -33,17 +33,18 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from contextlib import contextmanager
-from typing import Callable, Iterator
+
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
+from cadence.engines.threads import ThreadGroup, intra_op_threads
 from cadence.optim import InPlaceDense, row_gradient
-from cadence.pipeline.batch import Batch, BatchPlan
+from cadence.core.batch import Batch, BatchPlan
 from cadence.pipeline.stages import Stages
-from cadence.store.embedding_store import RowBlock
-from cadence.strategies.base import STRATEGIES, Strategy
+from cadence.core.rows import RowBlock
+from cadence.strategies.pipelined.base import SCHEDULES, Schedule
 
 _POLL = 0.05  # seconds between checks of the stop flag while blocked
 STOP_GRACE = 10.0  # seconds the backward threads get to finish the pass they are in after a stop
@@ -104,8 +105,8 @@ class _InFlight:
         self.done = threading.Event()
 
 
-@STRATEGIES.register("pdasgd")
-class Pdasgd(Strategy):
+@SCHEDULES.register("pdasgd")
+class Pdasgd(Schedule):
     layerwise = True  # LU; ``pdasgd-bu``: False
 
     def __init__(self, config):
@@ -126,10 +127,11 @@ class Pdasgd(Strategy):
         model = _LossOf(compute.task, compute.dense)
         handoff: queue.Queue = queue.Queue()
         free = threading.Semaphore(self.settings.backward_threads)  # backward threads without a graph
-        stop, errors, finished = threading.Event(), [], threading.Lock()
+        stop, finished = threading.Event(), threading.Lock()
+        group = ThreadGroup()
 
         def backward_thread() -> None:
-            with self._intra_op_threads():
+            with intra_op_threads(self.settings.intra_op_threads):
                 while not stop.is_set():
                     try:
                         item = handoff.get(timeout=_POLL)
@@ -143,45 +145,39 @@ class Pdasgd(Strategy):
                         with finished:
                             self.busy["backward_busy_seconds"] += time.perf_counter() - began
                             on_batch(item.batch)
-                    except BaseException as err:  # surfaced on the forward thread
-                        errors.append(err)
+                    except BaseException:  # surfaced on the forward thread (the group keeps it)
                         stop.set()
-                        return
+                        raise
                     finally:
                         item.done.set()
                         free.release()
 
-        threads = [threading.Thread(target=backward_thread, name=f"cadence-pdasgd-backward-{index}", daemon=True)
-                   for index in range(self.settings.backward_threads)]
-        for thread in threads:
-            thread.start()
+        for index in range(self.settings.backward_threads):
+            group.spawn(backward_thread, f"cadence-pdasgd-backward-{index}")
         try:
-            with self._intra_op_threads():
+            with intra_op_threads(self.settings.intra_op_threads):
                 for plan in plans:
-                    if errors:
+                    if stop.is_set():
                         break
                     began = time.perf_counter()
                     item = self._forward(plan, stages, model, names, params)
                     self.busy["forward_busy_seconds"] += time.perf_counter() - began
                     while not free.acquire(timeout=_POLL):  # hand over to a free backward thread
-                        if errors:
+                        if stop.is_set():
                             break
                     else:
                         handoff.put(item)
                         if self.settings.barrier:  # the sequential twin: this batch ends before the next
-                            while not item.done.wait(timeout=_POLL) and not errors:
+                            while not item.done.wait(timeout=_POLL) and not stop.is_set():
                                 pass
         except BaseException:
             stop.set()  # Ctrl-C or an error in the forward pass: the backward threads leave after their pass
             raise
         finally:
-            for _ in threads:
+            for _ in range(self.settings.backward_threads):
                 handoff.put(None)  # after every handed-over graph: the queue is FIFO
-            deadline = time.monotonic() + STOP_GRACE
-            for thread in threads:
-                thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        if errors:
-            raise errors[0]
+            group.join(timeout=STOP_GRACE)
+        group.raise_first()
 
     # ---- the two passes ---------------------------------------------------------------------------
     def _forward(self, plan: BatchPlan, stages: Stages, model: _LossOf, names: list[str],
@@ -240,20 +236,6 @@ class Pdasgd(Strategy):
         leaf.grad = None
         self.staleness.update(index, seen)
 
-    @contextmanager
-    def _intra_op_threads(self) -> Iterator[None]:
-        """OpenMP's thread count is per thread: each pdASGD thread sets its own (and puts back the
-        caller's, the forward thread being the caller)."""
-        wanted = self.settings.intra_op_threads
-        before = torch.get_num_threads()
-        if wanted:
-            torch.set_num_threads(wanted)
-        try:
-            yield
-        finally:
-            if wanted:
-                torch.set_num_threads(before)
-
     def stats(self) -> dict:
         out = {"backward_threads": self.settings.backward_threads,
                "layerwise_updates": self.layerwise,
@@ -263,7 +245,7 @@ class Pdasgd(Strategy):
         return out
 
 
-@STRATEGIES.register("pdasgd-bu")
+@SCHEDULES.register("pdasgd-bu")
 class PdasgdBlockUpdates(Pdasgd):
     """The seed's ablation: the same threads, every parameter updated after the whole backward pass."""
 

@@ -17,6 +17,8 @@ main copies hold every update), so checkpoints and evaluation read the owners' r
 from __future__ import annotations
 
 import copy
+from abc import ABC, abstractmethod
+import functools
 import threading
 import time
 from collections import deque
@@ -25,12 +27,15 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from cadence.optim import ENTITY_OPTIMIZERS, dense_optimizer
-from cadence.pipeline.batch import Batch, BatchPlan
+from cadence.optim import ENTITY_OPTIMIZERS, module_optimizer
+from cadence.core.batch import Batch, BatchPlan
+from cadence.core.runtime import serialized
+from cadence.engines.threads import ThreadGroup, run_threads
 from cadence.pipeline.stages import ComputeStage
-from cadence.runtime.adapm.node import OWNER, DenseCopy, Node, ProtocolError, nbytes
-from cadence.runtime.adapm.timing import ActionTimer
-from cadence.store.embedding_store import RowBlock, create_store
+from cadence.strategies.adapm.node import OWNER, DenseCopy, Node, ProtocolError, nbytes
+from cadence.strategies.adapm.timing import ActionTimer
+from cadence.core.rows import RowBlock
+from cadence.store.embedding_store import create_store
 
 
 class LocalTransport:
@@ -63,21 +68,6 @@ def initial_values(task, state_width: int) -> tuple[Tensor, Tensor]:
     return keys, torch.cat([store.values, store.state], dim=1)
 
 
-def guarded(run: Callable[[], Any], results: list | None, errors: list, lock: threading.Lock,
-            stop: threading.Event) -> None:
-    """``run()`` on a thread: its result into ``results``; an exception into ``errors`` (re-raised on
-    the caller's thread) and ``stop`` set, so every other thread of the epoch leaves early."""
-    try:
-        outcome = run()
-        if results is not None:
-            with lock:
-                results.append(outcome)
-    except BaseException as err:
-        with lock:
-            errors.append(err)
-        stop.set()
-
-
 class NodeRunner:
     """One node and what runs on it: its worker threads (each with its dense copy and an Algorithm 1
     timer), its sync thread, and a transport to the other nodes. The same in a thread of this
@@ -92,11 +82,10 @@ class NodeRunner:
         self.entity = entity_class(config.optimizer)
         self.node = Node(index, self.count, keys, initial, self.width, settings.technique, settings.threads)
         self.transport = None  # set once every node exists (``connect``)
-        params = list(dense.parameters())
         for worker in range(settings.threads):
             main = index == 0 and worker == 0
             module = dense if main and main_module else copy.deepcopy(dense)
-            optimizer = dense_optimizer(config.optimizer, list(module.parameters())) if params else None
+            optimizer = module_optimizer(config.optimizer, module)
             self.node.dense.append(DenseCopy(module, optimizer, main))
         if index == 0:
             self.node.main_dense = self.node.dense[0]
@@ -150,51 +139,31 @@ class NodeRunner:
         workers are done (not only this node's): other nodes' intents and remote accesses are
         answered by ``handle`` and ``serve`` either way, but this node's queued home-record updates
         and replica deltas travel only in its own rounds."""
-        self._sync_errors: list[BaseException] = []
         self._sync_done = threading.Event()
-        self._syncer = None
+        self._syncer = ThreadGroup(lambda key, err: stop.set())
         if self.count == 1:
             return
-        lock = threading.Lock()
 
         def rounds() -> None:
             while not self._sync_done.is_set():
                 self.round()
                 self._sync_done.wait(self.settings.round_interval)
 
-        self._syncer = threading.Thread(target=guarded, args=(rounds, None, self._sync_errors, lock, stop),
-                                        name=f"cadence-adapm-sync-{self.node.index}", daemon=True)
-        self._syncer.start()
+        self._syncer.spawn(rounds, f"cadence-adapm-sync-{self.node.index}")
 
     def stop_sync(self) -> None:
         self._sync_done.set()
-        if self._syncer is not None:
-            self._syncer.join()
-        if self._sync_errors:
-            raise self._sync_errors[0]
+        self._syncer.join().raise_first()
 
-    def run_epoch(self, plans: list[BatchPlan], report: Callable[[Batch], None], stop: threading.Event) -> tuple[float, int]:
+    def work(self, plans: list[BatchPlan], report: Callable[[Batch], None], stop: threading.Event) -> tuple[float, int]:
         """Run this node's workers over ``plans`` (round-robin among them; the sync thread runs
         beside them: ``start_sync``); (summed loss, examples). ``stop``: another node failed, leave
         early."""
-        threads = self.settings.threads
-        results: list[tuple[float, int]] = []
-        errors: list[BaseException] = []
-        lock = threading.Lock()
-
-        def work(worker: int) -> None:
-            guarded(lambda: self._work(worker, plans[worker::threads], report, stop), results, errors, lock, stop)
-
-        index = self.node.index
-        workers = [threading.Thread(target=work, args=(w,), name=f"cadence-adapm-{index}.{w}", daemon=True)
-                   for w in range(threads)]
-        for thread in workers:
-            thread.start()
-        for thread in workers:
-            thread.join()
-        if errors:
-            raise errors[0]
-        return sum(r[0] for r in results), sum(r[1] for r in results)
+        threads, index = self.settings.threads, self.node.index
+        jobs = {w: functools.partial(self._work, w, plans[w::threads], report, stop) for w in range(threads)}
+        group = run_threads(jobs, lambda w: f"cadence-adapm-{index}.{w}", lambda w, err: stop.set())
+        group.raise_first()
+        return sum(r[0] for r in group.results.values()), sum(r[1] for r in group.results.values())
 
     def _work(self, worker: int, plans: list[BatchPlan], report, stop: threading.Event) -> tuple[float, int]:
         """One worker's share of the epoch: intent ``lookahead`` batches ahead, then per batch pull,
@@ -334,7 +303,44 @@ def summarize(settings, counters: list[dict[str, Any]], epochs: int, seconds: fl
     }
 
 
-class Cluster:
+class NodeCluster(ABC):
+    """AdaPM's nodes for one run, wherever they run (``clusters.CLUSTERS``: threads of this process,
+    or Ray actors); the runtime drives both through these members alone."""
+
+    keys: Tensor  # every key of the task's key space, sorted
+    dense: nn.Module  # the run's dense module (the main copy, or the driver's copy of it)
+    dense_optimizer: torch.optim.Optimizer | None
+
+    @abstractmethod
+    def run_nodes(self, plans: list[BatchPlan], lr: float, on_batch: Callable[[Batch], None]) -> tuple[float, int]:
+        """One epoch on every node; (summed loss, examples); the nodes settle before it returns."""
+
+    @abstractmethod
+    def rows(self) -> Tensor:
+        """Every key's row and entity optimizer state, from its owner, in ``keys`` order."""
+
+    @abstractmethod
+    def load_rows(self, values: Tensor) -> None:
+        """Every owner takes its keys' rows from ``values`` (``keys`` order)."""
+
+    @abstractmethod
+    def load_dense(self) -> None:
+        """Every node's dense copy takes ``dense`` and its optimizer state."""
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def counters(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def load_counters(self, meta: dict[str, Any]) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Cluster(NodeCluster):
     """The ``threads`` engine: ``ps.workers`` nodes in this process, the run's dense module as node
     0's first worker's (the main copy)."""
 
@@ -355,37 +361,24 @@ class Cluster:
         self.epochs = 0
         self.seconds = 0.0
 
-    def run_epoch(self, plans: list[BatchPlan], lr: float, on_batch: Callable[[Batch], None]) -> tuple[float, int]:
+    def run_nodes(self, plans: list[BatchPlan], lr: float, on_batch: Callable[[Batch], None]) -> tuple[float, int]:
         for runner in self.runners:
             runner.set_lr(lr)
         parts = self.task.partition(plans, self.count)
-        lock = threading.Lock()
         stop = threading.Event()
-        results: list[tuple[float, int]] = []
-        errors: list[BaseException] = []
-
-        def report(batch: Batch) -> None:
-            with lock:
-                on_batch(batch)
-
-        def node_epoch(runner: NodeRunner) -> None:
-            guarded(lambda: runner.run_epoch(parts[runner.node.index], report, stop), results, errors, lock, stop)
-
+        report = serialized(on_batch)
         started = time.perf_counter()
-        threads = [threading.Thread(target=node_epoch, args=(runner,), name=f"cadence-adapm-node-{runner.node.index}",
-                                    daemon=True) for runner in self.runners]
         for runner in self.runners:
             runner.start_sync(stop)
         try:
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            jobs = {runner.node.index: functools.partial(runner.work, parts[runner.node.index], report, stop)
+                    for runner in self.runners}
+            group = run_threads(jobs, lambda index: f"cadence-adapm-node-{index}", lambda index, err: stop.set())
         finally:
             for runner in self.runners:
                 runner.stop_sync()
-        if errors:
-            raise errors[0]
+        group.raise_first()
+        results = list(group.results.values())
         self.settle()
         self.seconds += time.perf_counter() - started
         self.epochs += 1

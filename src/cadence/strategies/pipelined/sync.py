@@ -5,11 +5,11 @@ The reference every asynchronous strategy is tested against (its "sequential twi
 
 from __future__ import annotations
 
-from cadence.strategies.base import STRATEGIES, Strategy
+from cadence.strategies.pipelined.base import SCHEDULES, Schedule
 
 
-@STRATEGIES.register("sync")
-class SyncStrategy(Strategy):
+@SCHEDULES.register("sync")
+class SyncStrategy(Schedule):
     def __init__(self, config):
         super().__init__(config)
         self.next_timestamp = 0

@@ -1,9 +1,9 @@
-"""The strategy interface.
+"""The pipeline's schedule interface.
 
-A strategy decides how the batches of an epoch pass through the stages (``cadence.pipeline``): one
-at a time (sync), many in flight (async pipeline, OAC), or on a parameter-server runtime (GBA and its
-baselines, ShadowSync, AdaPM). It never changes the math of a stage, so every strategy can be
-checked against the synchronous run of the same batches. The trainer calls ``run_epoch`` once per
+A schedule decides how the batches of an epoch pass through the pipeline's stages
+(``cadence.pipeline``): one at a time (sync), many in flight (async, OAC), or a forward thread
+handing each batch to backward threads (pdASGD). It never changes the math of a stage, so every
+schedule can be checked against the synchronous run of the same batches. The trainer calls ``run_epoch`` once per
 epoch and ``on_batch`` once per finished batch (for progress, counters and the computation order).
 """
 
@@ -13,14 +13,14 @@ from abc import ABC, abstractmethod
 from typing import Callable
 
 from cadence.config import Config
-from cadence.pipeline.batch import Batch, BatchPlan
+from cadence.core.batch import Batch, BatchPlan
 from cadence.pipeline.stages import Stages
 from cadence.registry import Registry
 
-STRATEGIES: Registry[type["Strategy"]] = Registry("strategy", "strategy")
+SCHEDULES: Registry[type["Schedule"]] = Registry("pipeline schedule", "strategy")
 
 
-class Strategy(ABC):
+class Schedule(ABC):
     def __init__(self, config: Config):
         self.config = config
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from cadence.seeding import derive_seed
-from cadence.store.embedding_store import RowBlock
+from cadence.core.rows import RowBlock
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,23 @@ class Batch:
     @property
     def size(self) -> int:
         return self.plan.size
+
+
+def on_device(batch: Batch, rows: Tensor, device: torch.device) -> Tensor:
+    """A batch's ids and inputs moved to ``device`` in place, and its pulled ``rows`` there (nothing
+    moves on the CPU). The pipeline's ``DeviceLink`` uploads with streams instead; this is the plain
+    move of a worker that computes one batch at a time."""
+    if device.type == "cpu":
+        return rows
+    batch.ids = batch.ids.to(device)
+    batch.inputs = {name: value.to(device) for name, value in batch.inputs.items()}
+    return rows.to(device)
+
+
+def finished_batch(plan: BatchPlan, loss: float) -> Batch:
+    """A batch that finished in another process, as its worker reports it: the plan and the loss
+    (its rows and inputs stayed there). What ``Runtime.run_epoch``'s ``on_batch`` receives for it."""
+    return Batch(plan, torch.empty(0, dtype=torch.int64), loss=torch.tensor(loss))
 
 
 def unique_keys(keys: Tensor, num_keys: int) -> tuple[Tensor, Tensor]:

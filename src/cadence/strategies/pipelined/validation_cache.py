@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from cadence.store.embedding_store import RowBlock
+from cadence.core.rows import RowBlock
 
 INITIAL_CAPACITY = 1024
 

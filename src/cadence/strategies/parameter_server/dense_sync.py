@@ -38,6 +38,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
+from cadence.config import ShadowConfig
 from cadence.optim import InPlaceDense
 from cadence.registry import Registry
 
@@ -210,6 +211,13 @@ class DenseSync(ABC):
         trainer fated to die stays in the rounds, as one out of data does, until they end)."""
         return self.averager is None or self.averager.can_leave
 
+    @classmethod
+    def from_settings(cls, alpha: float, shadow: ShadowConfig, params: Params, central: CentralCopy | None,
+                      averager: Averager | None, training: Callable[[], int]) -> "DenseSync":
+        """A trainer's rule from the ``shadow`` settings (``RULES.get(name).from_settings(...)``); every
+        registered rule has one."""
+        raise NotImplementedError(f"{cls.__name__} is not built from the shadow settings")
+
     @abstractmethod
     def round(self, params: Params, training: bool) -> int: ...
 
@@ -222,6 +230,10 @@ class Easgd(DenseSync):
         super().__init__(alpha)
         self.central = central
         self.training = training  # how many trainers still train (no collective: a shared count)
+
+    @classmethod
+    def from_settings(cls, alpha, shadow, params, central, averager, training):
+        return cls(alpha, central, training)
 
     def round(self, params: Params, training: bool) -> int:
         central = self.central.exchange(snapshot(params), self.alpha)
@@ -236,6 +248,10 @@ class ModelAverage(DenseSync):
     def __init__(self, alpha: float, averager: Averager):
         super().__init__(alpha)
         self.averager = averager
+
+    @classmethod
+    def from_settings(cls, alpha, shadow, params, central, averager, training):
+        return cls(alpha, averager)
 
     def round(self, params: Params, training: bool) -> int:
         means, still = self.averager.mean(snapshot(params), training)
@@ -257,6 +273,10 @@ class Bmuf(DenseSync):
         self.block_lr, self.block_momentum, self.nesterov = block_lr, block_momentum, nesterov
         self.global_ = snapshot(initial)
         self.momentum = [torch.zeros_like(value) for value in self.global_]
+
+    @classmethod
+    def from_settings(cls, alpha, shadow, params, central, averager, training):
+        return cls(alpha, averager, params, shadow.block_lr, shadow.block_momentum, shadow.nesterov)
 
     def round(self, params: Params, training: bool) -> int:
         means, still = self.averager.mean(snapshot(params), training)

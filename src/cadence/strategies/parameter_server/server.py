@@ -13,29 +13,28 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from cadence.optim import EntityOptimizer, set_lr
-from cadence.runtime.aggregation import Aggregation, Gradient
-from cadence.runtime.dense_sync import CentralCopy
-from cadence.runtime.embedding_table import DynamicEmbeddingTable, FixedTable
-from cadence.training import checkpoint as ckpt
+from cadence.config import OptimizerConfig, ParameterServerConfig
+from cadence.core.rows import TableSpec
+from cadence.optim import ENTITY_OPTIMIZERS, EntityOptimizer, set_lr, module_optimizer
+from cadence.strategies.parameter_server.aggregation import Aggregation, Gradient
+from cadence.strategies.parameter_server.dense_sync import CentralCopy
+from cadence.store.embedding_table import DynamicEmbeddingTable, FixedTable
+from cadence.core import checkpoint as ckpt
 
 
-def build_shard(config, spec, mode, index: int, dense: nn.Module | None) -> "ServerShard":
-    """Server shard ``index`` of ``config.ps.shards`` for a task's ``TableSpec``: the rows it owns
+def build_shard(optimizer_settings: OptimizerConfig, ps: ParameterServerConfig, spec: TableSpec, mode, index: int,
+                dense: nn.Module | None) -> "ServerShard":
+    """Server shard ``index`` of ``ps.shards`` for a task's ``TableSpec``: the rows it owns
     (``FixedTable``) or a growing vocabulary, the entity optimizer, the mode's aggregation, and on
     shard 0 the dense module with its optimizer. The same in a thread and in a Ray actor."""
-    from cadence.optim import ENTITY_OPTIMIZERS, dense_optimizer
-
-    entity = ENTITY_OPTIMIZERS.get(config.optimizer.entity)
+    entity = ENTITY_OPTIMIZERS.get(optimizer_settings.entity)
     state_width = entity.state_width(spec.width)
     if spec.fixed:
-        table = FixedTable(spec, state_width, index, config.ps.shards)
+        table = FixedTable(spec, state_width, index, ps.shards)
     else:
         table = DynamicEmbeddingTable(spec.width, state_width, spec.init_std, spec.seed & 0xFFFFFFFF)
-    optimizer = None
-    if dense is not None and list(dense.parameters()):
-        optimizer = dense_optimizer(config.optimizer, list(dense.parameters()))
-    return ServerShard(table, entity(config.optimizer), mode.aggregation(config.ps), dense, optimizer)
+    optimizer = None if dense is None else module_optimizer(optimizer_settings, dense)
+    return ServerShard(table, entity(optimizer_settings), mode.aggregation(ps), dense, optimizer)
 
 
 class Done:

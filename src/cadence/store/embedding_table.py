@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from cadence.runtime.hash_index import HashIndex
-from cadence.store.embedding_store import RowBlock, create_store
-from cadence.store.initial import hashed_normal
+from cadence.store.hash_index import HashIndex
+from cadence.core.rows import RowBlock
+from cadence.store.embedding_store import create_store
+from cadence.core.initial import hashed_normal
 
 
 class DynamicEmbeddingTable:

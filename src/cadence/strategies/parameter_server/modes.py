@@ -13,9 +13,9 @@ from typing import Callable
 
 from cadence.config import ParameterServerConfig
 from cadence.registry import Registry
-from cadence.runtime.aggregation import Aggregation, ApplyEach, Buffered, PerStep
-from cadence.runtime.gates import BoundedStaleness, NoGate, StepBarrier
-from cadence.runtime.server import ServerShard
+from cadence.strategies.parameter_server.aggregation import Aggregation, ApplyEach, Buffered, PerStep
+from cadence.strategies.parameter_server.gates import BoundedStaleness, NoGate, StepBarrier
+from cadence.strategies.parameter_server.server import ServerShard
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,16 @@ class ParameterServerMode:
     description: str
     per_worker_batches: bool = False  # each worker computes exactly one local batch per step
     fresh_tokens: bool = False  # a batch's token is the current step when it is taken (backup workers)
-    # ShadowSync (cadence.runtime.shadow): each of ps.workers trainers holds a dense replica trained
+    # ShadowSync (cadence.strategies.parameter_server.shadow): each of ps.workers trainers holds a dense replica trained
     # Hogwild by shadow.threads threads; rows are applied on arrival
     replicas: bool = False
     dense_sync: str | None = None  # the replicas' sync rule (dense_sync.RULES); None: never synced
     foreground: bool = False  # fr-*: the sync runs every shadow.every batches with the workers paused
+
+    def dense_on_workers(self, ps: ParameterServerConfig) -> bool:
+        """Whether the dense parameters live on the workers: ``ps.dense: workers`` (PERSIA's split), or a
+        mode whose trainers hold replicas (ShadowSync and its baselines)."""
+        return ps.dense == "workers" or self.replicas
 
 
 PS_MODES: Registry[ParameterServerMode] = Registry("parameter-server strategy")

@@ -1,0 +1,141 @@
+"""Ray as a place where code runs: joining a cluster, moving tensors between processes, the actors'
+common verbs, and the cluster's nodes. Ray is imported only here and only when a run uses
+``--engine ray`` (``import cadence`` never needs it); no strategy is named here."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import socket
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from cadence.errors import ConfigError
+
+try:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+except ModuleNotFoundError as err:  # pragma: no cover - exercised only without the extra
+    if err.name != "ray":
+        raise
+    raise ConfigError("ps.engine: ray needs Ray; install it with: pip install 'cadence[ray]'") from None
+
+
+CONNECT_TIMEOUT = 10.0  # seconds to reach a cluster's address before ``ray.init`` is tried
+settings: dict[str, Any] = {"address": None, "threads": 1}
+
+
+def connect(address: str | None = None, threads: int = 0) -> None:
+    """Join the Ray cluster at ``address`` ("HOST:PORT"), or with None whatever ``ray.init()``
+    finds (``RAY_ADDRESS``, the newest local cluster) or starts. ``threads``: torch threads per actor
+    (0 = 1). A process already connected to Ray keeps its connection. An address that cannot be
+    reached fails within ``CONNECT_TIMEOUT`` seconds (``ray.init`` alone would retry for minutes)."""
+    settings.update(address=address, threads=max(1, threads))
+    if ray.is_initialized():
+        return
+    if address is not None and address != "auto":
+        _reachable(address)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise ConfigError(
+            f"ps.ray_address: cannot join the Ray cluster at {address}: {err}. If the cluster uses token "
+            "authentication (`ray start` turns it on), run with RAY_AUTH_MODE=token and its token in "
+            "~/.ray/auth_token or RAY_AUTH_TOKEN") from None
+
+
+def _reachable(address: str) -> None:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"ps.ray_address: {address!r} is not HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as err:
+        raise ConfigError(f"ps.ray_address: cannot reach a Ray cluster at {address} ({err}); is `ray start "
+                          "--head` running there?") from None
+
+
+
+# ---- moving tensors between processes ----------------------------------------------------------------
+class Array:
+    """A tensor crossing an actor boundary, as a numpy array (zero-copy through the object store)."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+
+def pack(value: Any) -> Any:
+    """Tensors (also inside tuples, lists, dicts and dataclasses) to ``Array``."""
+    if isinstance(value, Tensor):
+        try:
+            return Array(value.detach().cpu().numpy())
+        except TypeError:  # a dtype numpy lacks (bfloat16): pickled as a tensor
+            return value
+    return map_tensors(value, pack)
+
+
+def unpack(value: Any) -> Any:
+    """``Array`` back to tensors (copied when read-only: torch may write them)."""
+    if isinstance(value, Array):
+        array = value.array
+        return torch.from_numpy(array if array.flags.writeable else array.copy())
+    return map_tensors(value, unpack)
+
+
+def map_tensors(value: Any, convert) -> Any:
+    if type(value) in (tuple, list):
+        return type(value)(convert(item) for item in value)
+    if isinstance(value, dict):
+        return type(value)((key, convert(item)) for key, item in value.items())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        result = copy.copy(value)
+        for item in dataclasses.fields(value):
+            object.__setattr__(result, item.name, convert(getattr(value, item.name)))
+        return result
+    return value
+
+
+def ray_get(refs: Any) -> Any:
+    """``ray.get``, with a remote exception re-raised as itself (``Aborted`` stays catchable) and a
+    dead shard actor as ``ShardLost``."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as err:
+        raise err.as_instanceof_cause() from None
+
+
+
+def node_host() -> str:
+    """This node's address, where its actors' channels listen."""
+    return ray.util.get_node_ip_address()
+
+
+
+def on_node(node: str) -> Any:
+    """The scheduling strategy that places an actor on Ray node ``node`` and nowhere else."""
+    return NodeAffinitySchedulingStrategy(node, soft=False)
+
+
+def cluster_nodes() -> list[str]:
+    """The alive nodes that have CPUs (a head started with --num-cpus=0 is left alone), the driver's first."""
+    alive = [node for node in ray.nodes() if node.get("Alive")]
+    working = [node for node in alive if node.get("Resources", {}).get("CPU", 0) > 0] or alive
+    here = ray.get_runtime_context().get_node_id()
+    return sorted((node["NodeID"] for node in working), key=lambda node: (node != here, node))
+
+
+
+class Actor:
+    def node(self) -> str:
+        """The id of the Ray node this actor runs on."""
+        return ray.get_runtime_context().get_node_id()
+
+    def ping(self) -> int:
+        return 0
+
+    def pid(self) -> int:
+        return os.getpid()

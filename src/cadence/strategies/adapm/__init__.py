@@ -1,0 +1,43 @@
+"""AdaPM (SPEC section 2): nodes with node-local stores, intent signals, relocation or replication
+decided on each key's owner, replica synchronisation with versions, Algorithm 1's action timing
+(``docs/strategies/adapm.md``). ``node``: one node and the protocol; ``timing``: Algorithm 1;
+``engine``: the nodes of one process; ``ray_nodes``: nodes as Ray actors (imported only with
+``--engine ray``)."""
+
+
+from __future__ import annotations
+
+from cadence.config import Config
+from cadence.core.runtime import Runtime
+from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
+from cadence.strategies.adapm.clusters import CLUSTERS
+from cadence.strategies.adapm.runtime import AdaPMRuntime
+
+ADAPM = RuntimeKind(
+    "adapm", keys=("adapm", "ps.ray_address"), owns_message="strategy adapm", runs_on="AdaPM's nodes",
+    foreign_message="{key} does not apply to strategy adapm (its nodes hold the rows: ps.workers sets the number "
+                    "of nodes, adapm.* the rest)",
+    engine=True)
+
+
+class AdaPMStrategy(Strategy):
+    """``adapm``: ``ps.workers`` nodes (threads of this process, or Ray actors)."""
+
+    name = "adapm"
+    description = ("AdaPM: nodes relocate or replicate each row just in time from the workers' intent signals "
+                   "(Algorithm 1)")
+    runtimes = (ADAPM,)
+
+    def runtime(self, config: Config) -> RuntimeKind:
+        return ADAPM
+
+    def check(self, config: Config) -> None:
+        CLUSTERS.get(config.ps.engine)
+
+    def build(self, config: Config, task, context: BuildContext) -> Runtime:
+        runtime = AdaPMRuntime(config, task)
+        runtime.strategy = self.name
+        return runtime
+
+
+STRATEGIES = (AdaPMStrategy(),)

@@ -1,0 +1,74 @@
+"""AdaPM's runtime (SPEC section 2): ``ps.workers`` nodes, parameters relocated or replicated between
+them from intent signals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from cadence.config import Config
+from cadence.core import checkpoint as ckpt
+from cadence.core.batch import BatchPlan
+from cadence.core.keys import KeyIndex
+from cadence.core.runtime import OnBatch, RowsView, Runtime
+from cadence.strategies.adapm.clusters import CLUSTERS
+from cadence.tasks.base import Task
+
+
+class AdaPMRuntime(Runtime):
+    """AdaPM (SPEC section 2): ``ps.workers`` nodes, parameters relocated or replicated between them
+    from intent signals (``cadence.strategies.adapm``). Between epochs every main copy holds every
+    update, so checkpoints, evaluation and export read the owners' rows, in the pipeline's format."""
+
+    name = "adapm"
+
+    def __init__(self, config: Config, task: Task):
+        super().__init__(config, task)
+        self.module = task.dense_module()
+        self.cluster = CLUSTERS.get(config.ps.engine)(config, task, self.module)
+        self.index = None if self.spec.fixed else KeyIndex(self.cluster.keys)
+
+    def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
+        return self.cluster.run_nodes(plans, self.epoch_lr(plans), on_batch)
+
+    def parameters(self) -> RowsView:
+        return RowsView(self.cluster.rows()[:, :self.spec.width], self.spec, self.index)
+
+    def dense(self) -> nn.Module:
+        return self.module
+
+    def stats(self) -> dict[str, Any]:
+        return self.cluster.stats()
+
+    def table_tensors(self) -> dict[str, Tensor]:
+        rows = self.cluster.rows()
+        width = self.spec.width
+        return {"table.keys": self.cluster.keys, "table.values": rows[:, :width].contiguous(),
+                "table.state": rows[:, width:].contiguous()}
+
+    def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        dense, meta = self._dense_state(self.cluster.dense_optimizer)
+        return {**self.table_tensors(), **dense}, {**meta, "adapm": self.cluster.counters()}
+
+    def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any], counters: bool = True) -> None:
+        if "table.keys" not in tensors:  # rows written in parts by server shards (a switched job)
+            tensors = {**tensors, **ckpt.read_tables(meta)}
+        keys = tensors["table.keys"]
+        loaded = torch.cat([tensors["table.values"], tensors["table.state"]], dim=1)
+        if torch.equal(keys, self.cluster.keys):
+            rows = loaded
+        else:  # another run's parameters (``--init-from``): the keys both know
+            rows = self.cluster.rows()
+            position, found = (self.index or KeyIndex(self.cluster.keys)).locate(keys)
+            both = found.nonzero().squeeze(1)
+            rows[position[both]] = loaded[both]
+        self.cluster.load_rows(rows)
+        self._load_dense(tensors, meta, self.cluster.dense_optimizer if meta.get("dense_optimizer") else None)
+        self.cluster.load_dense()
+        if counters and "adapm" in meta:
+            self.cluster.load_counters(meta["adapm"])
+
+    def close(self) -> None:
+        self.cluster.close()

@@ -1,0 +1,48 @@
+"""The parameter-server family (SPEC sections 3 and 5): server shards own the rows and workers pull,
+compute and push; a mode (``modes``) is a few choices over that runtime: GBA and its baselines
+(``sync``, ``async``, ``bsp``, ``gba``, ``hop_bs``, ``hop_bw``) and ShadowSync and its baselines
+(``shadow-*``, ``fr-*``, ``hogwild``: trainers with dense replicas, ``shadow``, ``dense_sync``).
+``server``: the shard and the data list; ``worker``: the worker loop and the router;
+``aggregation`` and ``gates``: the modes' rules; ``engines``: the thread engine; ``ray_engine``: the
+same roles as Ray actors (imported only with ``--engine ray``); ``runtime``: the runtime the trainer
+drives."""
+
+from __future__ import annotations
+
+from cadence.config import Config
+from cadence.core.runtime import Runtime
+from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
+from cadence.strategies.parameter_server.engines import ENGINES
+from cadence.strategies.parameter_server.modes import PS_MODES, ParameterServerMode
+from cadence.strategies.parameter_server.runtime import ParameterServerRuntime
+from cadence.strategies.parameter_server.worker import Faults
+
+PARAMETER_SERVER = RuntimeKind(
+    "parameter_server",
+    keys=("ps.shards", "ps.stragglers", "ps.kill_workers", "ps.emulated_latency", "ps.ray_address", "ps.dense"),
+    owns_message="the parameter-server runtime", runs_on="the parameter server", engine=True)
+
+
+class ServerStrategy(Strategy):
+    """A parameter-server mode as a registered strategy."""
+
+    runtimes = (PARAMETER_SERVER,)
+
+    def __init__(self, mode: ParameterServerMode):
+        self.mode = mode
+        self.name, self.description = mode.name, mode.description
+
+    def runtime(self, config: Config) -> RuntimeKind:
+        return PARAMETER_SERVER
+
+    def check(self, config: Config) -> None:
+        ENGINES.get(config.ps.engine)
+        Faults.parse(config.ps.stragglers, config.ps.kill_workers, config.ps.workers)
+
+    def build(self, config: Config, task, context: BuildContext) -> Runtime:
+        runtime = ParameterServerRuntime(config, task, self.mode)
+        runtime.strategy = self.name
+        return runtime
+
+
+STRATEGIES = tuple(ServerStrategy(PS_MODES.get(name)) for name in PS_MODES.names())

@@ -1,0 +1,88 @@
+"""What one epoch of a parameter-server mode is made of, on either engine: the plan of the epoch,
+each worker's report, the workers' threads, a replica's dense optimizer and the data list."""
+
+from __future__ import annotations
+
+import functools
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from cadence.config import ParameterServerConfig
+from cadence.core.runtime import OnBatch
+from cadence.engines.threads import run_threads
+
+from cadence.strategies.parameter_server.server import DataList
+from cadence.strategies.parameter_server.worker import Faults
+
+
+@dataclass
+class EpochPlan:
+    """What every engine needs to run one epoch of a parameter-server mode."""
+
+    epoch: int
+    batches: int
+    first_token: int
+    workers: list[int]  # the live workers
+    dead: list[int]  # workers that died in earlier epochs
+    faults: Faults
+    kill_after: dict[int, int]  # worker -> batches it still pushes before it dies (fault injection)
+
+
+@dataclass
+class WorkerReport:
+    index: int
+    loss_total: float
+    examples: int
+    pushed: int
+    died: bool  # fault injection killed it (it stays dead)
+    lost: bool = False  # its process died unexpectedly; the engine replaces it next epoch
+    bytes_moved: int = 0  # tensor bytes it pulled and pushed
+    batches: list[tuple[int, float]] = field(default_factory=list)  # (plan index, loss) of its finished batches
+
+
+class Engine(ABC):
+    """Where the parameter server's roles run (``ENGINES``): built once per run, it owns the shards
+    for the whole run and runs one epoch's workers at a time; the runtime drives every engine through
+    these members alone."""
+
+    shards: list  # handles with the ``ServerShard`` verbs, in shard order
+    start_seconds: float  # spent building the engine's processes before training
+    dense_optimizer: torch.optim.Optimizer | None  # the run's dense optimizer when the workers hold the dense part
+    syncs: int  # dense syncs of every trainer's replica (ShadowSync)
+
+    @abstractmethod
+    def run_workers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
+        """One epoch's workers over ``plans``; one report per worker; ``on_batch`` once per pushed batch."""
+
+    @abstractmethod
+    def recover(self) -> None:
+        """Restart what a ``ShardLost`` took (the shards start empty; the trainer reloads them)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the engine's threads or processes."""
+
+
+def run_guarded(workers: list, run, on_error) -> list:
+    """Run ``run(worker)`` for each worker on a thread of its own and join them; the first to raise
+    abandons the epoch for all (``on_error(reason)``: release every worker). Returns the errors as
+    (worker index, exception)."""
+    group = run_threads({worker.index: functools.partial(run, worker) for worker in workers},
+                        lambda index: f"cadence-worker-{index}",
+                        lambda index, err: on_error(f"worker {index} failed: {err!r}"))
+    return group.errors
+
+
+def new_data_list(ps: ParameterServerConfig, mode, batches, first_token: int, shards: list) -> DataList:
+    return DataList(batches, mode.tokens_per_step(ps), first_token, shards, ps.workers,
+                    mode.per_worker_batches, mode.fresh_tokens)
+
+
+def abandon(data: DataList, reason: str) -> None:
+    """A worker failed: hand out no more batches and release everyone waiting on a shard (sync's
+    barrier, backup workers' next step), so the epoch ends within a batch instead of hanging."""
+    data.stop()
+    for shard in data.shards:
+        shard.abort(reason)

@@ -1,0 +1,219 @@
+"""The shape of the package, read from the code with ``ast`` (docs/ARCHITECTURE.md, "Layers").
+
+Imports go down the layers, never up; no two packages import each other (directly or around a
+loop); the strategy families do not import each other; a function-level import of a cadence module
+is allowed only for a module that needs a heavy optional dependency (Ray, matplotlib); no private
+name crosses a module; and only the strategies and the API read which strategy a config names.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "cadence"
+
+# Bottom to top. A module may import any module of its own layer or of a layer below it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("cadence.errors", "cadence.registry", "cadence.seeding", "cadence.config", "cadence.device",
+                    "cadence.optim")),
+    ("shared types", ("cadence.core",)),
+    ("where rows live", ("cadence.store",)),
+    ("what is learned", ("cadence.data", "cadence.models")),
+    ("how it is judged", ("cadence.evaluation",)),
+    ("tasks", ("cadence.tasks",)),
+    ("where code runs", ("cadence.engines", "cadence.pipeline")),
+    ("how batches flow", ("cadence.strategies",)),
+    ("the trainer", ("cadence.training",)),
+    ("the edge", ("cadence.api", "cadence.cli", "cadence.report", "cadence")),
+]
+HEAVY = ("ray", "matplotlib")  # optional dependencies a module may import lazily (STYLE.md, 10)
+STRATEGY_READERS = ("cadence.strategies", "cadence.api", "cadence.cli")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def modules() -> dict[str, ast.Module]:
+    return {module_name(path): ast.parse(path.read_text(), str(path)) for path in sorted(SRC.rglob("*.py"))}
+
+
+def imports(tree: ast.Module, name: str):
+    """(imported module, line, at the top level?, the names it takes) for each cadence import."""
+    top = {id(node) for node in tree.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "cadence":
+                    yield alias.name, node.lineno, id(node) in top, ()
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                node.module.split(".")[0] == "cadence":
+            yield node.module, node.lineno, id(node) in top, tuple(alias.name for alias in node.names)
+
+
+def resolve(target: str, names: tuple[str, ...], known: set[str]) -> list[str]:
+    """``from cadence.x import y`` imports the module cadence.x.y when y is a module."""
+    found = [f"{target}.{item}" for item in names if f"{target}.{item}" in known]
+    return found or [target]
+
+
+def layer_of(module: str) -> int:
+    best = None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + ".") and prefix != "cadence":
+                if best is None or len(prefix) > best[1]:
+                    best = (index, len(prefix))
+    if best is None:
+        return len(LAYERS) - 1 if module == "cadence" else -1
+    return best[0]
+
+
+def package_of(module: str) -> str:
+    """The unit of the cycle check: a strategy family, or a top-level package or module."""
+    parts = module.split(".")
+    if parts[:2] == ["cadence", "strategies"] and len(parts) > 2:
+        return ".".join(parts[:3])
+    return ".".join(parts[:2])
+
+
+def edges(trees: dict[str, ast.Module]):
+    known = set(trees)
+    for name, tree in trees.items():
+        for target, line, top, names in imports(tree, name):
+            for module in resolve(target, names, known):
+                yield name, module, line, top, names
+
+
+TREES = modules()
+EDGES = list(edges(TREES))
+
+
+def test_every_module_has_a_layer():
+    assert [name for name in TREES if layer_of(name) < 0] == []
+
+
+def test_imports_go_down_the_layers():
+    upward = [f"{source}:{line} imports {target} ({LAYERS[layer_of(source)][0]} -> {LAYERS[layer_of(target)][0]})"
+              for source, target, line, _, _ in EDGES if layer_of(target) > layer_of(source)]
+    assert upward == []
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_package_cycle():
+    graph: dict[str, set[str]] = {}
+    for source, target, _, _, _ in EDGES:
+        a, b = package_of(source), package_of(target)
+        if a != b:
+            graph.setdefault(a, set()).add(b)
+    assert find_cycle(graph) is None
+
+
+def test_no_module_cycle():
+    graph: dict[str, set[str]] = {}
+    for source, target, _, _, _ in EDGES:
+        if source != target and not target.startswith(source + "."):  # (a package's own modules)
+            graph.setdefault(source, set()).add(target)
+    assert find_cycle(graph) is None
+
+
+def test_strategy_families_do_not_import_each_other():
+    """A family (``cadence.strategies.<family>``) builds on the layers below, never on a sibling; only
+    the strategy registry (``cadence.strategies`` itself) composes them."""
+    crossing = [f"{source}:{line} imports {target}" for source, target, line, _, _ in EDGES
+                if package_of(source).startswith("cadence.strategies.") and target.startswith("cadence.strategies")
+                and package_of(target) != package_of(source)]
+    assert crossing == []
+
+
+TOP_LEVEL = {name: {target for source, target, _, top, _ in EDGES if source == name and top} for name in TREES}
+
+
+@functools.cache
+def imports_heavy(name: str) -> bool:
+    """Whether importing module ``name`` imports a heavy optional dependency (itself, or through the
+    cadence modules it imports at its top level; there is no cycle, ``test_no_module_cycle``)."""
+    for node in TREES[name].body:
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Import) and any(a.name.split(".")[0] in HEAVY for a in inner.names):
+                return True
+            if isinstance(inner, ast.ImportFrom) and (inner.module or "").split(".")[0] in HEAVY:
+                return True
+    return any(imports_heavy(target) for target in TOP_LEVEL[name] - {name} if not target.startswith(name + "."))
+
+
+def test_a_lazy_import_is_for_a_heavy_optional_dependency_only():
+    # (the CLI imports the library inside its commands, so that ``cadence --help`` and a mistyped flag
+    # answer at once, before torch loads)
+    lazy = [f"{source}:{line} imports {target} inside a function" for source, target, line, top, _ in EDGES
+            if not top and not imports_heavy(target) and source != "cadence.cli"]
+    assert lazy == []
+
+
+def test_no_private_name_crosses_a_module():
+    crossing = [f"{source}:{line} imports {', '.join(n for n in names if n.startswith('_'))} from {target}"
+                for source, target, line, _, names in EDGES
+                if any(n.startswith("_") and n != "__version__" for n in names)]
+    assert crossing == []
+
+
+def reads_strategy(tree: ast.Module) -> list[int]:
+    """Lines that read ``<something>.config.strategy`` or ``config.strategy``."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "strategy" and isinstance(node.ctx, ast.Load):
+            value = node.value
+            if isinstance(value, ast.Name) and value.id == "config" or \
+                    isinstance(value, ast.Attribute) and value.attr == "config":
+                lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_strategies_and_the_api_read_the_strategy_name():
+    readers = [f"{name}:{line}" for name, tree in TREES.items() for line in reads_strategy(tree)
+               if not name.startswith(STRATEGY_READERS)]
+    assert readers == []
+
+
+@pytest.mark.parametrize("source, broken", [
+    ("cadence.store.embedding_store", "from cadence.tasks.base import Task\n"),
+    ("cadence.core.batch", "from cadence.training.trainer import Trainer\n"),
+])
+def test_the_rule_catches_an_upward_import(source, broken):
+    """The check itself can fail: an import against the rule, added to a copy of the tree, is found."""
+    trees = dict(TREES)
+    trees[source] = ast.parse(ast.unparse(TREES[source]) + "\n" + broken)
+    found = [(s, t) for s, t, _, _, _ in edges(trees) if s == source and layer_of(t) > layer_of(s)]
+    assert found
