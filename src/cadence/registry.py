@@ -34,6 +34,10 @@ class Registry(Generic[T]):
 
         return add
 
+    def unregister(self, name: str) -> T:
+        """Remove an entry (a plug-in's ``register`` undone, e.g. at the end of a test)."""
+        return self._entries.pop(name)
+
     def get(self, name: str) -> T:
         try:
             return self._entries[name]
