@@ -14,7 +14,7 @@ from cadence.strategies.parameter_server.dense_sync import (Bmuf, CentralCopy, E
                                         ThreadAverager)
 
 from cadence.core.runtime import WorkerFailed
-from cadence.strategies.parameter_server.shadow import finish_epoch
+from cadence.strategies.parameter_server.modes import PS_MODES
 
 from tests.runtime.ctr_helpers import BATCH, make_trainer
 
@@ -108,7 +108,7 @@ def test_the_run_keeps_the_mean_of_the_replicas_and_the_first_optimizer_state() 
         state = {name: torch.full_like(p, value) for name, p in module.state_dict().items()}
         optimizer = torch.optim.Adagrad(torch.nn.Linear(2, 1).parameters(), lr=0.1, initial_accumulator_value=value)
         replicas.append((state, optimizer.state_dict()))
-    finish_epoch(engine, replicas, syncs=4)
+    PS_MODES.get("shadow-ma").keep(engine, replicas, syncs=4)
     assert all(torch.equal(p, torch.full_like(p, 3.0)) for p in module.state_dict().values())
     assert all(torch.equal(s["sum"], torch.full_like(s["sum"], 1.0)) for s in engine.dense_optimizer.state.values())
     assert engine.syncs == 7

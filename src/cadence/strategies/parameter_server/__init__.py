@@ -12,6 +12,7 @@ from __future__ import annotations
 from cadence.config import Config
 from cadence.core.runtime import Runtime
 from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
+from cadence.strategies.parameter_server import shadow  # noqa: F401  (registers ShadowSync's modes)
 from cadence.strategies.parameter_server.engines import ENGINES
 from cadence.strategies.parameter_server.modes import PS_MODES, ParameterServerMode
 from cadence.strategies.parameter_server.runtime import ParameterServerRuntime

@@ -200,6 +200,7 @@ class DenseSync(ABC):
     how many trainers still do (0: every trainer is out of data, the shadow thread stops)."""
 
     collective = False  # a round is a collective: every trainer takes part until all are out of data
+    central = False  # a round exchanges with a central copy (EASGD's, held by the sync parameter server)
     averager: Averager | None = None
 
     def __init__(self, alpha: float):
@@ -226,6 +227,8 @@ class DenseSync(ABC):
 
 
 class Easgd(DenseSync):
+    central = True
+
     def __init__(self, alpha: float, central: CentralCopy, training: Callable[[], int]):
         super().__init__(alpha)
         self.central = central

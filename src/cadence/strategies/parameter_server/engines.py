@@ -15,21 +15,18 @@ epoch's workers and returns what each did.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from torch import nn
 
 from cadence.device import resolve_device
 from cadence.core.batch import BatchPlan
-from cadence.core.runtime import OnBatch, WorkerFailed, serialized
+from cadence.core.runtime import OnBatch, serialized
 from cadence.registry import Registry
 from cadence.optim import module_optimizer
-from cadence.strategies.parameter_server.server import DenseReducer, build_shard
-from cadence.strategies.parameter_server.worker import ShardRouter, Worker
-from cadence.strategies.parameter_server.epoch import (Engine, EpochPlan, WorkerReport, abandon, new_data_list,
-                                                      run_guarded)
-from cadence.strategies.parameter_server.shadow import run_trainers
+from cadence.strategies.parameter_server.server import build_shard
+from cadence.strategies.parameter_server.worker import ShardRouter
+from cadence.strategies.parameter_server.epoch import (Engine, EpochPlan, WorkerReport)
 
 ENGINES: Registry[Any] = Registry("engine", "ps.engine")
 
@@ -51,43 +48,7 @@ class ThreadEngine(Engine):
         self.syncs = 0  # dense syncs of every trainer's replica (ShadowSync)
 
     def run_workers(self, plan: EpochPlan, plans: list[BatchPlan], on_batch: OnBatch) -> list[WorkerReport]:
-        on_batch = serialized(on_batch)
-        if self.mode.replicas:  # ShadowSync: trainers of Hogwild threads, each with a dense replica
-            return run_trainers(self, plan, plans, on_batch)
-        data = new_data_list(self.config.ps, self.mode, plans, plan.first_token, self.shards)
-        gate = self.mode.gate(self.config.ps, self.shards)
-        for index in plan.dead:
-            gate.leave(index)
-            data.abandon(index)
-        reducer = DenseReducer(plan.workers) if self.mode.dense_on_workers(self.config.ps) else None
-        workers = []
-        for index in plan.workers:
-            model = copy.deepcopy(self.dense)
-            optimizer = None
-            if reducer is not None:
-                state = self.dense_optimizer.state_dict() if self.dense_optimizer is not None else None
-                optimizer = module_optimizer(self.config.optimizer, model, state)
-            workers.append(Worker(index, self.router, model, self.task, plan.faults.slowdown_in(index, plan.epoch),
-                                  plan.kill_after.get(index), self.config.ps.emulated_latency, reducer, optimizer,
-                                  self.device))
-            workers[-1].on_batch = on_batch
-        def on_error(reason: str) -> None:
-            abandon(data, reason)
-            if reducer is not None:
-                reducer.abort(reason)
-
-        errors = run_guarded(workers, lambda worker: worker.run(data, gate), on_error)
-        if errors:
-            index, err = errors[0]
-            raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
-        if reducer is not None:  # every replica took the same steps: keep one (a live one) as the run's
-            keeper = next((w for w in workers if not w.died), workers[0])
-            self.dense.load_state_dict(keeper.model.state_dict())
-            if self.dense_optimizer is not None:
-                self.dense_optimizer.load_state_dict(keeper.dense_optimizer.state_dict())
-        return [WorkerReport(w.index, w.loss_total, w.examples_done, w.pushed, w.died, bytes_moved=w.bytes_moved,
-                             batches=w.finished)
-                for w in workers]
+        return self.mode.thread_epoch(self, plan, plans, serialized(on_batch))
 
     def recover(self) -> None:
         """Nothing to restart: the shards live in this process."""

@@ -3,6 +3,7 @@ each worker's report, the workers' threads, a replica's dense optimizer and the 
 
 from __future__ import annotations
 
+import copy
 import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -10,11 +11,12 @@ from dataclasses import dataclass, field
 import torch
 
 from cadence.config import ParameterServerConfig
-from cadence.core.runtime import OnBatch
+from cadence.core.runtime import OnBatch, WorkerFailed
+from cadence.optim import module_optimizer
 from cadence.engines.threads import run_threads
 
 from cadence.strategies.parameter_server.server import DataList
-from cadence.strategies.parameter_server.worker import Faults
+from cadence.strategies.parameter_server.worker import Faults, Worker
 
 
 @dataclass
@@ -86,3 +88,36 @@ def abandon(data: DataList, reason: str) -> None:
     data.stop()
     for shard in data.shards:
         shard.abort(reason)
+
+
+def worker_epoch(engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
+    """GBA's family on the thread engine: one epoch of ``Worker`` threads over ``engine``'s shards
+    (``ParameterServerMode.thread_epoch``); the first error abandons the epoch for all."""
+    mode, config = engine.mode, engine.config
+    data, gate = mode.epoch_data(config, plans, plan.first_token, engine.shards, plan.dead)
+    reducer = mode.reducer(config, plan.workers)
+    state = engine.dense_optimizer.state_dict() if engine.dense_optimizer is not None else None
+    workers = []
+    for index in plan.workers:
+        model = copy.deepcopy(engine.dense)
+        optimizer = module_optimizer(config.optimizer, model, state) if reducer is not None else None
+        worker = Worker(index, engine.router, model, engine.task, plan.faults.slowdown_in(index, plan.epoch),
+                        plan.kill_after.get(index), config.ps.emulated_latency, reducer, optimizer, engine.device)
+        worker.on_batch = on_batch
+        workers.append(worker)
+
+    def on_error(reason: str) -> None:
+        abandon(data, reason)
+        if reducer is not None:
+            reducer.abort(reason)
+
+    errors = run_guarded(workers, lambda worker: worker.run(data, gate), on_error)
+    if errors:
+        index, err = errors[0]
+        raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
+    if reducer is not None:  # the replicas the run may keep: a live worker's first
+        keeper = next((w for w in workers if not w.died), workers[0])
+        optimizer_state = keeper.dense_optimizer.state_dict() if keeper.dense_optimizer is not None else None
+        mode.keep(engine, [(keeper.model.state_dict(), optimizer_state)], 0)
+    return [WorkerReport(w.index, w.loss_total, w.examples_done, w.pushed, w.died, bytes_moved=w.bytes_moved,
+                         batches=w.finished) for w in workers]

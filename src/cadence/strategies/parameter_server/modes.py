@@ -1,25 +1,33 @@
-"""The parameter-server modes, selected by ``strategy``: GBA and its baselines (SPEC section 3)
-and ShadowSync and its baselines (SPEC section 5). A mode is a few small choices over the shared
-runtime: the aggregation rule on the servers, the gate on the workers, and for ShadowSync where the
-dense parameters live (a replica per trainer) and how the replicas are kept in step (the dense sync
-rule, on a shadow thread or in the foreground); none copies the training loop.
+"""The parameter-server modes, selected by ``strategy``: GBA and its baselines here (SPEC section 3),
+ShadowSync and its baselines in ``shadow`` (SPEC section 5), all in ``PS_MODES``. A mode is a few
+small choices over the shared runtime (the aggregation rule on the servers, the gate on the
+workers) and hooks with GBA's family as the default (where the dense parameters live, the epoch's
+data list, what one epoch runs, what the run keeps of it, its summary fields); ShadowSync overrides
+the hooks, none copies the engines.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
-from cadence.config import ParameterServerConfig
+from cadence.config import Config, ParameterServerConfig
+from cadence.core.runtime import OnBatch
 from cadence.registry import Registry
 from cadence.strategies.parameter_server.aggregation import Aggregation, ApplyEach, Buffered, PerStep
 from cadence.strategies.parameter_server.gates import BoundedStaleness, NoGate, StepBarrier
-from cadence.strategies.parameter_server.server import ServerShard
+from cadence.strategies.parameter_server.epoch import EpochPlan, WorkerReport, new_data_list, worker_epoch
+from cadence.strategies.parameter_server.server import DataList, DenseReducer, ServerShard
 
 
 @dataclass(frozen=True)
 class ParameterServerMode:
+    """A parameter-server mode: its choices (the aggregation rule on the shards, the gate on the
+    workers, tokens per step) and the hooks the engines and the runtime call. The defaults are GBA's
+    family (SPEC section 3): every worker pulls, computes and pushes one batch at a time; ShadowSync's
+    modes override them (``shadow.ShadowSyncMode``). No engine, shard or runtime asks which mode runs."""
+
     name: str
     aggregation: Callable[[ParameterServerConfig], Aggregation]
     gate: Callable[[ParameterServerConfig, list[ServerShard]], NoGate]
@@ -27,60 +35,82 @@ class ParameterServerMode:
     description: str
     per_worker_batches: bool = False  # each worker computes exactly one local batch per step
     fresh_tokens: bool = False  # a batch's token is the current step when it is taken (backup workers)
-    # ShadowSync (cadence.strategies.parameter_server.shadow): each of ps.workers trainers holds a dense replica trained
-    # Hogwild by shadow.threads threads; rows are applied on arrival
-    replicas: bool = False
-    dense_sync: str | None = None  # the replicas' sync rule (dense_sync.RULES); None: never synced
-    foreground: bool = False  # fr-*: the sync runs every shadow.every batches with the workers paused
 
+    # ---- where the dense parameters live ----------------------------------------------------------
     def dense_on_workers(self, ps: ParameterServerConfig) -> bool:
-        """Whether the dense parameters live on the workers: ``ps.dense: workers`` (PERSIA's split), or a
-        mode whose trainers hold replicas (ShadowSync and its baselines)."""
-        return ps.dense == "workers" or self.replicas
+        """Whether the dense parameters live on the workers (``ps.dense: workers``: PERSIA's split)
+        instead of on shard 0."""
+        return ps.dense == "workers"
+
+    def reducer(self, config: Config, live: list[int]) -> DenseReducer | None:
+        """The all-reduce of the workers' dense gradients, when they hold the dense parameters."""
+        return DenseReducer(live) if self.dense_on_workers(config.ps) else None
+
+    # ---- an epoch ---------------------------------------------------------------------------------------
+    def epoch_data(self, config: Config, batches, first_token: int, shards: list,
+                   dead: list[int]) -> tuple[DataList, NoGate]:
+        """The epoch's data list and the workers' gate, the dead workers left out of both."""
+        data = new_data_list(config.ps, self, batches, first_token, shards)
+        gate = self.gate(config.ps, shards)
+        for index in dead:
+            gate.leave(index)
+            data.abandon(index)
+        return data, gate
+
+    def takers(self, config: Config, worker: int) -> list[int]:
+        """The data-list takers of worker process ``worker`` (whose tokens go when it dies)."""
+        return [worker]
+
+    def thread_epoch(self, engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
+        """One epoch on the thread engine (``engine``: its shards, router, task and dense module)."""
+        return worker_epoch(engine, plan, plans, on_batch)
+
+    def ray_epoch(self, engine, plan: EpochPlan, states: list, dense, gate) -> dict:
+        """Start one epoch on the Ray engine (``states``: each worker's random state; ``dense``: the
+        run's dense state when the workers hold it; ``gate``: the coordinator's gate verbs, or None):
+        {the call in flight: worker index}."""
+        return engine.start_workers(plan, states, dense, gate)
+
+    def keep(self, engine, replicas: list[tuple[dict, dict | None]], syncs: int) -> None:
+        """What the run keeps of the workers' dense replicas (state, optimizer state) at the epoch's
+        end: with ``ps.dense: workers`` every replica took the same steps, so the first."""
+        if replicas:
+            engine.dense.load_state_dict(replicas[0][0])
+            if engine.dense_optimizer is not None and replicas[0][1] is not None:
+                engine.dense_optimizer.load_state_dict(replicas[0][1])
+
+    def summary_fields(self, config: Config, seconds: float, examples: int, syncs: int) -> dict[str, Any]:
+        """This mode's own fields in summary.json."""
+        return {}
 
 
 PS_MODES: Registry[ParameterServerMode] = Registry("parameter-server strategy")
 
 
 def _register(name: str, aggregation, gate, tokens_per_step, description: str, per_worker: bool = False,
-              fresh_tokens: bool = False, **shadow) -> None:
+              fresh_tokens: bool = False) -> None:
     PS_MODES.register(name)(ParameterServerMode(name, aggregation, gate, tokens_per_step, description, per_worker,
-                                                fresh_tokens, **shadow))
+                                                fresh_tokens))
 
 
-_no_gate = lambda config, shards: NoGate()  # noqa: E731
-_one_batch = lambda config: 1  # noqa: E731  every gradient is a step of its own
+# shared by the modes here and ShadowSync's (``shadow``)
+no_gate = lambda config, shards: NoGate()  # noqa: E731
+one_batch = lambda config: 1  # noqa: E731  every gradient is a step of its own
+apply_each = lambda config: ApplyEach()  # noqa: E731
 _workers = lambda config: config.workers  # noqa: E731  global batch = workers x local batch
 _buffer = lambda config: config.buffer or config.workers  # noqa: E731  global batch = M x local batch
 
 _register("sync", lambda c: PerStep(), lambda c, shards: StepBarrier(shards), _workers,
           "a barrier per global step: each worker computes one batch per step, on the same parameters",
           per_worker=True)
-_register("async", lambda c: ApplyEach(), _no_gate, _one_batch, "apply every gradient at once")
-_register("bsp", lambda c: Buffered(c.buffer or c.workers, math.inf, c.decay, c.normalizer), _no_gate, _buffer,
+_register("async", apply_each, no_gate, one_batch, "apply every gradient at once")
+_register("bsp", lambda c: Buffered(c.buffer or c.workers, math.inf, c.decay, c.normalizer), no_gate, _buffer,
           "aggregate M gradients whatever their staleness")
-_register("gba", lambda c: Buffered(c.buffer or c.workers, c.tolerance, c.decay, c.normalizer), _no_gate, _buffer,
+_register("gba", lambda c: Buffered(c.buffer or c.workers, c.tolerance, c.decay, c.normalizer), no_gate, _buffer,
           "aggregate M gradients, dropping those staler than the tolerance iota")
-_register("hop_bs", lambda c: ApplyEach(), lambda c, shards: BoundedStaleness(c.workers, c.staleness), _one_batch,
+_register("hop_bs", apply_each, lambda c, shards: BoundedStaleness(c.workers, c.staleness), one_batch,
           "apply each gradient; no worker runs more than `staleness` batches ahead of the slowest")
-_register("hop_bw", lambda c: PerStep(quorum=max(1, c.workers - c.backup_workers)), _no_gate, _workers,
+_register("hop_bw", lambda c: PerStep(quorum=max(1, c.workers - c.backup_workers)), no_gate, _workers,
           "backup workers: per step, apply the first workers - backup_workers gradients and do not wait for "
           "the rest (dropped as late); a late worker's next batch belongs to the current step",
           fresh_tokens=True)
-
-# ---- ShadowSync (SPEC section 5) ---------------------------------------------------------------
-_RULE_TEXT = {
-    "easgd": "EASGD with a central copy on the sync parameter server",
-    "ma": "model averaging over an all-reduce of the trainers",
-    "bmuf": "BMUF: an all-reduce, then a block update with block momentum",
-}
-for _rule, _text in _RULE_TEXT.items():
-    _register(f"shadow-{_rule}", lambda c: ApplyEach(), _no_gate, _one_batch,
-              f"ShadowSync: {_text}, on a shadow thread in the background; embeddings Hogwild",
-              replicas=True, dense_sync=_rule)
-    _register(f"fr-{_rule}", lambda c: ApplyEach(), _no_gate, _one_batch,
-              f"{_text} in the foreground every shadow.every batches of a trainer; embeddings Hogwild",
-              replicas=True, dense_sync=_rule, foreground=True)
-_register("hogwild", lambda c: ApplyEach(), _no_gate, _one_batch,
-          "trainers' dense replicas never synced (averaged at the end of each epoch); embeddings Hogwild",
-          replicas=True)

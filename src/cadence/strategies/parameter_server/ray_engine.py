@@ -47,14 +47,12 @@ from cadence.engines.ray import (Actor, cluster_nodes, connect, node_host, on_no
                                 ray_get, settings, unpack)
 from cadence.engines.channel import Channel, ChannelClosed, ChannelServer, Reply
 from cadence.optim import module_optimizer
-from cadence.strategies.parameter_server.epoch import (Engine, EpochPlan, WorkerReport, abandon,
-                                     new_data_list)
+from cadence.strategies.parameter_server.epoch import (Engine, EpochPlan, WorkerReport, abandon)
 from cadence.strategies.parameter_server.dense_sync import GlooAverager
 from cadence.strategies.parameter_server.gates import NoGate
 from cadence.strategies.parameter_server.modes import PS_MODES
 from cadence.strategies.parameter_server.server import DenseReducer, build_shard
-from cadence.strategies.parameter_server.shadow import (ShadowTrainer, ShardCentralCopy, finish_epoch, reset_central, shadow_data_list,
-                                    thread_indices)
+from cadence.strategies.parameter_server.shadow import (ShadowTrainer, ShardCentralCopy, reset_central)
 from cadence.strategies.parameter_server.worker import ShardRouter, Worker
 
 GATE_METHODS = ("wait", "done", "leave")
@@ -209,18 +207,9 @@ class Coordinator(Actor):
         return self.take(worker)
 
     def begin(self, batches: int, first_token: int, dead: list[int], live: list[int]) -> tuple[str, ...] | None:
-        if self.mode.replicas:  # ShadowSync: every worker thread of every trainer takes from one list
-            self.data = shadow_data_list(self.config.shadow.threads, self.config.ps.workers, range(batches), first_token,
-                                         self.shards, dead)
-        else:
-            self.data = new_data_list(self.config.ps, self.mode, range(batches), first_token, self.shards)
-        self.reducer = DenseReducer(live) if self.mode.dense_on_workers(self.config.ps) and not self.mode.replicas else None
-        self.gate = self.mode.gate(self.config.ps, self.shards)
+        self.data, self.gate = self.mode.epoch_data(self.config, range(batches), first_token, self.shards, dead)
+        self.reducer = self.mode.reducer(self.config, live)
         self.held = {}
-        if not self.mode.replicas:  # (ShadowSync's list already left the dead trainers' threads out)
-            for index in dead:
-                self.gate.leave(index)
-                self.data.abandon(index)
         if self.gate.stateless:  # (NoGate, StepBarrier) each worker builds it on its own shard handles
             return None
         return tuple(m for m in GATE_METHODS if getattr(type(self.gate), m) is not getattr(NoGate, m))
@@ -248,7 +237,7 @@ class Coordinator(Actor):
     def release(self, worker: int) -> None:
         """The worker's process died: the tokens of the batches it held are dropped (a shard ignores
         the drop of a batch that did arrive) and the epoch goes on without it."""
-        takers = thread_indices(self.config.shadow.threads, worker) if self.mode.replicas else [worker]  # (a trainer's threads)
+        takers = self.mode.takers(self.config, worker)  # (a ShadowSync trainer: its threads)
         for taker in takers:
             for position, token in self.held.pop(taker, ()):
                 for shard in self.shards:
@@ -328,12 +317,12 @@ class _RemoteGate(NoGate):
 class TaskWorker(Actor):
     """Worker ``index``: builds the task (and reads its data) itself, keeps it for the run."""
 
-    def __init__(self, index: int, config, recipe_box: list, shards: list[RemoteShard], coordinator: Any,
+    def __init__(self, index: int, config, mode_name: str, recipe_box: list, shards: list[RemoteShard], coordinator: Any,
                  coordinator_address: tuple, threads: int, secret: bytes):
 
         torch.set_num_threads(threads)
         self.index, self.config, self.coordinator = index, config, coordinator
-        self.mode = PS_MODES.get(config.strategy)
+        self.mode = PS_MODES.get(mode_name)
         self.task = ray.get(recipe_box[0])()
         for shard in shards:  # this worker's per-batch calls take the channels
             shard.direct()
@@ -395,7 +384,7 @@ class TaskWorker(Actor):
             self.plans = (plan.epoch, self.task.plan(plan.epoch))
         model_state, optimizer_state = unpack(dense)
         self.model.load_state_dict(model_state)
-        central = ShardCentralCopy(_own_copy(self.router.shards[0])) if self.mode.dense_sync == "easgd" else None
+        central = ShardCentralCopy(_own_copy(self.router.shards[0])) if self.mode.central else None
         averager = _join_gloo(*rendezvous) if rendezvous is not None else None
         def abandon_epoch(reason: str) -> None:
             ray_get(self.coordinator.stop.remote(reason))
@@ -524,7 +513,7 @@ class RayEngine(Engine):
 
     def _worker(self, index: int) -> Any:
         gpus = 1.0 / self.config.ps.workers if resolve_device(self.config.device).type == "cuda" else 0.0
-        return self._new(TaskWorker, index, self.config, self.recipe, self.shards, self.coordinator,
+        return self._new(TaskWorker, index, self.config, self.mode.name, self.recipe, self.shards, self.coordinator,
                          self.coordinator_address, self.threads, self.secret, gpus=gpus)
 
     # ---- one epoch ----------------------------------------------------------------------------
@@ -541,12 +530,7 @@ class RayEngine(Engine):
         else:
             seeds = torch.randint(0, 1 << 62, (len(plan.workers),)).tolist()
             states = [torch.Generator().manual_seed(seed).get_state() for seed in seeds]
-        if self.mode.replicas:
-            runs = self._start_trainers(plan, states, dense)
-        else:
-            runs = {self.workers[index].run_worker.remote(plan.epoch, plan.faults.slowdown_in(index, plan.epoch),
-                                                         plan.kill_after.get(index), gate, state, dense): index
-                    for index, state in zip(plan.workers, states)}
+        runs = self.mode.ray_epoch(self, plan, states, dense, gate)
         reports, failure, replicas, syncs = [], None, {}, 0
         by_index = {item.index: item for item in plans}
         while runs:
@@ -577,13 +561,7 @@ class RayEngine(Engine):
                 raise ShardLost(f"a server shard's process died during the epoch ({err})") from None
             raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
         ray_get(self.coordinator.settle.remote())  # the data list's drops and closes are applied
-        if self.mode.replicas:  # ShadowSync: the mean of the trainers' replicas
-            finish_epoch(self, [replicas[index] for index in sorted(replicas)], syncs)
-        elif replicas:  # ps.dense: workers: every replica took the same steps
-            kept = replicas[min(replicas)]
-            self.dense.load_state_dict(kept[0])
-            if self.dense_optimizer is not None:
-                self.dense_optimizer.load_state_dict(kept[1])
+        self.mode.keep(self, [replicas[index] for index in sorted(replicas)], syncs)
         for report in reports:
             if report.died:  # fault injection: its process goes with it
                 ray.kill(self.workers.pop(report.index), no_restart=True)
@@ -591,12 +569,18 @@ class RayEngine(Engine):
                 self.workers[report.index] = self._worker(report.index)
         return reports
 
-    def _start_trainers(self, plan: EpochPlan, states: list[Tensor], dense: Any) -> dict:
+    def start_workers(self, plan: EpochPlan, states: list[Tensor], dense: Any, gate: tuple[str, ...] | None) -> dict:
+        """GBA's family: each live worker actor runs the ``Worker`` loop for the epoch."""
+        return {self.workers[index].run_worker.remote(plan.epoch, plan.faults.slowdown_in(index, plan.epoch),
+                                                      plan.kill_after.get(index), gate, state, dense): index
+                for index, state in zip(plan.workers, states)}
+
+    def start_trainers(self, plan: EpochPlan, states: list[Tensor], dense: Any) -> dict:
         """ShadowSync: each live worker actor runs one trainer's epoch; EASGD's central copy on shard
         0 starts from the run's dense parameters, MA and BMUF meet at a gloo rendezvous on the first
         trainer's node."""
         reset_central(self.mode, self.shards, self.dense)
-        collective = self.mode.dense_sync in ("ma", "bmuf") and any(True for _ in self.dense.parameters())
+        collective = self.mode.collective and any(True for _ in self.dense.parameters())
         host, port = ray_get(self.workers[plan.workers[0]].free_port.remote()) if collective else (None, None)
         return {self.workers[index].run_trainer.remote(
                     plan, state, dense, (host, port, rank, len(plan.workers)) if collective else None): index

@@ -104,23 +104,7 @@ class ParameterServerRuntime(Runtime):
             "workers_replaced": self.replaced,
             # tensor bytes between workers and shards (keys, rows, gradients, dense), per example
             "bytes_moved_per_example": round(self.bytes_moved / max(1, sum(self.worker_examples)), 1),
-            **(self._shadow_stats() if self.mode.replicas else {}),
-        }
-
-    def _shadow_stats(self) -> dict[str, Any]:
-        """ShadowSync's metrics (SPEC section 5): syncs per second over the training time, the sync
-        gap (the seed's equation: EPS / batch size / syncs per second, i.e. batches of a trainer
-        between two syncs of its replica; null when nothing synced: hogwild) and the examples in
-        flight, ELP = batch x Hogwild threads x trainers."""
-        batch, seconds = self.config.train.batch_size, self.train_seconds
-        syncs, examples = self.engine.syncs, sum(self.worker_examples)
-        per_second = syncs / seconds if seconds > 0 else 0.0
-        eps = examples / seconds if seconds > 0 else 0.0
-        return {
-            "dense_syncs": syncs,
-            "syncs_per_second": round(per_second, 6),
-            "sync_gap": round(eps / batch / per_second, 6) if per_second > 0 else None,
-            "examples_in_flight": batch * self.config.shadow.threads * self.config.ps.workers,
+            **self.mode.summary_fields(self.config, self.train_seconds, sum(self.worker_examples), self.engine.syncs),
         }
 
     # ---- checkpoints: every shard writes and reads its own part ---------------------------------

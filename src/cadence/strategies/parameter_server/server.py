@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -17,7 +17,6 @@ from cadence.config import OptimizerConfig, ParameterServerConfig
 from cadence.core.rows import TableSpec
 from cadence.optim import ENTITY_OPTIMIZERS, EntityOptimizer, set_lr, module_optimizer
 from cadence.strategies.parameter_server.aggregation import Aggregation, Gradient
-from cadence.strategies.parameter_server.dense_sync import CentralCopy
 from cadence.store.embedding_table import DynamicEmbeddingTable, FixedTable
 from cadence.core import checkpoint as ckpt
 
@@ -70,7 +69,7 @@ class ServerShard:
         self.token_staleness_total = 0  # step at aggregation - token: what GBA's decay sees
         self.token_staleness_max = 0
         self.aborted: str | None = None  # why the epoch was abandoned (a worker failed): nobody waits
-        self.central: CentralCopy | None = None  # EASGD's w_ps (ShadowSync, shard 0; central_reset)
+        self.services: dict[str, Any] = {}  # what a mode attaches here (ShadowSync: EASGD's central copy on shard 0)
 
     # ---- worker verbs ---------------------------------------------------------------------------
     def submit(self, method: str, *args: Any) -> Done:
@@ -142,14 +141,15 @@ class ServerShard:
         with self.changed:
             set_lr(self.dense_optimizer, lr)
 
-    # ---- EASGD's central copy (ShadowSync's sync parameter server: shard 0 holds it) -------------
-    def central_reset(self, values: list[Tensor]) -> None:
-        """The central copy w_ps starts an epoch from ``values`` (the run's dense parameters)."""
-        self.central = CentralCopy(values)
+    # ---- services a mode attaches to a shard (ShadowSync: EASGD's central copy on shard 0) ---------
+    def attach(self, name: str, make: Callable[..., Any], *args: Any) -> None:
+        """Hold ``make(*args)`` under ``name`` (replacing one held before), made in this shard's process
+        (a service need not travel: ``make`` is a class or function, ``args`` plain values and tensors)."""
+        self.services[name] = make(*args)
 
-    def central_exchange(self, values: list[Tensor], alpha: float) -> list[Tensor]:
-        """w_ps <- (1 - alpha) w_ps + alpha values, atomically; returns the new w_ps."""
-        return self.central.exchange(values, alpha)
+    def service(self, name: str, method: str, *args: Any) -> Any:
+        """Call ``method`` of the service held under ``name`` (from any process, like every verb)."""
+        return getattr(self.services[name], method)(*args)
 
     def stats(self) -> dict[str, float]:
         with self.changed:

@@ -8,7 +8,7 @@ and pulled towards the other replicas by the mode's ``DenseSync``: on a shadow t
 background (``shadow-*``), in the foreground every ``shadow.every`` batches (``fr-*``), or never
 (``hogwild``).
 
-EASGD's central copy lives on server shard 0 (``ServerShard.central_exchange``: the paper's sync
+EASGD's central copy lives on server shard 0 (a service ShadowSync attaches there: the paper's sync
 parameter server), reached through the shard's handle, so trainers in threads and trainers in Ray
 actors exchange with it alike. MA and BMUF all-reduce among the trainers: a ``ThreadAverager`` for
 threads of one process, a gloo group of the shadow thread's own for processes (``GlooAverager``).
@@ -31,17 +31,21 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from cadence.config import ShadowConfig
+from dataclasses import dataclass
+from typing import Any
+
+from cadence.config import Config, ParameterServerConfig, ShadowConfig
 from cadence.core.batch import on_device
 from cadence.core.runtime import OnBatch, WorkerFailed
 from cadence.engines.threads import intra_op_share
 from cadence.optim import module_optimizer
 from cadence.strategies.parameter_server.aggregation import Gradient
-from cadence.strategies.parameter_server.dense_sync import (RULES, Averager, DenseSync, ForegroundGate, HogwildReplica, ShadowThread, ThreadAverager,
+from cadence.strategies.parameter_server.dense_sync import (RULES, Averager, CentralCopy, DenseSync, ForegroundGate, HogwildReplica, ShadowThread, ThreadAverager,
                                         sync_layout)
-from cadence.strategies.parameter_server.epoch import WorkerReport, abandon, run_guarded
+from cadence.strategies.parameter_server.epoch import EpochPlan, WorkerReport, abandon, run_guarded
+from cadence.strategies.parameter_server.modes import PS_MODES, ParameterServerMode, apply_each, no_gate, one_batch
 from cadence.strategies.parameter_server.gates import NoGate
-from cadence.strategies.parameter_server.server import DataList
+from cadence.strategies.parameter_server.server import DataList, DenseReducer
 from cadence.strategies.parameter_server.worker import Worker, nbytes
 
 
@@ -57,6 +61,9 @@ def make_rule(shadow: ShadowConfig, trainers: int, rule: str, params: list[Tenso
     return RULES.get(rule).from_settings(shadow_alpha(shadow, trainers), shadow, params, central, averager, training)
 
 
+CENTRAL = "central"  # the name EASGD's central copy is attached under on shard 0
+
+
 class ShardCentralCopy:
     """EASGD's central copy as a trainer sees it: on server shard 0, through its handle."""
 
@@ -64,7 +71,7 @@ class ShardCentralCopy:
         self.shard = shard
 
     def exchange(self, local: list[Tensor], alpha: float) -> list[Tensor]:
-        return self.shard.submit("central_exchange", local, alpha).result()
+        return self.shard.submit("service", CENTRAL, "exchange", local, alpha).result()
 
 
 def shadow_data_list(threads: int, trainers: int, batches, first_token: int, shards: list,
@@ -86,8 +93,8 @@ def thread_indices(threads: int, trainer: int) -> range:
 def reset_central(mode, shards: list, dense: nn.Module) -> None:
     """EASGD: the central copy on shard 0 starts the epoch from the run's dense parameters."""
     params = [p.detach().cpu() for p in dense.parameters()]
-    if mode.dense_sync == "easgd" and params:
-        shards[0].submit("central_reset", sync_layout(params)).result()  # (the replicas' flat layout)
+    if mode.central and params:
+        shards[0].submit("attach", CENTRAL, CentralCopy, sync_layout(params)).result()  # (the replicas' flat layout)
 
 
 class TrainerGate(NoGate):
@@ -295,8 +302,8 @@ class TrainerGroup:
         self.config, self.mode = config, mode
         state = optimizer.state_dict() if optimizer is not None else None
         reset_central(mode, shards, dense)
-        central = ShardCentralCopy(shards[0]) if mode.dense_sync == "easgd" else None
-        averager = ThreadAverager(len(live)) if mode.dense_sync in ("ma", "bmuf") else None
+        central = ShardCentralCopy(shards[0]) if mode.central else None
+        averager = ThreadAverager(len(live)) if mode.collective else None
         self.trainers = [ShadowTrainer(index, config, mode, dense, state, central,
                                        averager.member(n) if averager is not None else None, self.training_count,
                                        device, on_error)
@@ -345,16 +352,93 @@ def run_trainers(engine, plan, plans, on_batch: OnBatch) -> list:
         raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
     for trainer in group.trainers:
         trainer.join_shadow()
-    finish_epoch(engine, [trainer.replica_state for trainer in group.trainers],
-                 sum(trainer.syncs for trainer in group.trainers))
+    engine.mode.keep(engine, [trainer.replica_state for trainer in group.trainers],
+                     sum(trainer.syncs for trainer in group.trainers))
     return [trainer.report() for trainer in group.trainers]
 
 
-def finish_epoch(engine, replicas: list[tuple[dict[str, Tensor], dict | None]], syncs: int) -> None:
-    """The run's dense parameters become the mean of the replicas (state dicts, trainer order), its
-    dense optimizer state the first trainer's; the syncs are counted."""
-    if replicas:
-        engine.dense.load_state_dict(mean_state([state for state, _ in replicas]))
-        if engine.dense_optimizer is not None and replicas[0][1] is not None:
-            engine.dense_optimizer.load_state_dict(replicas[0][1])
-    engine.syncs += syncs
+# ---- the modes (SPEC section 5) ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ShadowSyncMode(ParameterServerMode):
+    """ShadowSync and its baselines: each of ``ps.workers`` trainers holds a dense replica trained
+    Hogwild by ``shadow.threads`` worker threads, rows applied on arrival; ``dense_sync`` (a rule of
+    ``RULES``; None: never synced) keeps the replicas in step on a shadow thread, or with
+    ``foreground`` every ``shadow.every`` batches with the workers paused. Its hooks: the dense
+    parameters on the trainers, one data list for every trainer's threads, trainers for an epoch,
+    the mean of the replicas kept at its end, ShadowSync's metrics."""
+
+    dense_sync: str | None = None
+    foreground: bool = False
+
+    @property
+    def central(self) -> bool:
+        """Whether the rule syncs with a central copy (EASGD's, on shard 0)."""
+        return self.dense_sync is not None and RULES.get(self.dense_sync).central
+
+    @property
+    def collective(self) -> bool:
+        """Whether the rule's rounds are a collective of the trainers (an all-reduce: MA, BMUF)."""
+        return self.dense_sync is not None and RULES.get(self.dense_sync).collective
+
+    def dense_on_workers(self, ps: ParameterServerConfig) -> bool:
+        return True  # a replica per trainer
+
+    def reducer(self, config: Config, live: list[int]) -> DenseReducer | None:
+        return None  # the replicas meet through the sync rule, not a gradient all-reduce
+
+    def epoch_data(self, config: Config, batches, first_token: int, shards: list,
+                   dead: list[int]) -> tuple[DataList, NoGate]:
+        # every worker thread of every trainer takes from one list; the trainers gate their own threads
+        data = shadow_data_list(config.shadow.threads, config.ps.workers, batches, first_token, shards, dead)
+        return data, self.gate(config.ps, shards)
+
+    def takers(self, config: Config, worker: int) -> list[int]:
+        return list(thread_indices(config.shadow.threads, worker))
+
+    def thread_epoch(self, engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
+        return run_trainers(engine, plan, plans, on_batch)
+
+    def ray_epoch(self, engine, plan: EpochPlan, states: list, dense, gate) -> dict:
+        return engine.start_trainers(plan, states, dense)  # (each trainer gates its own threads)
+
+    def keep(self, engine, replicas: list[tuple[dict[str, Tensor], dict | None]], syncs: int) -> None:
+        """The run's dense parameters become the mean of the replicas (state dicts, trainer order), its
+        dense optimizer state the first trainer's; the syncs are counted."""
+        if replicas:
+            engine.dense.load_state_dict(mean_state([state for state, _ in replicas]))
+            if engine.dense_optimizer is not None and replicas[0][1] is not None:
+                engine.dense_optimizer.load_state_dict(replicas[0][1])
+        engine.syncs += syncs
+
+    def summary_fields(self, config: Config, seconds: float, examples: int, syncs: int) -> dict[str, Any]:
+        """ShadowSync's metrics (SPEC section 5): syncs per second over the training time, the sync gap
+        (the seed's equation: EPS / batch size / syncs per second, i.e. batches of a trainer between
+        two syncs of its replica; null when nothing synced: hogwild) and the examples in flight,
+        ELP = batch x Hogwild threads x trainers."""
+        batch = config.train.batch_size
+        per_second = syncs / seconds if seconds > 0 else 0.0
+        eps = examples / seconds if seconds > 0 else 0.0
+        return {
+            "dense_syncs": syncs,
+            "syncs_per_second": round(per_second, 6),
+            "sync_gap": round(eps / batch / per_second, 6) if per_second > 0 else None,
+            "examples_in_flight": batch * config.shadow.threads * config.ps.workers,
+        }
+
+
+_RULE_TEXT = {
+    "easgd": "EASGD with a central copy on the sync parameter server",
+    "ma": "model averaging over an all-reduce of the trainers",
+    "bmuf": "BMUF: an all-reduce, then a block update with block momentum",
+}
+for _rule, _text in _RULE_TEXT.items():
+    PS_MODES.register(f"shadow-{_rule}")(ShadowSyncMode(
+        f"shadow-{_rule}", apply_each, no_gate, one_batch,
+        f"ShadowSync: {_text}, on a shadow thread in the background; embeddings Hogwild", dense_sync=_rule))
+    PS_MODES.register(f"fr-{_rule}")(ShadowSyncMode(
+        f"fr-{_rule}", apply_each, no_gate, one_batch,
+        f"{_text} in the foreground every shadow.every batches of a trainer; embeddings Hogwild",
+        dense_sync=_rule, foreground=True))
+PS_MODES.register("hogwild")(ShadowSyncMode(
+    "hogwild", apply_each, no_gate, one_batch,
+    "trainers' dense replicas never synced (averaged at the end of each epoch); embeddings Hogwild"))
