@@ -19,8 +19,8 @@ NAME = "reverse-sync"
 class ReverseSync(Schedule):
     """One batch end to end at a time, in reverse plan order."""
 
-    def __init__(self, config):
-        super().__init__(config)
+    def __init__(self, settings=None):  # (it reads no config section: ``Schedule.section`` None)
+        super().__init__(settings)
         self.next_timestamp = 0
 
     def run_epoch(self, plans, stages, on_batch):

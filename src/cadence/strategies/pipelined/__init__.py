@@ -36,7 +36,8 @@ class PipelineStrategy(Strategy):
         return PIPELINE
 
     def build(self, config: Config, task, context: BuildContext) -> Runtime:
-        runtime = PipelineRuntime(config, task, context.store_path, context.device, self.schedule(config))
+        settings = getattr(config, self.schedule.section) if self.schedule.section else None
+        runtime = PipelineRuntime(config, task, context.store_path, context.device, self.schedule(settings))
         runtime.strategy = self.name
         return runtime
 

@@ -10,9 +10,8 @@ epoch and ``on_batch`` once per finished batch (for progress, counters and the c
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable
+from typing import Any, Callable, ClassVar
 
-from cadence.config import Config
 from cadence.core.batch import Batch, BatchPlan
 from cadence.pipeline.stages import Stages
 from cadence.registry import Registry
@@ -21,8 +20,13 @@ SCHEDULES: Registry[type["Schedule"]] = Registry("pipeline schedule", "strategy"
 
 
 class Schedule(ABC):
-    def __init__(self, config: Config):
-        self.config = config
+    """``section``: the name of the one config section the schedule reads (None: none); it is built
+    with that section alone (``settings``), never the root config."""
+
+    section: ClassVar[str | None] = None
+
+    def __init__(self, settings: Any = None):
+        self.settings = settings
 
     @abstractmethod
     def run_epoch(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None]) -> None:

@@ -33,6 +33,7 @@ import threading
 
 import torch
 
+from cadence.config import PipelineConfig
 from cadence.core.batch import Batch
 from cadence.pipeline.runner import ConcurrencyControl, PipelineRunner
 from cadence.pipeline.transfer import accelerated
@@ -135,8 +136,10 @@ PEAK_COUNTERS = {"peak_cache_rows"}
 class PipelinedStrategy(Schedule):
     """Runs each epoch through a ``PipelineRunner``; subclasses choose the concurrency control."""
 
-    def __init__(self, config):
-        super().__init__(config)
+    section = "pipeline"  # PipelineConfig
+
+    def __init__(self, settings: PipelineConfig):
+        super().__init__(settings)
         self.totals: dict[str, int] = {}
         self.next_timestamp = 0
 
@@ -149,7 +152,7 @@ class PipelinedStrategy(Schedule):
         newest = int(store.versions.max()) if store.versions.numel() else -1  # (a task with no rows)
         first = max(self.next_timestamp, newest + 1)
         control = self.make_control(store, device, first)
-        runner = PipelineRunner(self.config.pipeline, control)
+        runner = PipelineRunner(self.settings, control)
         self.next_timestamp = runner.run(plans, stages, on_batch, first)
         # counters add up over epochs; peaks take the max
         for key, value in {**control.stats(), **runner.busy_seconds()}.items():
@@ -169,4 +172,4 @@ class AsyncStrategy(PipelinedStrategy):
 @SCHEDULES.register("oac")
 class OacStrategy(PipelinedStrategy):
     def make_control(self, store, device, first_timestamp):
-        return OptimisticAsynchronyControl(store, device, first_timestamp, self.config.pipeline.coalesce_writes)
+        return OptimisticAsynchronyControl(store, device, first_timestamp, self.settings.coalesce_writes)

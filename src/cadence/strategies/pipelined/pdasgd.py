@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from cadence.engines.threads import ThreadGroup, intra_op_threads
 from cadence.optim import InPlaceDense, row_gradient
+from cadence.config import PdasgdConfig
 from cadence.core.batch import Batch, BatchPlan
 from cadence.pipeline.stages import Stages
 from cadence.core.rows import RowBlock
@@ -109,9 +110,10 @@ class _InFlight:
 class Pdasgd(Schedule):
     layerwise = True  # LU; ``pdasgd-bu``: False
 
-    def __init__(self, config):
-        super().__init__(config)
-        self.settings = config.pdasgd
+    section = "pdasgd"  # PdasgdConfig
+
+    def __init__(self, settings: PdasgdConfig):
+        super().__init__(settings)
         self.next_timestamp = 0
         self.staleness: Staleness | None = None
         self.busy = {"forward_busy_seconds": 0.0, "backward_busy_seconds": 0.0}

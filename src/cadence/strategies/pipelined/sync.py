@@ -10,8 +10,8 @@ from cadence.strategies.pipelined.base import SCHEDULES, Schedule
 
 @SCHEDULES.register("sync")
 class SyncStrategy(Schedule):
-    def __init__(self, config):
-        super().__init__(config)
+    def __init__(self, settings=None):
+        super().__init__(settings)
         self.next_timestamp = 0
 
     def run_epoch(self, plans, stages, on_batch):
