@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.before:
         parser.error("--before is required")
-    dirty = git("status", "--porcelain", "--", "benchmarks")  # (src is measured from the revisions' worktrees)
+    # (src is measured from the revisions' worktrees; results/ holds outputs, not code)
+    dirty = git("status", "--porcelain", "--", "benchmarks", ":!benchmarks/results")
     if dirty and not args.allow_dirty:
         raise SystemExit("refactor_ab: uncommitted changes to benchmarks/ (commit them, or --allow-dirty):\n" + dirty)
     revs = {"before": git("rev-parse", args.before), "after": git("rev-parse", args.after)}
