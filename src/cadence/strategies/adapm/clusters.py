@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from cadence.config import Config
 from cadence.registry import Registry
 from cadence.strategies.adapm.engine import Cluster
 
@@ -15,7 +16,7 @@ CLUSTERS.register("threads")(Cluster)
 
 
 @CLUSTERS.register("ray")
-def ray_cluster(config, task, dense: nn.Module):
+def ray_cluster(config: Config, task, dense: nn.Module):
     """One node per Ray actor; Ray is imported here, when the engine is used."""
     from cadence.strategies.adapm.ray_nodes import RayCluster
 

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from cadence.config import Config
 from cadence.optim import ENTITY_OPTIMIZERS, module_optimizer
 from cadence.core.batch import Batch, BatchPlan
 from cadence.core.runtime import serialized
@@ -73,7 +74,8 @@ class NodeRunner:
     timer), its sync thread, and a transport to the other nodes. The same in a thread of this
     process (``Cluster``) and in a Ray actor (``ray_nodes.NodeActor``)."""
 
-    def __init__(self, config, task, index: int, keys: Tensor, initial: Tensor, dense: nn.Module, main_module: bool):
+    def __init__(self, config: Config, task, index: int, keys: Tensor, initial: Tensor, dense: nn.Module,
+                 main_module: bool):
         self.config, self.task = config, task
         settings = self.settings = config.adapm
         self.count = config.ps.workers
@@ -344,7 +346,7 @@ class Cluster(NodeCluster):
     """The ``threads`` engine: ``ps.workers`` nodes in this process, the run's dense module as node
     0's first worker's (the main copy)."""
 
-    def __init__(self, config, task, dense: nn.Module):
+    def __init__(self, config: Config, task, dense: nn.Module):
         self.config, self.task, self.settings = config, task, config.adapm
         self.count = config.ps.workers
         entity_class = ENTITY_OPTIMIZERS.get(config.optimizer.entity)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
+from cadence.config import Config
 from cadence.optim import ENTITY_OPTIMIZERS, module_optimizer
 from cadence.core.batch import Batch, BatchPlan, finished_batch
 from cadence.strategies.adapm.engine import NodeCluster, NodeRunner, initial_values, key_space, summarize
@@ -50,7 +51,7 @@ class RayTransport:
 class NodeActor:
     """One AdaPM node in its own process."""
 
-    def __init__(self, config, recipe_box: list, index: int, threads: int):
+    def __init__(self, config: Config, recipe_box: list, index: int, threads: int):
         torch.set_num_threads(threads)
         self.task = ray.get(recipe_box[0])()
         entity_class = ENTITY_OPTIMIZERS.get(config.optimizer.entity)
@@ -134,7 +135,7 @@ class RayCluster(NodeCluster):
     """The driver's side: one ``NodeActor`` per node, dealt round-robin over the cluster's machines;
     the same interface as the thread engine's ``Cluster``."""
 
-    def __init__(self, config, task, dense: nn.Module):
+    def __init__(self, config: Config, task, dense: nn.Module):
         if not ray.is_initialized():
             connect(config.ps.ray_address, config.threads)
         self.config, self.task, self.settings = config, task, config.adapm

@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from cadence.config import Config
 from cadence.device import resolve_device
 from cadence.core.batch import BatchPlan
 from cadence.core.runtime import OnBatch, serialized
@@ -33,7 +34,7 @@ ENGINES: Registry[Any] = Registry("engine", "ps.engine")
 
 @ENGINES.register("threads")
 class ThreadEngine(Engine):
-    def __init__(self, config, task, mode, dense: nn.Module):
+    def __init__(self, config: Config, task, mode, dense: nn.Module):
         self.config, self.task, self.mode = config, task, mode
         spec = task.table()
         on_server = None if mode.dense_on_workers(config.ps) else dense
@@ -58,7 +59,7 @@ class ThreadEngine(Engine):
 
 
 @ENGINES.register("ray")
-def ray_engine(config, task, mode, dense: nn.Module):
+def ray_engine(config: Config, task, mode, dense: nn.Module):
     """Shards, coordinator and workers as Ray actors (``pip install cadence[ray]``); Ray is imported
     here, when the engine is used, never by ``import cadence``."""
     from cadence.strategies.parameter_server.ray_engine import RayEngine

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from cadence.config import Config
 from cadence.device import resolve_device
 from cadence.core.batch import finished_batch
 from cadence.core.runtime import OnBatch, ShardLost, WorkerFailed
@@ -153,7 +154,7 @@ class RemoteShard:
 class ShardServer(Actor):
     """Holds server shard ``index`` for the whole run."""
 
-    def __init__(self, config, spec, mode_name: str, index: int, dense_blob: bytes | None, threads: int,
+    def __init__(self, config: Config, spec, mode_name: str, index: int, dense_blob: bytes | None, threads: int,
                  secret: bytes):
 
         torch.set_num_threads(threads)
@@ -186,7 +187,7 @@ class ShardServer(Actor):
 class Coordinator(Actor):
     """One epoch's data list (positions and tokens only) and gate."""
 
-    def __init__(self, config, mode_name: str, shards: list[RemoteShard], secret: bytes):
+    def __init__(self, config: Config, mode_name: str, shards: list[RemoteShard], secret: bytes):
 
         self.config, self.mode, self.shards = config, PS_MODES.get(mode_name), shards
         self.data = None
@@ -317,8 +318,8 @@ class _RemoteGate(NoGate):
 class TaskWorker(Actor):
     """Worker ``index``: builds the task (and reads its data) itself, keeps it for the run."""
 
-    def __init__(self, index: int, config, mode_name: str, recipe_box: list, shards: list[RemoteShard], coordinator: Any,
-                 coordinator_address: tuple, threads: int, secret: bytes):
+    def __init__(self, index: int, config: Config, mode_name: str, recipe_box: list, shards: list[RemoteShard],
+                 coordinator: Any, coordinator_address: tuple, threads: int, secret: bytes):
 
         torch.set_num_threads(threads)
         self.index, self.config, self.coordinator = index, config, coordinator
@@ -460,7 +461,7 @@ def _remote(cls: type) -> Any:
 class RayEngine(Engine):
     """``ENGINES.get("ray")(config, task, mode, dense)``: the actors of one run (module docstring)."""
 
-    def __init__(self, config, task, mode, dense: nn.Module):
+    def __init__(self, config: Config, task, mode, dense: nn.Module):
         if not ray.is_initialized():
             connect(config.ps.ray_address, config.threads)
         self.config, self.mode = config, mode

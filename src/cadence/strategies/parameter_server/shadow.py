@@ -40,8 +40,8 @@ from cadence.core.runtime import OnBatch, WorkerFailed
 from cadence.engines.threads import intra_op_share
 from cadence.optim import module_optimizer
 from cadence.strategies.parameter_server.aggregation import Gradient
-from cadence.strategies.parameter_server.dense_sync import (RULES, Averager, CentralCopy, DenseSync, ForegroundGate, HogwildReplica, ShadowThread, ThreadAverager,
-                                        sync_layout)
+from cadence.strategies.parameter_server.dense_sync import (RULES, Averager, CentralCopy, DenseSync, ForegroundGate,
+                                                            HogwildReplica, ShadowThread, ThreadAverager, sync_layout)
 from cadence.strategies.parameter_server.epoch import EpochPlan, WorkerReport, abandon, run_guarded
 from cadence.strategies.parameter_server.modes import PS_MODES, ParameterServerMode, apply_each, no_gate, one_batch
 from cadence.strategies.parameter_server.gates import NoGate
@@ -179,7 +179,7 @@ class ShadowTrainer:
     """One trainer: its replica (a copy of ``dense`` with a copy of ``optimizer_state``), the gate
     of its worker threads, and its shadow thread (none for ``hogwild``)."""
 
-    def __init__(self, index: int, config, mode, dense: nn.Module, optimizer_state: dict | None,
+    def __init__(self, index: int, config: Config, mode, dense: nn.Module, optimizer_state: dict | None,
                  central: ShardCentralCopy | None, averager: Averager | None, training_count: Callable[[], int],
                  device: torch.device = torch.device("cpu"),
                  on_error: Callable[[BaseException], None] = lambda err: None):
@@ -217,7 +217,7 @@ class ShadowTrainer:
         if any(worker.died for worker in self.workers) and (self.shadow is None or self.shadow.sync.can_leave):
             self.stop()
 
-    def add_threads(self, config, router_of: Callable[[int], object], task, plan, device) -> list[HogwildWorker]:
+    def add_threads(self, config: Config, router_of: Callable[[int], object], task, plan, device) -> list[HogwildWorker]:
         """This trainer's ``shadow.threads`` workers (``router_of(n)``: thread n's router). A trainer
         that ``ps.kill_workers`` kills after k batches dies once its threads pushed k together."""
         self.kill_after = plan.kill_after.get(self.index)
@@ -296,7 +296,7 @@ class TrainerGroup:
     (EASGD's central copy on shard 0, the MA/BMUF all-reduce), every trainer's threads and shadow
     thread."""
 
-    def __init__(self, config, mode, dense: nn.Module, optimizer: torch.optim.Optimizer | None,
+    def __init__(self, config: Config, mode, dense: nn.Module, optimizer: torch.optim.Optimizer | None,
                  live: list[int], shards: list, device: torch.device = torch.device("cpu"),
                  on_error: Callable[[BaseException], None] = lambda err: None):
         self.config, self.mode = config, mode
