@@ -390,8 +390,9 @@ class TaskWorker(Actor):
         def abandon_epoch(reason: str) -> None:
             ray_get(self.coordinator.stop.remote(reason))
 
-        trainer = ShadowTrainer(self.index, self.config, self.mode, self.model, optimizer_state, central, averager,
-                                lambda: int(trainer.gate.training()), self.device,
+        trainer = ShadowTrainer(self.index, self.config.shadow, self.config.ps.workers, self.config.optimizer, self.mode,
+                                self.model, optimizer_state, central, averager, lambda: int(trainer.gate.training()),
+                                self.device,
                                 on_error=lambda err: abandon_epoch(f"trainer {self.index}'s shadow thread failed: "
                                                                    f"{err!r}"))
 
@@ -411,7 +412,7 @@ class TaskWorker(Actor):
                 for shard in worker.router.shards:
                     shard.settle()
 
-        trainer.add_threads(self.config, router_of, self.task, plan, self.device)
+        trainer.add_threads(router_of, self.task, plan, self.device, self.config.ps.emulated_latency)
         try:
             trainer.run(run_worker, abandon_epoch)
         finally:

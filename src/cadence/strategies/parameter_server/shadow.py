@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from dataclasses import dataclass
 from typing import Any
 
-from cadence.config import Config, ParameterServerConfig, ShadowConfig
+from cadence.config import Config, OptimizerConfig, ParameterServerConfig, ShadowConfig
 from cadence.core.batch import on_device
 from cadence.core.runtime import OnBatch, WorkerFailed
 from cadence.engines.threads import intra_op_share
@@ -179,16 +179,16 @@ class ShadowTrainer:
     """One trainer: its replica (a copy of ``dense`` with a copy of ``optimizer_state``), the gate
     of its worker threads, and its shadow thread (none for ``hogwild``)."""
 
-    def __init__(self, index: int, config: Config, mode, dense: nn.Module, optimizer_state: dict | None,
-                 central: ShardCentralCopy | None, averager: Averager | None, training_count: Callable[[], int],
+    def __init__(self, index: int, shadow: ShadowConfig, trainers: int, optimizer_settings: OptimizerConfig, mode,
+                 dense: nn.Module, optimizer_state: dict | None, central: ShardCentralCopy | None,
+                 averager: Averager | None, training_count: Callable[[], int],
                  device: torch.device = torch.device("cpu"),
                  on_error: Callable[[BaseException], None] = lambda err: None):
-
-        self.index = index
+        """``trainers``: how many there are (``ps.workers``: EASGD's default alpha divides by it)."""
+        self.index, self.threads = index, shadow.threads
         self.module = module = copy.deepcopy(dense).to(device)
-        self.optimizer = module_optimizer(config.optimizer, module, optimizer_state)
+        self.optimizer = module_optimizer(optimizer_settings, module, optimizer_state)
         self.replica = HogwildReplica(module, self.optimizer) if self.optimizer is not None else None
-        shadow = config.shadow
         synced = mode.dense_sync is not None and self.replica is not None  # (a task may have no dense part)
         foreground = ForegroundGate(shadow.every) if mode.foreground and synced else None
         self.gate = TrainerGate(shadow.threads, foreground, self._all_left)
@@ -196,7 +196,7 @@ class ShadowTrainer:
         self.kill_after: int | None = None  # fault injection: batches it pushes before it dies
         self.shadow: ShadowThread | None = None
         if synced:
-            rule = make_rule(shadow, config.ps.workers, mode.dense_sync, self.replica.flat, central, averager,
+            rule = make_rule(shadow, trainers, mode.dense_sync, self.replica.flat, central, averager,
                              training_count)
             cap = 0.0 if mode.foreground else shadow.max_syncs_per_second
             self.shadow = ShadowThread(rule, self.replica.flat, self.gate.training, cap,
@@ -217,14 +217,15 @@ class ShadowTrainer:
         if any(worker.died for worker in self.workers) and (self.shadow is None or self.shadow.sync.can_leave):
             self.stop()
 
-    def add_threads(self, config: Config, router_of: Callable[[int], object], task, plan, device) -> list[HogwildWorker]:
+    def add_threads(self, router_of: Callable[[int], object], task, plan, device,
+                    emulated_latency: float = 0.0) -> list[HogwildWorker]:
         """This trainer's ``shadow.threads`` workers (``router_of(n)``: thread n's router). A trainer
         that ``ps.kill_workers`` kills after k batches dies once its threads pushed k together."""
         self.kill_after = plan.kill_after.get(self.index)
-        for n, index in enumerate(thread_indices(config.shadow.threads, self.index)):
+        for n, index in enumerate(thread_indices(self.threads, self.index)):
             self.workers.append(HogwildWorker(index, router_of(n), self.module, self.replica, task, self,
-                                              plan.faults.slowdown_in(self.index, plan.epoch),
-                                              config.ps.emulated_latency, device))
+                                              plan.faults.slowdown_in(self.index, plan.epoch), emulated_latency,
+                                              device))
         return self.workers
 
     def fated(self) -> bool:
@@ -296,15 +297,16 @@ class TrainerGroup:
     (EASGD's central copy on shard 0, the MA/BMUF all-reduce), every trainer's threads and shadow
     thread."""
 
-    def __init__(self, config: Config, mode, dense: nn.Module, optimizer: torch.optim.Optimizer | None,
-                 live: list[int], shards: list, device: torch.device = torch.device("cpu"),
+    def __init__(self, shadow: ShadowConfig, ps: ParameterServerConfig, optimizer_settings: OptimizerConfig, mode,
+                 dense: nn.Module, optimizer: torch.optim.Optimizer | None, live: list[int], shards: list,
+                 device: torch.device = torch.device("cpu"),
                  on_error: Callable[[BaseException], None] = lambda err: None):
-        self.config, self.mode = config, mode
+        self.emulated_latency, self.mode = ps.emulated_latency, mode
         state = optimizer.state_dict() if optimizer is not None else None
         reset_central(mode, shards, dense)
         central = ShardCentralCopy(shards[0]) if mode.central else None
         averager = ThreadAverager(len(live)) if mode.collective else None
-        self.trainers = [ShadowTrainer(index, config, mode, dense, state, central,
+        self.trainers = [ShadowTrainer(index, shadow, ps.workers, optimizer_settings, mode, dense, state, central,
                                        averager.member(n) if averager is not None else None, self.training_count,
                                        device, on_error)
                          for n, index in enumerate(live)]
@@ -315,7 +317,7 @@ class TrainerGroup:
     def workers(self, router, task, plan, device) -> list[HogwildWorker]:
         """Every trainer's worker threads, all on one router (the shards are objects of this process)."""
         return [worker for trainer in self.trainers
-                for worker in trainer.add_threads(self.config, lambda n: router, task, plan, device)]
+                for worker in trainer.add_threads(lambda n: router, task, plan, device, self.emulated_latency)]
 
 
 def run_trainers(engine, plan, plans, on_batch: OnBatch) -> list:
@@ -325,8 +327,8 @@ def run_trainers(engine, plan, plans, on_batch: OnBatch) -> list:
 
     config = engine.config
     data = shadow_data_list(config.shadow.threads, config.ps.workers, plans, plan.first_token, engine.shards, plan.dead)
-    group = TrainerGroup(config, engine.mode, engine.dense, engine.dense_optimizer, plan.workers, engine.shards,
-                         engine.device, on_error=lambda err: abandon(data, f"a shadow thread failed: {err!r}"))
+    group = TrainerGroup(config.shadow, config.ps, config.optimizer, engine.mode, engine.dense, engine.dense_optimizer,
+                         plan.workers, engine.shards, engine.device, on_error=lambda err: abandon(data, f"a shadow thread failed: {err!r}"))
     workers = group.workers(engine.router, engine.task, plan, engine.device)
     for worker in workers:
         worker.on_batch = on_batch  # (serialized by the engine)
