@@ -164,3 +164,23 @@ def test_alpha_zero_equals_independent_trainers(rule: str) -> None:
             assert torch.equal(got, want)
     pulled = _train_two_trainers(rule, alpha=0.5)  # (and the rule does act when alpha is not 0)
     assert not all(torch.equal(a, b) for a, b in zip(pulled[0], alone[0]))
+
+
+def test_each_epoch_the_central_copy_on_shard_0_starts_from_the_runs_dense_parameters() -> None:
+    """EASGD's central copy is a service attached to shard 0 anew at every epoch's start; a shard
+    that kept the old one would start epoch 2 from epoch 1's central copy."""
+    from cadence.config import OptimizerConfig, ParameterServerConfig
+    from cadence.core.rows import TableSpec
+    from cadence.strategies.parameter_server.server import build_shard
+    from cadence.strategies.parameter_server.shadow import CENTRAL, ShardCentralCopy, reset_central
+
+    mode = PS_MODES.get("shadow-easgd")
+    shard = build_shard(OptimizerConfig(entity="sgd"), ParameterServerConfig(), TableSpec(4, 2, 0.1, 0), mode, 0, None)
+    for value in (1.0, 5.0):  # two epochs, each from the run's dense parameters of that moment
+        dense = torch.nn.Linear(3, 2)
+        torch.nn.init.constant_(dense.weight, value)
+        torch.nn.init.constant_(dense.bias, value)
+        reset_central(mode, [shard], dense)
+        central = ShardCentralCopy(shard).exchange([torch.zeros(8)], 0.0)  # alpha 0: reads w_ps unchanged
+        assert torch.equal(torch.cat([c.reshape(-1) for c in central]), torch.full((8,), value))
+    assert list(shard.services) == [CENTRAL]
