@@ -27,7 +27,7 @@ from cadence.registry import Registry
 from cadence.optim import module_optimizer
 from cadence.strategies.parameter_server.server import build_shard
 from cadence.strategies.parameter_server.worker import ShardRouter
-from cadence.strategies.parameter_server.epoch import (Engine, EpochPlan, WorkerReport)
+from cadence.strategies.parameter_server.epoch import Engine, EpochPlan, WorkerReport
 
 ENGINES: Registry[Any] = Registry("engine", "ps.engine")
 
@@ -45,7 +45,7 @@ class ThreadEngine(Engine):
         self.device = resolve_device(config.device)  # where the workers compute
         self.start_seconds = 0.0  # nothing to start: the shards and workers live in this process
         # ps.dense: workers: the run's copy of the dense optimizer (checkpoints); replicas start from it
-        self.dense_optimizer = module_optimizer(config.optimizer, dense, None) if mode.dense_on_workers(config.ps) else None
+        self.dense_optimizer = module_optimizer(config.optimizer, dense) if mode.dense_on_workers(config.ps) else None
         self.syncs = 0  # dense syncs of every trainer's replica (ShadowSync)
 
     def run_workers(self, plan: EpochPlan, plans: list[BatchPlan], on_batch: OnBatch) -> list[WorkerReport]:

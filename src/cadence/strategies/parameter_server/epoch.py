@@ -1,5 +1,6 @@
 """What one epoch of a parameter-server mode is made of, on either engine: the plan of the epoch,
-each worker's report, the workers' threads, a replica's dense optimizer and the data list."""
+each worker's report, the engine interface, the workers' threads, the data list, and GBA's family's
+epoch on the thread engine (``worker_epoch``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from cadence.config import ParameterServerConfig
 from cadence.core.runtime import OnBatch, WorkerFailed
 from cadence.optim import module_optimizer
 from cadence.engines.threads import run_threads
-
 from cadence.strategies.parameter_server.server import DataList
 from cadence.strategies.parameter_server.worker import Faults, Worker
 

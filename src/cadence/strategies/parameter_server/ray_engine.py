@@ -471,7 +471,7 @@ class RayEngine(Engine):
         self.dense = dense
         # shard 0 starts from the driver's initial dense module, unless the workers hold it (ps.dense)
         self.dense_blob = None if mode.dense_on_workers(config.ps) else pickle.dumps(dense)
-        self.dense_optimizer = module_optimizer(config.optimizer, dense, None) if mode.dense_on_workers(config.ps) else None
+        self.dense_optimizer = module_optimizer(config.optimizer, dense) if mode.dense_on_workers(config.ps) else None
         self.recipe = [ray.put(task.recipe())]  # in a list: fetched by each worker when it starts
         self.concurrency = max(32, 3 * config.ps.workers + 8)
         self.placed = 0

@@ -167,7 +167,6 @@ class HogwildWorker(Worker):
         else:
             dense, (row_grad,) = self.replica.gradients(loss, [rows])
             self.replica.apply(dense)
-        self.loss_total += self.task.loss_total(float(loss.detach()), plan.size)
         batch.ids = ids
         self.bytes_moved += 2 * nbytes(ids) + 2 * nbytes(rows)
         self.delay(time.perf_counter() - started)
@@ -326,7 +325,7 @@ def run_trainers(engine, plan, plans, on_batch: OnBatch) -> list:
     (a collective round completes or is left), and the error raised here."""
 
     config = engine.config
-    data = shadow_data_list(config.shadow.threads, config.ps.workers, plans, plan.first_token, engine.shards, plan.dead)
+    data, _ = engine.mode.epoch_data(config, plans, plan.first_token, engine.shards, plan.dead)  # (trainers gate)
     group = TrainerGroup(config.shadow, config.ps, config.optimizer, engine.mode, engine.dense, engine.dense_optimizer,
                          plan.workers, engine.shards, engine.device, on_error=lambda err: abandon(data, f"a shadow thread failed: {err!r}"))
     workers = group.workers(engine.router, engine.task, plan, engine.device)

@@ -176,7 +176,7 @@ class Worker:
         self.bytes_moved = 0  # tensor bytes pulled and pushed (keys, rows, dense parameters, gradients)
         self.died = False
         self.on_batch: Callable[[Batch], None] | None = None  # called for each finished batch (threads)
-        self.finished: list[tuple[int, float]] = []  # (plan index, loss) of each finished batch
+        self.finished: list[tuple[int, float]] = []  # (plan index, loss) of each finished batch, without on_batch
 
     def run(self, data: DataList, gate: NoGate) -> None:
         if self.reducer is not None:
@@ -257,7 +257,6 @@ class Worker:
         self.model.zero_grad(set_to_none=True)
         loss = self.task.loss(batch, rows, self.model)
         loss.backward()
-        self.loss_total += self.task.loss_total(float(loss.detach()), plan.size)
         dense = {name: (p.grad.detach() if p.grad is not None else torch.zeros_like(p)).to("cpu", copy=True)
                  for name, p in self.model.named_parameters()}
         batch.ids = ids
@@ -270,11 +269,15 @@ class Worker:
         return dense if here else None
 
     def done(self, batch: Batch, loss: Tensor) -> None:
-        """The batch is pushed: recorded (``finished``) and reported (``on_batch``, when set)."""
+        """The batch is pushed: its loss counted, and the batch reported to ``on_batch`` here, or (a
+        worker in another process, where ``on_batch`` is None) kept in ``finished`` for the driver."""
         batch.loss = loss.detach()
-        self.finished.append((batch.plan.index, float(batch.loss)))
+        value = float(batch.loss)
+        self.loss_total += self.task.loss_total(value, batch.size)
         if self.on_batch is not None:
             self.on_batch(batch)
+        else:
+            self.finished.append((batch.plan.index, value))
 
     def delay(self, elapsed: float) -> None:
         """Fault injection: an emulated machine of its own adds ``emulated_latency`` to each batch,
