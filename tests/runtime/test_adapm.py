@@ -13,12 +13,26 @@ import torch
 
 from cadence import api
 from cadence.errors import ConfigError
-from cadence.strategies.adapm.engine import LocalTransport
-from cadence.strategies.adapm.node import ABSENT, OWNER, REPLICA, Node
+from cadence.strategies.adapm.node import OWNER, REPLICA, Node, nbytes
 from cadence.strategies.adapm.timing import ActionTimer, poisson_quantile
 from tests.conftest import make_config
 
 KEYS, WIDTH = 24, 3
+
+
+class LocalTransport:
+    """Messages between bare nodes: a direct call on the destination (the protocol without its
+    roles or threads)."""
+
+    def __init__(self, nodes: list[Node]):
+        self.nodes = nodes
+
+    def exchange(self, source: int, dest: int, request):
+        return self.nodes[dest].handle(request, lambda node, sub: self.nodes[node].handle(sub, forwarded=True))
+
+    def access(self, source: int, dest: int, slots, delta, value):
+        self.nodes[source].bytes_sent += nbytes(slots, delta, value)
+        return self.nodes[dest].serve(source, slots, delta, value)
 
 
 def cluster(nodes: int, technique: str = "adaptive", workers: int = 1):
@@ -351,7 +365,7 @@ def test_an_epoch_ends_with_every_update_in_the_main_copies(task_data, tmp_path)
     task = TASKS.get("mf")(config)
     runtime = AdaPMRuntime(config, task)
     runtime.run_epoch(task.plan(0), lambda batch: None)
-    nodes = runtime.cluster.nodes
+    nodes = [handle.instance.node for handle in runtime.cluster.nodes]
     assert sum(n.replicas_created for n in nodes) > 0
     assert all(node.quiet() for node in nodes)
     owners = sum((node.kind == OWNER).long() for node in nodes)

@@ -8,12 +8,14 @@ import copy
 import dataclasses
 import os
 import socket
-from typing import Any
+import time
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from cadence.engines.placement import Handle, Pending, Placement
 from cadence.errors import ConfigError
 
 try:
@@ -139,3 +141,109 @@ class Actor:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+# ---- roles as actors (``engines.placement``) ----------------------------------------------------------
+class RoleActor(Actor):
+    """One role in an actor of its own: its verbs are called by name through ``call`` (the handle
+    checked the name against the role's class), tensors crossing as numpy arrays."""
+
+    def __init__(self, threads: int, role: type, args: Any):
+        torch.set_num_threads(threads)
+        self.role = role(*unpack(args))
+
+    def call(self, verb: str, *args: Any) -> Any:
+        return pack(getattr(self.role, verb)(*unpack(args)))
+
+
+class RayPending(Pending):
+    def __init__(self, ref: Any):
+        self.ref = ref
+
+    def result(self) -> Any:
+        return unpack(ray_get(self.ref))
+
+
+class RayHandle(Handle):
+    """A role in a ``RoleActor``; picklable, so roles hold their peers' handles."""
+
+    def __init__(self, role: type, index: int, actor: Any):
+        super().__init__(role, index)
+        self.actor = actor
+
+    def start(self, method, *args: Any) -> Pending:
+        return RayPending(self.actor.call.remote(self.verb(method), *pack(args)))
+
+
+class Shipped:
+    """The run's task as an actor gets it: built there from its recipe (``Task.recipe``)."""
+
+    def __init__(self, task):
+        self.box = [ray.put(task.recipe())]  # in a list: fetched by the actor when it calls
+
+    def __call__(self):
+        return ray.get(self.box[0])()
+
+
+_ROLE_ACTOR: list[Any] = []
+
+
+class RayPlacement(Placement):
+    """Every role a Ray actor (``ps.engine: ray``), dealt round-robin over the cluster's nodes.
+    ``num_cpus=0``: an actor never waits for a CPU; ``CONCURRENCY`` calls at once, so a role answers
+    its peers while its own verbs run."""
+
+    CONCURRENCY = 16
+
+    def __init__(self, address: str | None, threads: int):
+        if not ray.is_initialized():
+            connect(address, threads)
+        self.threads = settings["threads"]
+        self.machines = cluster_nodes()
+        self.handles: list[RayHandle] = []
+        self.hosts: list[str] = []
+        self.start_seconds = 0.0
+
+    def place(self, role: type, index: int, *args: Any) -> Handle:
+        if not _ROLE_ACTOR:
+            _ROLE_ACTOR.append(ray.remote(RoleActor))
+        machine = self.machines[index % len(self.machines)]
+        actor = _ROLE_ACTOR[0].options(num_cpus=0, max_concurrency=self.CONCURRENCY,
+                                       scheduling_strategy=on_node(machine)).remote(self.threads, role, pack(args))
+        handle = RayHandle(role, index, actor)
+        self.handles.append(handle)
+        return handle
+
+    def ready(self) -> None:
+        started = time.perf_counter()
+        waiting = self.handles[len(self.hosts):]  # built (torch imported, data read) before training
+        self.hosts += ray_get([handle.actor.node.remote() for handle in waiting])
+        self.start_seconds += time.perf_counter() - started
+
+    def ship(self, task) -> Callable[[], Any]:
+        return Shipped(task)
+
+    def share(self, thing: Any) -> Any:
+        return None
+
+    def each(self, handles: list[Handle], method, *args: Any) -> list[Any]:
+        shared = [ray.put(arg) for arg in pack(args)]  # once, whatever the number of roles
+        return unpack(ray_get([handle.actor.call.remote(handle.verb(method), *shared) for handle in handles]))
+
+    def as_completed(self, pendings: Iterable[Pending]) -> Iterator[Pending]:
+        by_ref = {pending.ref: pending for pending in pendings}
+        while by_ref:
+            ready, _ = ray.wait(list(by_ref), num_returns=1)
+            yield by_ref.pop(ready[0])
+
+    def fields(self) -> dict[str, Any]:
+        return {"engine": "ray", "engine_start_seconds": round(self.start_seconds, 3),
+                "node_hosts": len(set(self.hosts))}
+
+    def close(self) -> None:
+        for handle in self.handles:
+            try:
+                ray.kill(handle.actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone, or its cluster is
+                pass
+        self.handles = []

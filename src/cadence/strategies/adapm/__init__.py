@@ -1,8 +1,8 @@
 """AdaPM (SPEC section 2): nodes with node-local stores, intent signals, relocation or replication
 decided on each key's owner, replica synchronisation with versions, Algorithm 1's action timing
 (``docs/strategies/adapm.md``). ``node``: one node and the protocol; ``timing``: Algorithm 1;
-``engine``: the nodes of one process; ``ray_nodes``: nodes as Ray actors (imported only with
-``--engine ray``)."""
+``engine``: the node role and the driver's side, on any placement (``engines.placement``: threads
+of this process, or Ray actors, imported only with ``--engine ray``)."""
 
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from cadence.config import Config
 from cadence.core.runtime import Runtime
 from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
-from cadence.strategies.adapm.clusters import CLUSTERS
+from cadence.engines import PLACEMENTS
 from cadence.strategies.adapm.runtime import AdaPMRuntime
 
 ADAPM = RuntimeKind(
@@ -32,7 +32,7 @@ class AdaPMStrategy(Strategy):
         return ADAPM
 
     def check(self, config: Config) -> None:
-        CLUSTERS.get(config.ps.engine)
+        PLACEMENTS.get(config.ps.engine)
 
     def build(self, config: Config, task, context: BuildContext) -> Runtime:
         runtime = AdaPMRuntime(config, task)

@@ -1,9 +1,11 @@
-"""What runs on AdaPM's nodes, and the ``threads`` engine.
+"""AdaPM's nodes, written once for every engine.
 
-``NodeRunner`` is one node with its worker threads and its sync thread, the same in a thread of
-this process and in a Ray actor (``ray_nodes``). ``Cluster`` is the ``threads`` engine: every node in
-this process, talking through ``LocalTransport`` (a call on the other node; every tensor of a
-message counted as bytes communicated).
+``NodeRunner`` is the node role: one node with its worker threads and its sync thread; its public
+methods are the verbs its peers and the driver call. ``Cluster`` is the driver's side. Both run on
+any ``engines.placement`` (``ps.engine``): with ``threads`` every node is an object of this process
+and a verb is a method call; with ``ray`` every node is an actor, and the nodes call each other's
+verbs directly, actor to actor. ``Transport`` carries a node's messages through its peers' handles
+(every tensor of a message counted as bytes communicated).
 
 An epoch: the task's plans are split among the nodes (``Task.partition``) and among each node's
 workers; a worker prepares its batches ``lookahead`` batches ahead, signals the intent of each
@@ -17,7 +19,6 @@ main copies hold every update), so checkpoints and evaluation read the owners' r
 from __future__ import annotations
 
 import copy
-from abc import ABC, abstractmethod
 import functools
 import threading
 import time
@@ -27,10 +28,11 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from cadence.config import Config
+from cadence.config import AdapmConfig, OptimizerConfig
 from cadence.optim import ENTITY_OPTIMIZERS, module_optimizer
-from cadence.core.batch import Batch, BatchPlan
-from cadence.core.runtime import serialized
+from cadence.core.batch import Batch, BatchPlan, finished_batch
+from cadence.core.runtime import WorkerFailed, serialized
+from cadence.engines.placement import Handle, Pending, Placement
 from cadence.engines.threads import ThreadGroup, run_threads
 from cadence.pipeline.stages import ComputeStage
 from cadence.strategies.adapm.node import OWNER, DenseCopy, Node, ProtocolError, nbytes
@@ -39,18 +41,21 @@ from cadence.core.rows import RowBlock
 from cadence.store.embedding_store import create_store
 
 
-class LocalTransport:
-    """Messages between nodes of this process: a direct call on the destination node."""
+class Transport:
+    """A node's messages to the others: its peers' verbs, called through their handles."""
 
-    def __init__(self, nodes: list[Node]):
-        self.nodes = nodes
+    def __init__(self, handles: list[Handle], node: Node):
+        self.handles, self.node = handles, node
 
     def exchange(self, source: int, dest: int, request):
-        return self.nodes[dest].handle(request, lambda node, sub: self.nodes[node].handle(sub, forwarded=True))
+        return self.handles[dest].call(NodeRunner.handle, request)
+
+    def forward(self, node: int, sub):
+        return self.handles[node].call(NodeRunner.handle_forwarded, sub)
 
     def access(self, source: int, dest: int, slots: Tensor, delta: Tensor | None, value: Tensor | None):
-        self.nodes[source].bytes_sent += nbytes(slots, delta, value)
-        return self.nodes[dest].serve(source, slots, delta, value)
+        self.node.bytes_sent += nbytes(slots, delta, value)
+        return self.handles[dest].call(NodeRunner.serve, source, slots, delta, value)
 
 
 def key_space(task) -> Tensor:
@@ -70,33 +75,52 @@ def initial_values(task, state_width: int) -> tuple[Tensor, Tensor]:
 
 
 class NodeRunner:
-    """One node and what runs on it: its worker threads (each with its dense copy and an Algorithm 1
-    timer), its sync thread, and a transport to the other nodes. The same in a thread of this
-    process (``Cluster``) and in a Ray actor (``ray_nodes.NodeActor``)."""
+    """The node role: one node and what runs on it (its worker threads, each with its dense copy and
+    an Algorithm 1 timer, and its sync thread); the same object in this process and in a Ray actor.
 
-    def __init__(self, config: Config, task, index: int, keys: Tensor, initial: Tensor, dense: nn.Module,
-                 main_module: bool):
-        self.config, self.task = config, task
-        settings = self.settings = config.adapm
-        self.count = config.ps.workers
-        entity_class = ENTITY_OPTIMIZERS.get(config.optimizer.entity)
+    ``task``: what gives the run's task here (``Placement.ship``); ``dense``: the module node 0's first
+    worker trains as the main copy (in this process: the run's own) and every other worker a copy of,
+    or None to build it from the task (an actor)."""
+
+    def __init__(self, settings: AdapmConfig, optimizer: OptimizerConfig, count: int, task: Callable[[], Any],
+                 index: int, dense: nn.Module | None):
+        task = self.task = task()
+        self.settings = settings
+        self.count = count
+        entity_class = ENTITY_OPTIMIZERS.get(optimizer.entity)
         self.width = task.table().width
-        self.entity = entity_class(config.optimizer)
-        self.node = Node(index, self.count, keys, initial, self.width, settings.technique, settings.threads)
-        self.transport = None  # set once every node exists (``connect``)
+        self.entity = entity_class(optimizer)
+        keys, initial = initial_values(task, entity_class.state_width(self.width))
+        self.node = Node(index, count, keys, initial, self.width, settings.technique, settings.threads)
+        self.transport: Transport | None = None  # set once every node exists (``connect``)
+        self.stop = threading.Event()  # set: leave the epoch early (this node or another failed)
+        dense = task.dense_module() if dense is None else dense
         for worker in range(settings.threads):
             main = index == 0 and worker == 0
-            module = dense if main and main_module else copy.deepcopy(dense)
-            optimizer = module_optimizer(config.optimizer, module)
-            self.node.dense.append(DenseCopy(module, optimizer, main))
+            module = dense if main else copy.deepcopy(dense)
+            self.node.dense.append(DenseCopy(module, module_optimizer(optimizer, module), main))
         if index == 0:
             self.node.main_dense = self.node.dense[0]
         immediate = settings.timing == "immediate"
         self.timers = [ActionTimer(settings.alpha, settings.quantile, settings.initial_rate, immediate=immediate)
                        for _ in range(settings.threads)]
 
-    def connect(self, transport) -> None:
-        self.transport = transport
+    def connect(self, handles: list[Handle]) -> None:
+        """Every node's handle, this node's included (once every node exists)."""
+        self.transport = Transport(handles, self.node)
+
+    # ---- the protocol: other nodes' calls ---------------------------------------------------------------
+    def handle(self, request):
+        """A round's grouped message from another node."""
+        return self.node.handle(request, self.transport.forward)
+
+    def handle_forwarded(self, request):
+        """A part of a message another node forwarded here (answered, never forwarded again)."""
+        return self.node.handle(request, forwarded=True)
+
+    def serve(self, source: int, slots: Tensor, delta: Tensor | None, value: Tensor | None):
+        """A synchronous remote access of another node's worker."""
+        return self.node.serve(source, slots, delta, value)
 
     def set_lr(self, lr: float) -> None:
         for dense_copy in self.node.dense:
@@ -110,13 +134,13 @@ class NodeRunner:
         node.round_started()
         node.act_on_intents([timer.horizon(clock) for timer, clock in zip(self.timers, list(node.clocks))])
         if node.index == 0:
-            self._sync_local_dense()
+            self.sync_local_dense()
         for dest, request in enumerate(node.requests()):
             if request is not None:
                 node.install(dest, self.transport.exchange(node.index, dest, request), request)
         node.round_completed()
 
-    def _sync_local_dense(self) -> None:
+    def sync_local_dense(self) -> None:
         """Node 0's other workers' dense replicas meet the main copy without a message."""
         main = self.node.main_dense
         for replica in self.node.dense[1:]:
@@ -136,13 +160,15 @@ class NodeRunner:
                 replica.version = main.version
 
     # ---- this node's share of an epoch ------------------------------------------------------------------
-    def start_sync(self, stop: threading.Event) -> None:
-        """Start this node's sync thread: rounds until ``stop_sync``. It runs until every node's
+    def start_epoch(self, lr: float) -> None:
+        """Start this node's sync thread: rounds until ``end_epoch``. It runs until every node's
         workers are done (not only this node's): other nodes' intents and remote accesses are
         answered by ``handle`` and ``serve`` either way, but this node's queued home-record updates
         and replica deltas travel only in its own rounds."""
+        self.set_lr(lr)
+        self.stop.clear()
         self._sync_done = threading.Event()
-        self._syncer = ThreadGroup(lambda key, err: stop.set())
+        self._syncer = ThreadGroup(lambda key, err: self.stop.set())
         if self.count == 1:
             return
 
@@ -153,19 +179,30 @@ class NodeRunner:
 
         self._syncer.spawn(rounds, f"cadence-adapm-sync-{self.node.index}")
 
-    def stop_sync(self) -> None:
+    def end_epoch(self) -> BaseException | None:
+        """Stop the sync thread; its error, if it failed (returned, so every node's is stopped)."""
         self._sync_done.set()
-        self._syncer.join().raise_first()
+        errors = self._syncer.join().errors
+        return errors[0][1] if errors else None
 
-    def work(self, plans: list[BatchPlan], report: Callable[[Batch], None], stop: threading.Event) -> tuple[float, int]:
+    def abort(self) -> None:
+        """Another node failed: this node's workers leave at their next batch."""
+        self.stop.set()
+
+    def work(self, plans: list[BatchPlan], report: Callable[[Batch], None] | None) -> tuple[float, int, list]:
         """Run this node's workers over ``plans`` (round-robin among them; the sync thread runs
-        beside them: ``start_sync``); (summed loss, examples). ``stop``: another node failed, leave
-        early."""
-        threads, index = self.settings.threads, self.node.index
+        beside them: ``start_epoch``): (summed loss, examples, finished). Each finished batch goes to
+        ``report`` as it finishes, or where no callable reaches this node (an actor), into
+        ``finished`` as (plan index, loss)."""
+        finished: list[tuple[int, float]] = []
+        if report is None:
+            report = serialized(lambda batch: finished.append((batch.plan.index, float(batch.loss))))
+        threads, index, stop = self.settings.threads, self.node.index, self.stop
         jobs = {w: functools.partial(self._work, w, plans[w::threads], report, stop) for w in range(threads)}
         group = run_threads(jobs, lambda w: f"cadence-adapm-{index}.{w}", lambda w, err: stop.set())
         group.raise_first()
-        return sum(r[0] for r in group.results.values()), sum(r[1] for r in group.results.values())
+        results = group.results.values()
+        return sum(r[0] for r in results), sum(r[1] for r in results), finished
 
     def _work(self, worker: int, plans: list[BatchPlan], report, stop: threading.Event) -> tuple[float, int]:
         """One worker's share of the epoch: intent ``lookahead`` batches ahead, then per batch pull,
@@ -257,6 +294,7 @@ class NodeRunner:
                     dense_copy.optimizer.load_state_dict(copy.deepcopy(optimizer_state))
 
     def quiet(self) -> bool:
+        """Nothing left to manage here: no replica, no intent, nothing queued."""
         return self.node.quiet()
 
     COUNTERS = ("accesses", "remote_accesses", "remote_reads", "bytes_sent", "relocations_in", "replicas_created",
@@ -305,134 +343,122 @@ def summarize(settings, counters: list[dict[str, Any]], epochs: int, seconds: fl
     }
 
 
-class NodeCluster(ABC):
-    """AdaPM's nodes for one run, wherever they run (``clusters.CLUSTERS``: threads of this process,
-    or Ray actors); the runtime drives both through these members alone."""
+class Cluster:
+    """The driver's side of AdaPM's nodes for one run, on any placement (``ps.engine``): it places
+    ``nodes`` node roles, hands each its share of an epoch's plans, runs the settling rounds between
+    epochs, and gathers the owners' rows only for evaluation and checkpoints. ``dense`` is the run's
+    dense module, refreshed from node 0's main copy after each epoch (in this process it is that
+    main copy)."""
 
-    keys: Tensor  # every key of the task's key space, sorted
-    dense: nn.Module  # the run's dense module (the main copy, or the driver's copy of it)
-    dense_optimizer: torch.optim.Optimizer | None
-
-    @abstractmethod
-    def run_nodes(self, plans: list[BatchPlan], lr: float, on_batch: Callable[[Batch], None]) -> tuple[float, int]:
-        """One epoch on every node; (summed loss, examples); the nodes settle before it returns."""
-
-    @abstractmethod
-    def rows(self) -> Tensor:
-        """Every key's row and entity optimizer state, from its owner, in ``keys`` order."""
-
-    @abstractmethod
-    def load_rows(self, values: Tensor) -> None:
-        """Every owner takes its keys' rows from ``values`` (``keys`` order)."""
-
-    @abstractmethod
-    def load_dense(self) -> None:
-        """Every node's dense copy takes ``dense`` and its optimizer state."""
-
-    @abstractmethod
-    def stats(self) -> dict[str, Any]: ...
-
-    @abstractmethod
-    def counters(self) -> dict[str, Any]: ...
-
-    @abstractmethod
-    def load_counters(self, meta: dict[str, Any]) -> None: ...
-
-    @abstractmethod
-    def close(self) -> None: ...
-
-
-class Cluster(NodeCluster):
-    """The ``threads`` engine: ``ps.workers`` nodes in this process, the run's dense module as node
-    0's first worker's (the main copy)."""
-
-    def __init__(self, config: Config, task, dense: nn.Module):
-        self.config, self.task, self.settings = config, task, config.adapm
-        self.count = config.ps.workers
-        entity_class = ENTITY_OPTIMIZERS.get(config.optimizer.entity)
-        keys, initial = initial_values(task, entity_class.state_width(task.table().width))
-        self.keys = keys
-        self.runners = [NodeRunner(config, task, index, keys, initial if index == 0 else initial.clone(), dense, True)
-                        for index in range(self.count)]
-        self.nodes = [runner.node for runner in self.runners]
-        self.transport = LocalTransport(self.nodes)
-        for runner in self.runners:
-            runner.connect(self.transport)
+    def __init__(self, settings: AdapmConfig, optimizer: OptimizerConfig, nodes: int, task, dense: nn.Module,
+                 placement: Placement):
+        self.settings, self.task, self.count, self.placement = settings, task, nodes, placement
+        self.keys = key_space(task)
         self.dense = dense
-        self.dense_optimizer = self.nodes[0].main_dense.optimizer  # the run's (checkpointed)
+        self.dense_optimizer = module_optimizer(optimizer, dense)  # the run's copy (checkpoints)
+        source = placement.ship(task)
+        local = placement.share(dense)  # the run's module, where the nodes can train it themselves
+        self.nodes = [placement.place(NodeRunner, index, settings, optimizer, nodes, source, index, local)
+                      for index in range(nodes)]
+        placement.ready()
+        placement.each(self.nodes, NodeRunner.connect, self.nodes)
         self.epochs = 0
         self.seconds = 0.0
 
     def run_nodes(self, plans: list[BatchPlan], lr: float, on_batch: Callable[[Batch], None]) -> tuple[float, int]:
-        for runner in self.runners:
-            runner.set_lr(lr)
+        """One epoch on every node; (summed loss, examples); the nodes settle before it returns.
+        ``on_batch`` fires once per finished batch: live where the placement reaches the nodes with
+        a callable, else as each node's result arrives."""
         parts = self.task.partition(plans, self.count)
-        stop = threading.Event()
         report = serialized(on_batch)
+        live = self.placement.share(report)
+        by_index = {plan.index: plan for plan in plans}
         started = time.perf_counter()
-        for runner in self.runners:
-            runner.start_sync(stop)
+        self.placement.each(self.nodes, NodeRunner.start_epoch, lr)  # every sync thread runs until all are done
+        calls = {node.start(NodeRunner.work, parts[node.index], live): node.index for node in self.nodes}
+        loss, examples = 0.0, 0
         try:
-            jobs = {runner.node.index: functools.partial(runner.work, parts[runner.node.index], report, stop)
-                    for runner in self.runners}
-            group = run_threads(jobs, lambda index: f"cadence-adapm-node-{index}", lambda index, err: stop.set())
+            for pending in self.placement.as_completed(list(calls)):
+                try:
+                    node_loss, node_examples, finished = pending.result()
+                except Exception as err:  # one node failed: the others stop at their next batch
+                    self.placement.each(self.nodes, NodeRunner.abort)
+                    for other in calls:
+                        if other is not pending:
+                            _finish(other)
+                    raise WorkerFailed(f"AdaPM node {calls[pending]} failed: {err}; the epoch is abandoned") from err
+                loss, examples = loss + node_loss, examples + node_examples
+                for plan_index, batch_loss in finished:  # the node's batches, as its result arrives
+                    report(finished_batch(by_index[plan_index], batch_loss))
         finally:
-            for runner in self.runners:
-                runner.stop_sync()
-        group.raise_first()
-        results = list(group.results.values())
+            errors = [error for error in self.placement.each(self.nodes, NodeRunner.end_epoch) if error is not None]
+        if errors:
+            raise errors[0]
         self.settle()
         self.seconds += time.perf_counter() - started
         self.epochs += 1
-        return sum(r[0] for r in results), sum(r[1] for r in results)
+        state, optimizer = self.nodes[0].call(NodeRunner.main_dense_state)
+        self.dense.load_state_dict(state)
+        if self.dense_optimizer is not None and optimizer is not None:
+            self.dense_optimizer.load_state_dict(optimizer)
+        return loss, examples
 
     def settle(self, limit: int = 1000) -> None:
         """Rounds until nothing is left to manage: every worker is past its intents, so replicas are
         dropped with their last deltas and the owners hold every update (and node 0 every dense
         delta: two rounds at least)."""
         if self.count == 1:
-            self.runners[0]._sync_local_dense()
+            self.nodes[0].call(NodeRunner.sync_local_dense)
             return
         for attempt in range(limit):
-            for runner in self.runners:
-                runner.round()
-            if attempt >= 1 and all(runner.quiet() for runner in self.runners):
+            self.placement.each(self.nodes, NodeRunner.round)
+            if attempt >= 1 and all(self.placement.each(self.nodes, NodeRunner.quiet)):
                 return
         raise ProtocolError(f"the nodes did not settle after {limit} rounds")
 
     # ---- the run's parameters ----------------------------------------------------------------------------
     def rows(self) -> Tensor:
-        """[N, width + state]: every key's main copy, gathered from its owner."""
-        out = torch.empty_like(self.nodes[0].data)
-        for runner in self.runners:
-            slots, values = runner.owned()
+        """[N, width + state]: every key's main copy, gathered from its owner (evaluation, checkpoints)."""
+        out = None
+        for slots, values in self.placement.each(self.nodes, NodeRunner.owned):
+            if out is None:
+                out = torch.empty(self.keys.shape[0], values.shape[1])
             out[slots] = values
         return out
 
     def load_rows(self, values: Tensor) -> None:
-        for runner in self.runners:
-            runner.load_rows(values)
+        """Every owner takes its keys' rows from ``values`` (``keys`` order)."""
+        self.placement.each(self.nodes, NodeRunner.load_rows, values)
 
     def load_dense(self) -> None:
-        """The replicas take the main dense copy and its optimizer state (a checkpoint was loaded
-        into them)."""
-        state, optimizer = self.runners[0].main_dense_state()
-        main = self.nodes[0].main_dense
-        for runner in self.runners:
-            runner.load_dense(state, optimizer, main.version)
+        """Every node's dense copies take ``dense`` and its optimizer state (a loaded checkpoint)."""
+        state = {k: v.detach().clone() for k, v in self.dense.state_dict().items()}
+        optimizer = self.dense_optimizer.state_dict() if self.dense_optimizer is not None else None
+        self.placement.each(self.nodes, NodeRunner.load_dense, state, optimizer, 0)
 
     def stats(self) -> dict[str, Any]:
-        return summarize(self.settings, [runner.counters() for runner in self.runners], self.epochs, self.seconds)
+        counters = self.placement.each(self.nodes, NodeRunner.counters)
+        return {**summarize(self.settings, counters, self.epochs, self.seconds), **self.placement.fields()}
 
     def counters(self) -> dict[str, Any]:
-        return {"nodes": [runner.counters() for runner in self.runners], "epochs": self.epochs, "seconds": self.seconds}
+        return {"nodes": self.placement.each(self.nodes, NodeRunner.counters), "epochs": self.epochs,
+                "seconds": self.seconds}
 
     def load_counters(self, meta: dict[str, Any]) -> None:
         saved = meta.get("nodes", [])
         if len(saved) == self.count:
-            for runner, entry in zip(self.runners, saved):
-                runner.load_counters(entry)
+            for node, entry in zip(self.nodes, saved):
+                node.call(NodeRunner.load_counters, entry)
         self.epochs, self.seconds = meta.get("epochs", 0), meta.get("seconds", 0.0)
 
     def close(self) -> None:
+        self.placement.close()
+
+
+def _finish(pending: Pending) -> None:
+    """Wait for a node that was told to abort (it leaves at its next batch); its error is the
+    first failure's consequence, not news."""
+    try:
+        pending.result()
+    except Exception:  # noqa: BLE001
         pass

@@ -13,7 +13,8 @@ from cadence.core import checkpoint as ckpt
 from cadence.core.batch import BatchPlan
 from cadence.core.keys import KeyIndex
 from cadence.core.runtime import OnBatch, RowsView, Runtime
-from cadence.strategies.adapm.clusters import CLUSTERS
+from cadence.engines import PLACEMENTS
+from cadence.strategies.adapm.engine import Cluster
 from cadence.tasks.base import Task
 
 
@@ -27,7 +28,8 @@ class AdaPMRuntime(Runtime):
     def __init__(self, config: Config, task: Task):
         super().__init__(config, task)
         self.module = task.dense_module()
-        self.cluster = CLUSTERS.get(config.ps.engine)(config, task, self.module)
+        placement = PLACEMENTS.get(config.ps.engine)(config.ps.ray_address, config.threads)
+        self.cluster = Cluster(config.adapm, config.optimizer, config.ps.workers, task, self.module, placement)
         self.index = None if self.spec.fixed else KeyIndex(self.cluster.keys)
 
     def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
