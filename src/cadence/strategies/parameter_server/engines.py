@@ -1,6 +1,6 @@
 """Engines host the parameter server's shards and run its workers, one epoch at a time.
 
-An engine is built once per run (``ENGINES.get(name)(config, task, mode, dense)``) and owns the
+An engine is built once per run (``ENGINES.get(name)(settings, task, mode, dense)``) and owns the
 shards for the whole run: ``engine.shards`` are handles with the ``ServerShard`` verbs (the shard
 itself in a thread, or a proxy of the Ray actor that holds it), so the runtime drives checkpoints,
 evaluation and flushing the same way on every engine. ``run_workers(epoch, plans, on_batch)`` runs one
@@ -19,7 +19,6 @@ from typing import Any
 
 from torch import nn
 
-from cadence.config import Config
 from cadence.device import resolve_device
 from cadence.core.batch import BatchPlan
 from cadence.core.runtime import OnBatch, serialized
@@ -27,25 +26,25 @@ from cadence.registry import Registry
 from cadence.optim import module_optimizer
 from cadence.strategies.parameter_server.server import build_shard
 from cadence.strategies.parameter_server.worker import ShardRouter
-from cadence.strategies.parameter_server.epoch import Engine, EpochPlan, WorkerReport
+from cadence.strategies.parameter_server.epoch import Engine, EpochPlan, ServerSettings, WorkerReport
 
 ENGINES: Registry[Any] = Registry("engine", "ps.engine")
 
 
 @ENGINES.register("threads")
 class ThreadEngine(Engine):
-    def __init__(self, config: Config, task, mode, dense: nn.Module):
-        self.config, self.task, self.mode = config, task, mode
+    def __init__(self, settings: ServerSettings, task, mode, dense: nn.Module):
+        self.settings, self.task, self.mode = settings, task, mode
         spec = task.table()
-        on_server = None if mode.dense_on_workers(config.ps) else dense
-        self.shards = [build_shard(config.optimizer, config.ps, spec, mode, index, on_server if index == 0 else None)
-                       for index in range(config.ps.shards)]
+        on_server = None if mode.dense_on_workers(settings.ps) else dense
+        self.shards = [build_shard(settings.optimizer, settings.ps, spec, mode, index, on_server if index == 0 else None)
+                       for index in range(settings.ps.shards)]
         self.router = ShardRouter(self.shards)
         self.dense = dense
-        self.device = resolve_device(config.device)  # where the workers compute
+        self.device = resolve_device(settings.device)  # where the workers compute
         self.start_seconds = 0.0  # nothing to start: the shards and workers live in this process
         # ps.dense: workers: the run's copy of the dense optimizer (checkpoints); replicas start from it
-        self.dense_optimizer = module_optimizer(config.optimizer, dense) if mode.dense_on_workers(config.ps) else None
+        self.dense_optimizer = module_optimizer(settings.optimizer, dense) if mode.dense_on_workers(settings.ps) else None
         self.syncs = 0  # dense syncs of every trainer's replica (ShadowSync)
 
     def run_workers(self, plan: EpochPlan, plans: list[BatchPlan], on_batch: OnBatch) -> list[WorkerReport]:
@@ -59,9 +58,9 @@ class ThreadEngine(Engine):
 
 
 @ENGINES.register("ray")
-def ray_engine(config: Config, task, mode, dense: nn.Module):
+def ray_engine(settings: ServerSettings, task, mode, dense: nn.Module):
     """Shards, coordinator and workers as Ray actors (``pip install cadence[ray]``); Ray is imported
     here, when the engine is used, never by ``import cadence``."""
     from cadence.strategies.parameter_server.ray_engine import RayEngine
 
-    return RayEngine(config, task, mode, dense)
+    return RayEngine(settings, task, mode, dense)

@@ -11,12 +11,30 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cadence.config import ParameterServerConfig
+from cadence.config import Config, OptimizerConfig, ParameterServerConfig, ShadowConfig
 from cadence.core.runtime import OnBatch, WorkerFailed
 from cadence.optim import module_optimizer
 from cadence.engines.threads import run_threads
 from cadence.strategies.parameter_server.server import DataList
 from cadence.strategies.parameter_server.worker import Faults, Worker
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the parameter-server family reads of a run's config: its sections, taken once at the
+    edge (``of``). Engines, modes, the coordinator and the actors take these, never the root config
+    (an actor is pickled with these sections only)."""
+
+    ps: ParameterServerConfig
+    shadow: ShadowConfig
+    optimizer: OptimizerConfig
+    batch_size: int  # train.batch_size
+    device: str
+    threads: int  # torch intra-op threads (per actor on Ray)
+
+    @classmethod
+    def of(cls, config: Config) -> "ServerSettings":
+        return cls(config.ps, config.shadow, config.optimizer, config.train.batch_size, config.device, config.threads)
 
 
 @dataclass
@@ -93,16 +111,16 @@ def abandon(data: DataList, reason: str) -> None:
 def worker_epoch(engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
     """GBA's family on the thread engine: one epoch of ``Worker`` threads over ``engine``'s shards
     (``ParameterServerMode.thread_epoch``); the first error abandons the epoch for all."""
-    mode, config = engine.mode, engine.config
-    data, gate = mode.epoch_data(config, plans, plan.first_token, engine.shards, plan.dead)
-    reducer = mode.reducer(config, plan.workers)
+    mode, settings = engine.mode, engine.settings
+    data, gate = mode.epoch_data(settings, plans, plan.first_token, engine.shards, plan.dead)
+    reducer = mode.reducer(settings, plan.workers)
     state = engine.dense_optimizer.state_dict() if engine.dense_optimizer is not None else None
     workers = []
     for index in plan.workers:
         model = copy.deepcopy(engine.dense)
-        optimizer = module_optimizer(config.optimizer, model, state) if reducer is not None else None
+        optimizer = module_optimizer(settings.optimizer, model, state) if reducer is not None else None
         worker = Worker(index, engine.router, model, engine.task, plan.faults.slowdown_in(index, plan.epoch),
-                        plan.kill_after.get(index), config.ps.emulated_latency, reducer, optimizer, engine.device)
+                        plan.kill_after.get(index), settings.ps.emulated_latency, reducer, optimizer, engine.device)
         worker.on_batch = on_batch
         workers.append(worker)
 

@@ -12,12 +12,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cadence.config import Config, ParameterServerConfig
+from cadence.config import ParameterServerConfig
 from cadence.core.runtime import OnBatch
 from cadence.registry import Registry
 from cadence.strategies.parameter_server.aggregation import Aggregation, ApplyEach, Buffered, PerStep
 from cadence.strategies.parameter_server.gates import BoundedStaleness, NoGate, StepBarrier
-from cadence.strategies.parameter_server.epoch import EpochPlan, WorkerReport, new_data_list, worker_epoch
+from cadence.strategies.parameter_server.epoch import (EpochPlan, ServerSettings, WorkerReport, new_data_list,
+                                                       worker_epoch)
 from cadence.strategies.parameter_server.server import DataList, DenseReducer, ServerShard
 
 
@@ -42,22 +43,22 @@ class ParameterServerMode:
         instead of on shard 0."""
         return ps.dense == "workers"
 
-    def reducer(self, config: Config, live: list[int]) -> DenseReducer | None:
+    def reducer(self, settings: ServerSettings, live: list[int]) -> DenseReducer | None:
         """The all-reduce of the workers' dense gradients, when they hold the dense parameters."""
-        return DenseReducer(live) if self.dense_on_workers(config.ps) else None
+        return DenseReducer(live) if self.dense_on_workers(settings.ps) else None
 
     # ---- an epoch ---------------------------------------------------------------------------------------
-    def epoch_data(self, config: Config, batches, first_token: int, shards: list,
+    def epoch_data(self, settings: ServerSettings, batches, first_token: int, shards: list,
                    dead: list[int]) -> tuple[DataList, NoGate]:
         """The epoch's data list and the workers' gate, the dead workers left out of both."""
-        data = new_data_list(config.ps, self, batches, first_token, shards)
-        gate = self.gate(config.ps, shards)
+        data = new_data_list(settings.ps, self, batches, first_token, shards)
+        gate = self.gate(settings.ps, shards)
         for index in dead:
             gate.leave(index)
             data.abandon(index)
         return data, gate
 
-    def takers(self, config: Config, worker: int) -> list[int]:
+    def takers(self, settings: ServerSettings, worker: int) -> list[int]:
         """The data-list takers of worker process ``worker`` (whose tokens go when it dies)."""
         return [worker]
 
@@ -79,7 +80,7 @@ class ParameterServerMode:
             if engine.dense_optimizer is not None and replicas[0][1] is not None:
                 engine.dense_optimizer.load_state_dict(replicas[0][1])
 
-    def summary_fields(self, config: Config, seconds: float, examples: int, syncs: int) -> dict[str, Any]:
+    def summary_fields(self, settings: ServerSettings, seconds: float, examples: int, syncs: int) -> dict[str, Any]:
         """This mode's own fields in summary.json."""
         return {}
 

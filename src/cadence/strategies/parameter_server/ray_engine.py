@@ -40,15 +40,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from cadence.config import Config
 from cadence.device import resolve_device
 from cadence.core.batch import finished_batch
 from cadence.core.runtime import OnBatch, ShardLost, WorkerFailed
+from cadence.engines import ray as ray_support
 from cadence.engines.ray import (Actor, cluster_nodes, connect, node_host, on_node, pack, ray,
-                                ray_get, settings, unpack)
+                                ray_get, unpack)
 from cadence.engines.channel import Channel, ChannelClosed, ChannelServer, Reply
 from cadence.optim import module_optimizer
-from cadence.strategies.parameter_server.epoch import (Engine, EpochPlan, WorkerReport, abandon)
+from cadence.strategies.parameter_server.epoch import Engine, EpochPlan, ServerSettings, WorkerReport, abandon
 from cadence.strategies.parameter_server.dense_sync import GlooAverager
 from cadence.strategies.parameter_server.gates import NoGate
 from cadence.strategies.parameter_server.modes import PS_MODES
@@ -154,12 +154,12 @@ class RemoteShard:
 class ShardServer(Actor):
     """Holds server shard ``index`` for the whole run."""
 
-    def __init__(self, config: Config, spec, mode_name: str, index: int, dense_blob: bytes | None, threads: int,
+    def __init__(self, settings: ServerSettings, spec, mode_name: str, index: int, dense_blob: bytes | None, threads: int,
                  secret: bytes):
 
         torch.set_num_threads(threads)
         dense = pickle.loads(dense_blob) if dense_blob is not None else None
-        self.shard = build_shard(config.optimizer, config.ps, spec, PS_MODES.get(mode_name), index, dense)
+        self.shard = build_shard(settings.optimizer, settings.ps, spec, PS_MODES.get(mode_name), index, dense)
 
         self.turns = threading.Condition()
         self.next_seq: dict[str, int] = {}  # caller -> sequence number of its next call
@@ -187,9 +187,9 @@ class ShardServer(Actor):
 class Coordinator(Actor):
     """One epoch's data list (positions and tokens only) and gate."""
 
-    def __init__(self, config: Config, mode_name: str, shards: list[RemoteShard], secret: bytes):
+    def __init__(self, settings: ServerSettings, mode_name: str, shards: list[RemoteShard], secret: bytes):
 
-        self.config, self.mode, self.shards = config, PS_MODES.get(mode_name), shards
+        self.settings, self.mode, self.shards = settings, PS_MODES.get(mode_name), shards
         self.data = None
         self.reducer: DenseReducer | None = None
         self.gate: NoGate = NoGate()
@@ -208,8 +208,8 @@ class Coordinator(Actor):
         return self.take(worker)
 
     def begin(self, batches: int, first_token: int, dead: list[int], live: list[int]) -> tuple[str, ...] | None:
-        self.data, self.gate = self.mode.epoch_data(self.config, range(batches), first_token, self.shards, dead)
-        self.reducer = self.mode.reducer(self.config, live)
+        self.data, self.gate = self.mode.epoch_data(self.settings, range(batches), first_token, self.shards, dead)
+        self.reducer = self.mode.reducer(self.settings, live)
         self.held = {}
         if self.gate.stateless:  # (NoGate, StepBarrier) each worker builds it on its own shard handles
             return None
@@ -238,7 +238,7 @@ class Coordinator(Actor):
     def release(self, worker: int) -> None:
         """The worker's process died: the tokens of the batches it held are dropped (a shard ignores
         the drop of a batch that did arrive) and the epoch goes on without it."""
-        takers = self.mode.takers(self.config, worker)  # (a ShadowSync trainer: its threads)
+        takers = self.mode.takers(self.settings, worker)  # (a ShadowSync trainer: its threads)
         for taker in takers:
             for position, token in self.held.pop(taker, ()):
                 for shard in self.shards:
@@ -318,11 +318,11 @@ class _RemoteGate(NoGate):
 class TaskWorker(Actor):
     """Worker ``index``: builds the task (and reads its data) itself, keeps it for the run."""
 
-    def __init__(self, index: int, config: Config, mode_name: str, recipe_box: list, shards: list[RemoteShard],
+    def __init__(self, index: int, settings: ServerSettings, mode_name: str, recipe_box: list, shards: list[RemoteShard],
                  coordinator: Any, coordinator_address: tuple, threads: int, secret: bytes):
 
         torch.set_num_threads(threads)
-        self.index, self.config, self.coordinator = index, config, coordinator
+        self.index, self.settings, self.coordinator = index, settings, coordinator
         self.mode = PS_MODES.get(mode_name)
         self.task = ray.get(recipe_box[0])()
         for shard in shards:  # this worker's per-batch calls take the channels
@@ -330,7 +330,7 @@ class TaskWorker(Actor):
         self.channel = Channel(coordinator_address, secret)
         self.coordinator_address, self.secret = coordinator_address, secret
         self.router = ShardRouter(shards)
-        self.device = resolve_device(config.device)  # the GPU Ray gave this actor, when it asked for one
+        self.device = resolve_device(settings.device)  # the GPU Ray gave this actor, when it asked for one
         self.model = self.task.dense_module().to(self.device)
         self.plans: tuple[int, list] | None = None
 
@@ -345,11 +345,11 @@ class TaskWorker(Actor):
         if dense is not None:
             model_state, optimizer_state = unpack(dense)
             self.model.load_state_dict(model_state)
-            optimizer = module_optimizer(self.config.optimizer, self.model, optimizer_state)
+            optimizer = module_optimizer(self.settings.optimizer, self.model, optimizer_state)
             reducer = _RemoteReducer(self.coordinator)
         worker = Worker(self.index, self.router, self.model, self.task, slowdown, kill_after,
-                        self.config.ps.emulated_latency, reducer, optimizer, self.device)
-        local_gate = self.mode.gate(self.config.ps, self.router.shards) if gate is None else None
+                        self.settings.ps.emulated_latency, reducer, optimizer, self.device)
+        local_gate = self.mode.gate(self.settings.ps, self.router.shards) if gate is None else None
         # a worker fated to die (fault injection) takes no batch ahead: it dies with exactly one
         prefetch = not self.mode.fresh_tokens and kill_after is None
         # a push may ride on the next pull where nobody waits for it meanwhile (no gate, fixed tokens)
@@ -390,7 +390,7 @@ class TaskWorker(Actor):
         def abandon_epoch(reason: str) -> None:
             ray_get(self.coordinator.stop.remote(reason))
 
-        trainer = ShadowTrainer(self.index, self.config.shadow, self.config.ps.workers, self.config.optimizer, self.mode,
+        trainer = ShadowTrainer(self.index, self.settings.shadow, self.settings.ps.workers, self.settings.optimizer, self.mode,
                                 self.model, optimizer_state, central, averager, lambda: int(trainer.gate.training()),
                                 self.device,
                                 on_error=lambda err: abandon_epoch(f"trainer {self.index}'s shadow thread failed: "
@@ -412,7 +412,7 @@ class TaskWorker(Actor):
                 for shard in worker.router.shards:
                     shard.settle()
 
-        trainer.add_threads(router_of, self.task, plan, self.device, self.config.ps.emulated_latency)
+        trainer.add_threads(router_of, self.task, plan, self.device, self.settings.ps.emulated_latency)
         try:
             trainer.run(run_worker, abandon_epoch)
         finally:
@@ -460,20 +460,20 @@ def _remote(cls: type) -> Any:
 
 
 class RayEngine(Engine):
-    """``ENGINES.get("ray")(config, task, mode, dense)``: the actors of one run (module docstring)."""
+    """``ENGINES.get("ray")(settings, task, mode, dense)``: the actors of one run (module docstring)."""
 
-    def __init__(self, config: Config, task, mode, dense: nn.Module):
+    def __init__(self, settings: ServerSettings, task, mode, dense: nn.Module):
         if not ray.is_initialized():
-            connect(config.ps.ray_address, config.threads)
-        self.config, self.mode = config, mode
-        self.threads = settings["threads"]
+            connect(settings.ps.ray_address, settings.threads)
+        self.settings, self.mode = settings, mode
+        self.threads = ray_support.settings["threads"]
         self.spec = task.table()
         self.dense = dense
         # shard 0 starts from the driver's initial dense module, unless the workers hold it (ps.dense)
-        self.dense_blob = None if mode.dense_on_workers(config.ps) else pickle.dumps(dense)
-        self.dense_optimizer = module_optimizer(config.optimizer, dense) if mode.dense_on_workers(config.ps) else None
+        self.dense_blob = None if mode.dense_on_workers(settings.ps) else pickle.dumps(dense)
+        self.dense_optimizer = module_optimizer(settings.optimizer, dense) if mode.dense_on_workers(settings.ps) else None
         self.recipe = [ray.put(task.recipe())]  # in a list: fetched by each worker when it starts
-        self.concurrency = max(32, 3 * config.ps.workers + 8)
+        self.concurrency = max(32, 3 * settings.ps.workers + 8)
         self.placed = 0
         self.actors: list[Any] = []
         self.secret = secrets.token_bytes(32)  # admits this run's processes to its channels
@@ -498,15 +498,15 @@ class RayEngine(Engine):
 
     def _start(self) -> None:
         self.placed = 0
-        handles = [self._new(ShardServer, self.config, self.spec, self.mode.name, index,
+        handles = [self._new(ShardServer, self.settings, self.spec, self.mode.name, index,
                              self.dense_blob if index == 0 else None, self.threads, self.secret)
-                   for index in range(self.config.ps.shards)]
+                   for index in range(self.settings.ps.shards)]
         addresses = ray_get([handle.endpoint.remote() for handle in handles])
         self.shards = [RemoteShard(handle, index, self.spec.width, address, self.secret)
                        for index, (handle, address) in enumerate(zip(handles, addresses))]
-        self.coordinator = self._new(Coordinator, self.config, self.mode.name, self.shards, self.secret)
+        self.coordinator = self._new(Coordinator, self.settings, self.mode.name, self.shards, self.secret)
         self.coordinator_address = ray_get(self.coordinator.endpoint.remote())
-        self.workers = {index: self._worker(index) for index in range(self.config.ps.workers)}
+        self.workers = {index: self._worker(index) for index in range(self.settings.ps.workers)}
         # every actor is built (torch imported, the task and its data read) before training starts:
         # setup, as the thread engine's is, not the first epoch's time
         started = time.perf_counter()
@@ -514,15 +514,15 @@ class RayEngine(Engine):
         self.start_seconds += time.perf_counter() - started
 
     def _worker(self, index: int) -> Any:
-        gpus = 1.0 / self.config.ps.workers if resolve_device(self.config.device).type == "cuda" else 0.0
-        return self._new(TaskWorker, index, self.config, self.mode.name, self.recipe, self.shards, self.coordinator,
+        gpus = 1.0 / self.settings.ps.workers if resolve_device(self.settings.device).type == "cuda" else 0.0
+        return self._new(TaskWorker, index, self.settings, self.mode.name, self.recipe, self.shards, self.coordinator,
                          self.coordinator_address, self.threads, self.secret, gpus=gpus)
 
     # ---- one epoch ----------------------------------------------------------------------------
     def run_workers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
         gate = ray_get(self.coordinator.begin.remote(plan.batches, plan.first_token, plan.dead, plan.workers))
         dense = None
-        if self.mode.dense_on_workers(self.config.ps):
+        if self.mode.dense_on_workers(self.settings.ps):
             dense = pack((self.dense.state_dict(),
                            self.dense_optimizer.state_dict() if self.dense_optimizer is not None else None))
         # Dropout draws from torch's default generator. A single worker continues this process's

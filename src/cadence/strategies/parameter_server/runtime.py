@@ -16,7 +16,7 @@ from cadence.core import checkpoint as ckpt
 from cadence.core.batch import BatchPlan
 from cadence.core.runtime import OnBatch, Runtime
 from cadence.optim import set_lr
-from cadence.strategies.parameter_server.engines import ENGINES, EpochPlan
+from cadence.strategies.parameter_server.engines import ENGINES, EpochPlan, ServerSettings
 from cadence.strategies.parameter_server.worker import Faults, ShardRouter
 from cadence.tasks.base import Task
 
@@ -32,7 +32,8 @@ class ParameterServerRuntime(Runtime):
         ps = config.ps
         self.faults = Faults.parse(ps.stragglers, ps.kill_workers, ps.workers)
         self.model = task.dense_module()  # shard 0's dense module (threads), or the driver's copy of it (ray)
-        self.engine = ENGINES.get(ps.engine)(config, task, mode, self.model)
+        self.settings = ServerSettings.of(config)  # the sections its engine, mode and actors read
+        self.engine = ENGINES.get(ps.engine)(self.settings, task, mode, self.model)
         self.router = ShardRouter(self.engine.shards)
         self.dead: set[int] = set()
         self.replaced = 0  # worker processes that died unexpectedly and were replaced
@@ -45,17 +46,17 @@ class ParameterServerRuntime(Runtime):
         return self.engine.shards
 
     def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
-        ps = self.config.ps
+        ps = self.settings.ps
         for shard in self.shards:
             shard.resume()  # (a failed epoch left them aborted)
-        if self.mode.dense_on_workers(self.config.ps):  # the replicas start from the run's optimizer state, its rate included
+        if self.mode.dense_on_workers(self.settings.ps):  # the replicas start from the run's optimizer state, its rate included
             set_lr(self.engine.dense_optimizer, self.epoch_lr(plans))
         elif list(self.model.parameters()):
             self.shards[0].set_dense_lr(self.epoch_lr(plans))
         live = [index for index in range(ps.workers) if index not in self.dead]
         kill_after = {}
         for index, after in self.faults.kill_after.items():
-            kill_after[index] = max(0, after - self.worker_examples[index] // self.config.train.batch_size)
+            kill_after[index] = max(0, after - self.worker_examples[index] // self.settings.batch_size)
         epoch = EpochPlan(plans[0].epoch if plans else 0, len(plans), self.shards[0].get_global_step(), live,
                           sorted(self.dead), self.faults, kill_after)
         started = time.perf_counter()
@@ -81,7 +82,7 @@ class ParameterServerRuntime(Runtime):
         return RouterView(self.router)
 
     def dense(self) -> nn.Module:
-        if self.mode.dense_on_workers(self.config.ps):  # the engine keeps the workers' (identical) replica here
+        if self.mode.dense_on_workers(self.settings.ps):  # the engine keeps the workers' (identical) replica here
             return self.model
         state, _ = self.shards[0].pull_dense()  # (ray: the driver's copy is refreshed from shard 0)
         self.model.load_state_dict(state)
@@ -91,8 +92,8 @@ class ParameterServerRuntime(Runtime):
         seconds = self.train_seconds
         per_shard = [shard.stats() for shard in self.shards]
         return {
-            "workers": self.config.ps.workers,
-            "engine": self.config.ps.engine,
+            "workers": self.settings.ps.workers,
+            "engine": self.settings.ps.engine,
             # building the engine's processes before training (ray: actors import torch, read the data)
             "engine_start_seconds": round(self.engine.start_seconds, 3),
             "worker_examples_per_second": [round(e / seconds, 1) if seconds > 0 else 0.0 for e in self.worker_examples],
@@ -104,7 +105,7 @@ class ParameterServerRuntime(Runtime):
             "workers_replaced": self.replaced,
             # tensor bytes between workers and shards (keys, rows, gradients, dense), per example
             "bytes_moved_per_example": round(self.bytes_moved / max(1, sum(self.worker_examples)), 1),
-            **self.mode.summary_fields(self.config, self.train_seconds, sum(self.worker_examples), self.engine.syncs),
+            **self.mode.summary_fields(self.settings, self.train_seconds, sum(self.worker_examples), self.engine.syncs),
         }
 
     # ---- checkpoints: every shard writes and reads its own part ---------------------------------
@@ -119,7 +120,7 @@ class ParameterServerRuntime(Runtime):
         return {name: call.result() for name, call in zip(names, calls)}
 
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        if self.mode.dense_on_workers(self.config.ps):
+        if self.mode.dense_on_workers(self.settings.ps):
             tensors, meta = self._dense_state(self.engine.dense_optimizer)
             optimizer_meta = meta["dense_optimizer"]
         else:
@@ -142,7 +143,7 @@ class ParameterServerRuntime(Runtime):
                 tensors = {**tensors, **ckpt.read_tables(meta)}
             self._import_rows(tensors["table.keys"], tensors["table.values"], tensors["table.state"])
         dense = {k: v for k, v in tensors.items() if not k.startswith("table.")}
-        if self.mode.dense_on_workers(self.config.ps):
+        if self.mode.dense_on_workers(self.settings.ps):
             optimizer = self.engine.dense_optimizer
             self._load_dense(dense, meta, optimizer if meta.get("dense_optimizer") else None)
         else:

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from dataclasses import dataclass
 from typing import Any
 
-from cadence.config import Config, OptimizerConfig, ParameterServerConfig, ShadowConfig
+from cadence.config import OptimizerConfig, ParameterServerConfig, ShadowConfig
 from cadence.core.batch import on_device
 from cadence.core.runtime import OnBatch, WorkerFailed
 from cadence.engines.threads import intra_op_share
@@ -42,7 +42,7 @@ from cadence.optim import module_optimizer
 from cadence.strategies.parameter_server.aggregation import Gradient
 from cadence.strategies.parameter_server.dense_sync import (RULES, Averager, CentralCopy, DenseSync, ForegroundGate,
                                                             HogwildReplica, ShadowThread, ThreadAverager, sync_layout)
-from cadence.strategies.parameter_server.epoch import EpochPlan, WorkerReport, abandon, run_guarded
+from cadence.strategies.parameter_server.epoch import EpochPlan, ServerSettings, WorkerReport, abandon, run_guarded
 from cadence.strategies.parameter_server.modes import PS_MODES, ParameterServerMode, apply_each, no_gate, one_batch
 from cadence.strategies.parameter_server.gates import NoGate
 from cadence.strategies.parameter_server.server import DataList, DenseReducer
@@ -324,9 +324,9 @@ def run_trainers(engine, plan, plans, on_batch: OnBatch) -> list:
     trainer. On an error or Ctrl-C every worker is released, every shadow thread stopped and joined
     (a collective round completes or is left), and the error raised here."""
 
-    config = engine.config
-    data, _ = engine.mode.epoch_data(config, plans, plan.first_token, engine.shards, plan.dead)  # (trainers gate)
-    group = TrainerGroup(config.shadow, config.ps, config.optimizer, engine.mode, engine.dense, engine.dense_optimizer,
+    settings = engine.settings
+    data, _ = engine.mode.epoch_data(settings, plans, plan.first_token, engine.shards, plan.dead)  # (trainers gate)
+    group = TrainerGroup(settings.shadow, settings.ps, settings.optimizer, engine.mode, engine.dense, engine.dense_optimizer,
                          plan.workers, engine.shards, engine.device, on_error=lambda err: abandon(data, f"a shadow thread failed: {err!r}"))
     workers = group.workers(engine.router, engine.task, plan, engine.device)
     for worker in workers:
@@ -384,17 +384,17 @@ class ShadowSyncMode(ParameterServerMode):
     def dense_on_workers(self, ps: ParameterServerConfig) -> bool:
         return True  # a replica per trainer
 
-    def reducer(self, config: Config, live: list[int]) -> DenseReducer | None:
+    def reducer(self, settings: ServerSettings, live: list[int]) -> DenseReducer | None:
         return None  # the replicas meet through the sync rule, not a gradient all-reduce
 
-    def epoch_data(self, config: Config, batches, first_token: int, shards: list,
+    def epoch_data(self, settings: ServerSettings, batches, first_token: int, shards: list,
                    dead: list[int]) -> tuple[DataList, NoGate]:
         # every worker thread of every trainer takes from one list; the trainers gate their own threads
-        data = shadow_data_list(config.shadow.threads, config.ps.workers, batches, first_token, shards, dead)
-        return data, self.gate(config.ps, shards)
+        data = shadow_data_list(settings.shadow.threads, settings.ps.workers, batches, first_token, shards, dead)
+        return data, self.gate(settings.ps, shards)
 
-    def takers(self, config: Config, worker: int) -> list[int]:
-        return list(thread_indices(config.shadow.threads, worker))
+    def takers(self, settings: ServerSettings, worker: int) -> list[int]:
+        return list(thread_indices(settings.shadow.threads, worker))
 
     def thread_epoch(self, engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
         return run_trainers(engine, plan, plans, on_batch)
@@ -411,19 +411,19 @@ class ShadowSyncMode(ParameterServerMode):
                 engine.dense_optimizer.load_state_dict(replicas[0][1])
         engine.syncs += syncs
 
-    def summary_fields(self, config: Config, seconds: float, examples: int, syncs: int) -> dict[str, Any]:
+    def summary_fields(self, settings: ServerSettings, seconds: float, examples: int, syncs: int) -> dict[str, Any]:
         """ShadowSync's metrics (SPEC section 5): syncs per second over the training time, the sync gap
         (the seed's equation: EPS / batch size / syncs per second, i.e. batches of a trainer between
         two syncs of its replica; null when nothing synced: hogwild) and the examples in flight,
         ELP = batch x Hogwild threads x trainers."""
-        batch = config.train.batch_size
+        batch = settings.batch_size
         per_second = syncs / seconds if seconds > 0 else 0.0
         eps = examples / seconds if seconds > 0 else 0.0
         return {
             "dense_syncs": syncs,
             "syncs_per_second": round(per_second, 6),
             "sync_gap": round(eps / batch / per_second, 6) if per_second > 0 else None,
-            "examples_in_flight": batch * config.shadow.threads * config.ps.workers,
+            "examples_in_flight": batch * settings.shadow.threads * settings.ps.workers,
         }
 
 
