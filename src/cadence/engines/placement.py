@@ -29,6 +29,15 @@ from typing import Any, Callable, Iterable, Iterator
 
 
 
+def verb_of(role: type, method: Callable) -> str:
+    """The name of ``method``, checked to be a public method of ``role`` (a verb): what crosses a
+    process boundary is this name, what the caller writes is the method itself."""
+    name = getattr(method, "__name__", "")
+    if name.startswith("_") or getattr(role, name, None) is not method:
+        raise TypeError(f"{method!r} is not a verb of {role.__name__}")
+    return name
+
+
 class Pending(ABC):
     """A verb in flight."""
 
@@ -45,11 +54,7 @@ class Handle(ABC):
         self.index = index
 
     def verb(self, method: Callable) -> str:
-        """The name of ``method``, checked to be a public method of this handle's role."""
-        name = getattr(method, "__name__", "")
-        if name.startswith("_") or getattr(self.role, name, None) is not method:
-            raise TypeError(f"{method!r} is not a verb of {self.role.__name__}")
-        return name
+        return verb_of(self.role, method)
 
     def call(self, method: Callable, *args: Any) -> Any:
         return self.start(method, *args).result()

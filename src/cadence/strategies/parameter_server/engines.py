@@ -24,6 +24,7 @@ from cadence.core.batch import BatchPlan
 from cadence.core.runtime import OnBatch, serialized
 from cadence.registry import Registry
 from cadence.optim import module_optimizer
+from cadence.strategies.parameter_server.coordinator import Coordinator
 from cadence.strategies.parameter_server.server import build_shard
 from cadence.strategies.parameter_server.worker import ShardRouter
 from cadence.strategies.parameter_server.epoch import Engine, EpochPlan, ServerSettings, WorkerReport
@@ -40,6 +41,7 @@ class ThreadEngine(Engine):
         self.shards = [build_shard(settings.optimizer, settings.ps, spec, mode, index, on_server if index == 0 else None)
                        for index in range(settings.ps.shards)]
         self.router = ShardRouter(self.shards)
+        self.coordinator = Coordinator(settings, mode, self.shards)  # the epoch's data list and gate, in this process
         self.dense = dense
         self.device = resolve_device(settings.device)  # where the workers compute
         self.start_seconds = 0.0  # nothing to start: the shards and workers live in this process

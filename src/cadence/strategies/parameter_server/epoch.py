@@ -110,10 +110,12 @@ def abandon(data: DataList, reason: str) -> None:
 
 def worker_epoch(engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
     """GBA's family on the thread engine: one epoch of ``Worker`` threads over ``engine``'s shards
-    (``ParameterServerMode.thread_epoch``); the first error abandons the epoch for all."""
-    mode, settings = engine.mode, engine.settings
-    data, gate = mode.epoch_data(settings, plans, plan.first_token, engine.shards, plan.dead)
-    reducer = mode.reducer(settings, plan.workers)
+    (``ParameterServerMode.thread_epoch``), taking from the coordinator role in this process; the
+    first error abandons the epoch for all."""
+    settings = engine.settings
+    coordinator = engine.coordinator
+    coordinator.begin(plans, plan.first_token, plan.dead, plan.workers)
+    reducer = coordinator.reducer
     state = engine.dense_optimizer.state_dict() if engine.dense_optimizer is not None else None
     workers = []
     for index in plan.workers:
@@ -123,19 +125,13 @@ def worker_epoch(engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> lis
                         plan.kill_after.get(index), settings.ps.emulated_latency, reducer, optimizer, engine.device)
         worker.on_batch = on_batch
         workers.append(worker)
-
-    def on_error(reason: str) -> None:
-        abandon(data, reason)
-        if reducer is not None:
-            reducer.abort(reason)
-
-    errors = run_guarded(workers, lambda worker: worker.run(data, gate), on_error)
+    errors = run_guarded(workers, lambda worker: worker.run(coordinator.data, coordinator.gate), coordinator.stop)
     if errors:
         index, err = errors[0]
         raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
     if reducer is not None:  # the replicas the run may keep: a live worker's first
         keeper = next((w for w in workers if not w.died), workers[0])
         optimizer_state = keeper.dense_optimizer.state_dict() if keeper.dense_optimizer is not None else None
-        mode.keep(engine, [(keeper.model.state_dict(), optimizer_state)], 0)
+        engine.mode.keep(engine, [(keeper.model.state_dict(), optimizer_state)], 0)
     return [WorkerReport(w.index, w.loss_total, w.examples_done, w.pushed, w.died, bytes_moved=w.bytes_moved,
                          batches=w.finished) for w in workers]

@@ -6,8 +6,8 @@ Actors, created once per run and dealt round-robin over the cluster's nodes (sha
   aggregation rule; shard 0 also the dense module) and holds it for the whole run. Nothing of a
   table ever passes through the driver: evaluation pulls rows by key, a checkpoint has each shard
   write its own part file (``ServerShard.save_part``) and a resume has each read its own.
-- ``Coordinator`` holds one epoch's ``DataList`` over batch *positions* and the mode's gate: it
-  hands out (position, token) and nothing else.
+- ``CoordinatorActor`` is the coordinator role (``coordinator``, the thread engine's too) over batch
+  *positions*: it holds the epoch's ``DataList`` and the mode's gate and hands out (position, token).
 - ``TaskWorker`` i builds the task itself from the run's config (``task.recipe()``: it reads its
   own data; a task whose data was handed in as an object travels whole, once), computes each
   epoch's plans (a pure function of seed and epoch) and runs the very ``Worker`` loop of the thread
@@ -27,7 +27,6 @@ worker that raises abandons the epoch (``WorkerFailed``); every actor is killed 
 
 from __future__ import annotations
 
-import collections
 import functools
 import pickle
 import secrets
@@ -46,17 +45,18 @@ from cadence.core.runtime import OnBatch, ShardLost, WorkerFailed
 from cadence.engines import ray as ray_support
 from cadence.engines.ray import (Actor, cluster_nodes, connect, node_host, on_node, pack, ray,
                                 ray_get, unpack)
+from cadence.engines.placement import verb_of
 from cadence.engines.channel import Channel, ChannelClosed, ChannelServer, Reply
 from cadence.optim import module_optimizer
-from cadence.strategies.parameter_server.epoch import Engine, EpochPlan, ServerSettings, WorkerReport, abandon
+from cadence.strategies.parameter_server.epoch import Engine, EpochPlan, ServerSettings, WorkerReport
 from cadence.strategies.parameter_server.dense_sync import GlooAverager
 from cadence.strategies.parameter_server.gates import NoGate
+from cadence.strategies.parameter_server.coordinator import Coordinator
 from cadence.strategies.parameter_server.modes import PS_MODES
-from cadence.strategies.parameter_server.server import DenseReducer, build_shard
+from cadence.strategies.parameter_server.server import ServerShard, build_shard
 from cadence.strategies.parameter_server.shadow import (ShadowTrainer, ShardCentralCopy, reset_central)
 from cadence.strategies.parameter_server.worker import ShardRouter, Worker
 
-GATE_METHODS = ("wait", "done", "leave")
 def shutdown() -> None:
     """Kill the actors of every engine of this process (the Ray connection itself stays)."""
     for engine in list(_ENGINES):
@@ -91,7 +91,7 @@ class RemoteShard:
     Calls are Ray actor calls, or after ``direct()`` requests on a channel to the actor (a worker's
     per-batch verbs: ``channel`` module); the sequence numbers order both alike."""
 
-    ONE_WAY = ("push", "drop", "close_token")
+    ONE_WAY = tuple(verb.__name__ for verb in (ServerShard.push, ServerShard.drop, ServerShard.close_token))
 
     def __init__(self, handle: Any, index: int, width: int, address: tuple | None = None, secret: bytes = b""):
         self.handle = handle
@@ -121,8 +121,9 @@ class RemoteShard:
                 return _Call(self._channel.submit((self.caller, seq, method, packed)), self.index)
             return _Call(self.handle.call.remote(self.caller, seq, method, *packed), self.index)
 
-    def submit(self, method: str, *args: Any) -> _Call:
-        return self._remote(method, args)
+    def submit(self, verb, *args: Any) -> _Call:
+        """Call ``verb`` (a method of ``ServerShard``, never a string) without waiting for it."""
+        return self._remote(verb_of(ServerShard, verb), args)
 
     def settle(self) -> None:
         with self._lock:
@@ -131,11 +132,14 @@ class RemoteShard:
             call.result()
 
     def __getattr__(self, method: str):
-        if method.startswith("_"):
+        """``shard.verb(*args)`` as on a ``ServerShard``: only its verbs (another name fails here, as
+        it would on a shard of this process)."""
+        verb = getattr(ServerShard, method, None)
+        if method.startswith("_") or not callable(verb):
             raise AttributeError(method)
         if method in self.ONE_WAY:
             return functools.partial(self._send, method)
-        return lambda *args: self.submit(method, *args).result()
+        return lambda *args: self.submit(verb, *args).result()
 
     def _send(self, method: str, *args: Any) -> None:
         call = self._remote(method, args)
@@ -148,6 +152,9 @@ class RemoteShard:
 
     def __reduce__(self):
         return RemoteShard, (self.handle, self.index, self.width, self.address, self.secret)
+
+
+TAKE = (Coordinator.take.__name__,)  # a worker's request on its channel to the coordinator
 
 
 # ---- the actors -------------------------------------------------------------------------------------------
@@ -179,85 +186,36 @@ class ShardServer(Actor):
             self.next_seq[caller] = seq + 1
             self.turns.notify_all()
         try:
-            return pack(getattr(self.shard, method)(*unpack(args)))
+            return pack(getattr(self.shard, verb_of(ServerShard, getattr(ServerShard, method, None)))(*unpack(args)))
         finally:
             lock.release()
 
 
-class Coordinator(Actor):
-    """One epoch's data list (positions and tokens only) and gate."""
+class CoordinatorActor(Coordinator, Actor):
+    """The coordinator role in an actor: ``begin`` over batch positions, ``take`` served on the
+    workers' channels as well (the rest are Ray calls)."""
 
     def __init__(self, settings: ServerSettings, mode_name: str, shards: list[RemoteShard], secret: bytes):
-
-        self.settings, self.mode, self.shards = settings, PS_MODES.get(mode_name), shards
-        self.data = None
-        self.reducer: DenseReducer | None = None
-        self.gate: NoGate = NoGate()
-        # worker -> (position, token) of the batches it may hold: with prefetching, the last two taken
-        self.held: dict[int, collections.deque] = {}
+        super().__init__(settings, PS_MODES.get(mode_name), shards)
         self.channel = ChannelServer(self._direct, node_host(), secret)
 
     def endpoint(self) -> tuple:
         return self.channel.address
 
     def _direct(self, request: tuple) -> Any:
-        """A worker's request on its channel: only ``take`` (the rest are Ray calls)."""
-        method, worker = request
-        if method != "take":
-            raise ValueError(f"the coordinator's channel serves take, not {method!r}")
+        """A worker's request on its channel: only ``take``."""
+        verb, worker = request
+        if verb != Coordinator.take.__name__:
+            raise ValueError(f"the coordinator's channel serves take, not {verb!r}")
         return self.take(worker)
 
-    def begin(self, batches: int, first_token: int, dead: list[int], live: list[int]) -> tuple[str, ...] | None:
-        self.data, self.gate = self.mode.epoch_data(self.settings, range(batches), first_token, self.shards, dead)
-        self.reducer = self.mode.reducer(self.settings, live)
-        self.held = {}
-        if self.gate.stateless:  # (NoGate, StepBarrier) each worker builds it on its own shard handles
-            return None
-        return tuple(m for m in GATE_METHODS if getattr(type(self.gate), m) is not getattr(NoGate, m))
-
-    def take(self, worker: int) -> tuple[int, int] | None:
-        item = self.data.take(worker)
-        if item is None:
-            return None
-        self.held.setdefault(worker, collections.deque(maxlen=2)).append((item[0], item[2]))
-        return item[0], item[2]
-
-    def abandon(self, worker: int) -> None:
-        self.held.pop(worker, None)
-        self.data.abandon(worker)
-
-    def gate_call(self, method: str, *args: Any) -> None:
-        getattr(self.gate, method)(*args)
+    def open(self, batches: int, first_token: int, dead: list[int], live: list[int]) -> tuple[str, ...] | None:
+        """``begin`` over positions 0 .. batches - 1; the gate verbs the workers call here."""
+        self.begin(range(batches), first_token, dead, live)
+        return self.remote_gate()
 
     def allreduce(self, worker: int, gradients: Any) -> Any:
-        return pack(self.reducer.allreduce(worker, unpack(gradients)))
-
-    def leave_reducer(self, worker: int) -> None:
-        self.reducer.leave(worker)
-
-    def release(self, worker: int) -> None:
-        """The worker's process died: the tokens of the batches it held are dropped (a shard ignores
-        the drop of a batch that did arrive) and the epoch goes on without it."""
-        takers = self.mode.takers(self.settings, worker)  # (a ShadowSync trainer: its threads)
-        for taker in takers:
-            for position, token in self.held.pop(taker, ()):
-                for shard in self.shards:
-                    shard.drop(token, position)
-            self.data.abandon(taker)
-        self.gate.leave(worker)
-        if self.reducer is not None:
-            self.reducer.leave(worker)
-        self.settle()
-
-    def stop(self, reason: str) -> None:
-        if self.data is not None:
-            abandon(self.data, reason)
-        if self.reducer is not None:
-            self.reducer.abort(reason)
-
-    def settle(self) -> None:
-        for shard in self.shards:
-            shard.settle()
+        return pack(super().allreduce(worker, unpack(gradients)))
 
 
 class _RemoteData:
@@ -271,12 +229,12 @@ class _RemoteData:
         self.ahead: Reply | None = None
 
     def take(self, worker: int):
-        reply, self.ahead = self.ahead or self.channel.submit(("take", worker)), None
+        reply, self.ahead = self.ahead or self.channel.submit(TAKE + (worker,)), None
         item = reply.result()
         if item is None:
             return None
         if self.prefetch:
-            self.ahead = self.channel.submit(("take", worker))
+            self.ahead = self.channel.submit(TAKE + (worker,))
         return item[0], self.plans[item[0]], item[1]
 
     def abandon(self, worker: int) -> None:
@@ -303,16 +261,16 @@ class _RemoteGate(NoGate):
         self.coordinator, self.active = coordinator, active
 
     def wait(self, worker, token):
-        if "wait" in self.active:
-            ray_get(self.coordinator.gate_call.remote("wait", worker, token))
+        if Coordinator.wait.__name__ in self.active:
+            ray_get(self.coordinator.wait.remote(worker, token))
 
     def done(self, worker):
-        if "done" in self.active:
-            ray_get(self.coordinator.gate_call.remote("done", worker))
+        if Coordinator.done.__name__ in self.active:
+            ray_get(self.coordinator.done.remote(worker))
 
     def leave(self, worker):
-        if "leave" in self.active:
-            ray_get(self.coordinator.gate_call.remote("leave", worker))
+        if Coordinator.leave.__name__ in self.active:
+            ray_get(self.coordinator.leave.remote(worker))
 
 
 class TaskWorker(Actor):
@@ -504,7 +462,7 @@ class RayEngine(Engine):
         addresses = ray_get([handle.endpoint.remote() for handle in handles])
         self.shards = [RemoteShard(handle, index, self.spec.width, address, self.secret)
                        for index, (handle, address) in enumerate(zip(handles, addresses))]
-        self.coordinator = self._new(Coordinator, self.settings, self.mode.name, self.shards, self.secret)
+        self.coordinator = self._new(CoordinatorActor, self.settings, self.mode.name, self.shards, self.secret)
         self.coordinator_address = ray_get(self.coordinator.endpoint.remote())
         self.workers = {index: self._worker(index) for index in range(self.settings.ps.workers)}
         # every actor is built (torch imported, the task and its data read) before training starts:
@@ -520,7 +478,7 @@ class RayEngine(Engine):
 
     # ---- one epoch ----------------------------------------------------------------------------
     def run_workers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
-        gate = ray_get(self.coordinator.begin.remote(plan.batches, plan.first_token, plan.dead, plan.workers))
+        gate = ray_get(self.coordinator.open.remote(plan.batches, plan.first_token, plan.dead, plan.workers))
         dense = None
         if self.mode.dense_on_workers(self.settings.ps):
             dense = pack((self.dense.state_dict(),

@@ -17,6 +17,7 @@ from cadence.core.batch import BatchPlan
 from cadence.core.runtime import OnBatch, Runtime
 from cadence.optim import set_lr
 from cadence.strategies.parameter_server.engines import ENGINES, EpochPlan, ServerSettings
+from cadence.strategies.parameter_server.server import ServerShard
 from cadence.strategies.parameter_server.worker import Faults, ShardRouter
 from cadence.tasks.base import Task
 
@@ -116,7 +117,7 @@ class ParameterServerRuntime(Runtime):
     def write_parts(self, directory: Path) -> dict[str, str]:
         """Each shard writes its rows into ``directory`` itself (in parallel); {file: sha256}."""
         names = self.part_names()
-        calls = [shard.submit("save_part", str(directory / name)) for shard, name in zip(self.shards, names)]
+        calls = [shard.submit(ServerShard.save_part, str(directory / name)) for shard, name in zip(self.shards, names)]
         return {name: call.result() for name, call in zip(names, calls)}
 
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -134,7 +135,7 @@ class ParameterServerRuntime(Runtime):
         parts = meta.get(ckpt.PARTS)
         if "table.keys" not in tensors and parts is not None and sorted(parts) == self.part_names():
             directory = Path(meta[ckpt.PARTS_DIR])  # each shard reads its own part: no row passes through here
-            calls = [shard.submit("load_part", str(directory / name), parts[name])
+            calls = [shard.submit(ServerShard.load_part, str(directory / name), parts[name])
                      for shard, name in zip(self.shards, self.part_names())]
             for call in calls:
                 call.result()

@@ -19,6 +19,7 @@ from cadence.optim import ENTITY_OPTIMIZERS, EntityOptimizer, set_lr, module_opt
 from cadence.strategies.parameter_server.aggregation import Aggregation, Gradient
 from cadence.store.embedding_table import DynamicEmbeddingTable, FixedTable
 from cadence.core import checkpoint as ckpt
+from cadence.engines.placement import verb_of
 
 
 def build_shard(optimizer_settings: OptimizerConfig, ps: ParameterServerConfig, spec: TableSpec, mode, index: int,
@@ -72,10 +73,10 @@ class ServerShard:
         self.services: dict[str, Any] = {}  # what a mode attaches here (ShadowSync: EASGD's central copy on shard 0)
 
     # ---- worker verbs ---------------------------------------------------------------------------
-    def submit(self, method: str, *args: Any) -> Done:
-        """Call ``method`` now (a remote shard's ``submit`` returns at once, and calls to several
-        shards overlap: ``ShardRouter``)."""
-        return Done(getattr(self, method)(*args))
+    def submit(self, verb: Callable, *args: Any) -> Done:
+        """Call ``verb`` (a method of ``ServerShard``, never a string) now (a remote shard's
+        ``submit`` returns at once, and calls to several shards overlap: ``ShardRouter``)."""
+        return Done(getattr(self, verb_of(ServerShard, verb))(*args))
 
     def pull_rows(self, keys: Tensor) -> Tensor:
         with self.changed:
@@ -132,6 +133,9 @@ class ServerShard:
             self.aborted = reason
             self.changed.notify_all()
 
+    def settle(self) -> None:
+        """Every verb sent so far is applied: at once, here (a remote shard's one-way verbs may not be)."""
+
     def resume(self) -> None:
         with self.changed:
             self.aborted = None
@@ -147,9 +151,11 @@ class ServerShard:
         (a service need not travel: ``make`` is a class or function, ``args`` plain values and tensors)."""
         self.services[name] = make(*args)
 
-    def service(self, name: str, method: str, *args: Any) -> Any:
-        """Call ``method`` of the service held under ``name`` (from any process, like every verb)."""
-        return getattr(self.services[name], method)(*args)
+    def service(self, name: str, verb: Callable, *args: Any) -> Any:
+        """Call ``verb`` (a method of its class) of the service held under ``name`` (from any process,
+        like every verb)."""
+        service = self.services[name]
+        return getattr(service, verb_of(type(service), verb))(*args)
 
     def stats(self) -> dict[str, float]:
         with self.changed:

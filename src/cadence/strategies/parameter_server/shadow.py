@@ -42,10 +42,10 @@ from cadence.optim import module_optimizer
 from cadence.strategies.parameter_server.aggregation import Gradient
 from cadence.strategies.parameter_server.dense_sync import (RULES, Averager, CentralCopy, DenseSync, ForegroundGate,
                                                             HogwildReplica, ShadowThread, ThreadAverager, sync_layout)
-from cadence.strategies.parameter_server.epoch import EpochPlan, ServerSettings, WorkerReport, abandon, run_guarded
+from cadence.strategies.parameter_server.epoch import EpochPlan, ServerSettings, WorkerReport, run_guarded
 from cadence.strategies.parameter_server.modes import PS_MODES, ParameterServerMode, apply_each, no_gate, one_batch
 from cadence.strategies.parameter_server.gates import NoGate
-from cadence.strategies.parameter_server.server import DataList, DenseReducer
+from cadence.strategies.parameter_server.server import DataList, DenseReducer, ServerShard
 from cadence.strategies.parameter_server.worker import Worker, nbytes
 
 
@@ -71,7 +71,7 @@ class ShardCentralCopy:
         self.shard = shard
 
     def exchange(self, local: list[Tensor], alpha: float) -> list[Tensor]:
-        return self.shard.submit("service", CENTRAL, "exchange", local, alpha).result()
+        return self.shard.submit(ServerShard.service, CENTRAL, CentralCopy.exchange, local, alpha).result()
 
 
 def shadow_data_list(threads: int, trainers: int, batches, first_token: int, shards: list,
@@ -94,7 +94,7 @@ def reset_central(mode, shards: list, dense: nn.Module) -> None:
     """EASGD: the central copy on shard 0 starts the epoch from the run's dense parameters."""
     params = [p.detach().cpu() for p in dense.parameters()]
     if mode.central and params:
-        shards[0].submit("attach", CENTRAL, CentralCopy, sync_layout(params)).result()  # (the replicas' flat layout)
+        shards[0].submit(ServerShard.attach, CENTRAL, CentralCopy, sync_layout(params)).result()  # (the replicas' flat layout)
 
 
 class TrainerGate(NoGate):
@@ -325,9 +325,11 @@ def run_trainers(engine, plan, plans, on_batch: OnBatch) -> list:
     (a collective round completes or is left), and the error raised here."""
 
     settings = engine.settings
-    data, _ = engine.mode.epoch_data(settings, plans, plan.first_token, engine.shards, plan.dead)  # (trainers gate)
+    coordinator = engine.coordinator  # (the trainers gate their own threads: its gate is not used)
+    coordinator.begin(plans, plan.first_token, plan.dead, plan.workers)
+    data = coordinator.data
     group = TrainerGroup(settings.shadow, settings.ps, settings.optimizer, engine.mode, engine.dense, engine.dense_optimizer,
-                         plan.workers, engine.shards, engine.device, on_error=lambda err: abandon(data, f"a shadow thread failed: {err!r}"))
+                         plan.workers, engine.shards, engine.device, on_error=lambda err: coordinator.stop(f"a shadow thread failed: {err!r}"))
     workers = group.workers(engine.router, engine.task, plan, engine.device)
     for worker in workers:
         worker.on_batch = on_batch  # (serialized by the engine)
@@ -338,9 +340,9 @@ def run_trainers(engine, plan, plans, on_batch: OnBatch) -> list:
     try:
         with intra_op_share(len(workers)):
             errors = run_guarded(workers, lambda worker: worker.run(data, gates[worker.index]),
-                                 lambda reason: abandon(data, reason))
+                                 coordinator.stop)
     except BaseException:  # Ctrl-C while joining: release every worker, then let it through
-        abandon(data, "interrupted")
+        coordinator.stop("interrupted")
         raise
     finally:
         for trainer in group.trainers:

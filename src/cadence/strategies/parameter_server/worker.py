@@ -23,7 +23,7 @@ from cadence.optim import row_gradient
 from cadence.core.batch import Batch, BatchPlan, on_device
 from cadence.strategies.parameter_server.aggregation import Gradient
 from cadence.strategies.parameter_server.gates import NoGate
-from cadence.strategies.parameter_server.server import Aborted, DataList
+from cadence.strategies.parameter_server.server import Aborted, DataList, ServerShard
 
 
 class ShardRouter:
@@ -45,7 +45,7 @@ class ShardRouter:
     def pull(self, keys: Tensor, create: bool = True, dense: bool = False):
         """Rows of ``keys`` (unseen keys are added unless ``create`` is False: evaluation), and with
         ``dense`` also shard 0's dense parameters and global step, in the same round trip."""
-        method = "pull_rows" if create else "peek_rows"
+        verb = ServerShard.pull_rows if create else ServerShard.peek_rows
         parts, self.deferred = self.deferred, None
         single = len(self.shards) == 1
         owner = None if single else self.owner(keys)
@@ -55,11 +55,11 @@ class ShardRouter:
             with_dense = dense and index == 0  # the dense parameters ride along with shard 0's rows
             part = parts[index] if parts is not None else None
             if part is not None:
-                calls.append((mine, shard.submit("push_then_pull", part, keys[mine], with_dense)))
+                calls.append((mine, shard.submit(ServerShard.push_then_pull, part, keys[mine], with_dense)))
             elif with_dense:
-                calls.append((mine, shard.submit("pull_with_dense", keys[mine])))
+                calls.append((mine, shard.submit(ServerShard.pull_with_dense, keys[mine])))
             elif single or mine.numel():
-                calls.append((mine, shard.submit(method, keys[mine])))
+                calls.append((mine, shard.submit(verb, keys[mine])))
         if single:
             return calls[0][1].result()
         rows = torch.empty(keys.shape[0], self.width)
