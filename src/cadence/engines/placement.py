@@ -161,6 +161,10 @@ class InProcess(Placement):
     def each(self, handles: list[Handle], method: Callable, *args: Any) -> list[Any]:
         return [handle.call(method, *args) for handle in handles]
 
+    def run(self, job: Callable[[], Any], name: str) -> Pending:
+        """``job()`` on a thread of its own, as a pending ``as_completed`` takes (a role's threads)."""
+        return _Thread(job, name, self._finished)
+
     def as_completed(self, pendings: Iterable[Pending]) -> Iterator[Pending]:
         waiting = set(pendings)
         for pending in list(waiting):

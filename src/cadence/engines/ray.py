@@ -164,6 +164,14 @@ class RayPending(Pending):
         return unpack(ray_get(self.ref))
 
 
+def completed(pendings: Iterable[RayPending]) -> Iterator[RayPending]:
+    """Ray's pendings in the order they finish."""
+    by_ref = {pending.ref: pending for pending in pendings}
+    while by_ref:
+        ready, _ = ray.wait(list(by_ref), num_returns=1)
+        yield by_ref.pop(ready[0])
+
+
 class RayHandle(Handle):
     """A role in a ``RoleActor``; picklable, so roles hold their peers' handles."""
 
@@ -231,10 +239,7 @@ class RayPlacement(Placement):
         return unpack(ray_get([handle.actor.call.remote(handle.verb(method), *shared) for handle in handles]))
 
     def as_completed(self, pendings: Iterable[Pending]) -> Iterator[Pending]:
-        by_ref = {pending.ref: pending for pending in pendings}
-        while by_ref:
-            ready, _ = ray.wait(list(by_ref), num_returns=1)
-            yield by_ref.pop(ready[0])
+        return completed(pendings)
 
     def fields(self) -> dict[str, Any]:
         return {"engine": "ray", "engine_start_seconds": round(self.start_seconds, 3),

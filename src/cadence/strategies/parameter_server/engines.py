@@ -15,18 +15,22 @@ epoch's workers and returns what each did.
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+import functools
+from typing import Any, Iterator
 
 from torch import nn
 
 from cadence.device import resolve_device
 from cadence.core.batch import BatchPlan
-from cadence.core.runtime import OnBatch, serialized
+from cadence.core.runtime import OnBatch
+from cadence.engines.placement import InProcess
 from cadence.registry import Registry
 from cadence.optim import module_optimizer
 from cadence.strategies.parameter_server.coordinator import Coordinator
 from cadence.strategies.parameter_server.server import build_shard
-from cadence.strategies.parameter_server.worker import ShardRouter
+from cadence.strategies.parameter_server.shadow import start_trainers_here
+from cadence.strategies.parameter_server.worker import ShardRouter, Worker
 from cadence.strategies.parameter_server.epoch import Engine, EpochPlan, ServerSettings, WorkerReport
 
 ENGINES: Registry[Any] = Registry("engine", "ps.engine")
@@ -48,9 +52,43 @@ class ThreadEngine(Engine):
         # ps.dense: workers: the run's copy of the dense optimizer (checkpoints); replicas start from it
         self.dense_optimizer = module_optimizer(settings.optimizer, dense) if mode.dense_on_workers(settings.ps) else None
         self.syncs = 0  # dense syncs of every trainer's replica (ShadowSync)
+        self.threads = InProcess()  # the workers' (or trainers') threads
 
-    def run_workers(self, plan: EpochPlan, plans: list[BatchPlan], on_batch: OnBatch) -> list[WorkerReport]:
-        return self.mode.thread_epoch(self, plan, plans, serialized(on_batch))
+    # ---- one epoch: the protocol is ``Engine.run_workers``; here, how the roles start ----------------
+    def start_workers(self, plan: EpochPlan, plans: list[BatchPlan], on_batch: OnBatch) -> dict:
+        """A thread per live worker, each with its own dense copy, all on this process's shards and
+        the coordinator's data list and gate."""
+        coordinator = self.coordinator
+        coordinator.begin(plans, plan.first_token, plan.dead, plan.workers)
+        reducer = coordinator.reducer
+        state = self.dense_optimizer.state_dict() if self.dense_optimizer is not None else None
+        runs = {}
+        for index in plan.workers:
+            model = copy.deepcopy(self.dense)
+            optimizer = module_optimizer(self.settings.optimizer, model, state) if reducer is not None else None
+            worker = Worker(index, self.router, model, self.task, plan.faults.slowdown_in(index, plan.epoch),
+                            plan.kill_after.get(index), self.settings.ps.emulated_latency, reducer, optimizer,
+                            self.device)
+            worker.on_batch = on_batch
+            runs[self.threads.run(functools.partial(self._work, worker), f"cadence-worker-{index}")] = index
+        return runs
+
+    def _work(self, worker: Worker) -> WorkerReport:
+        worker.run(self.coordinator.data, self.coordinator.gate)
+        replica = None
+        if worker.dense_optimizer is not None:  # (ps.dense: workers) the replicas the run may keep
+            replica = (worker.model.state_dict(), worker.dense_optimizer.state_dict())
+        return WorkerReport(worker.index, worker.loss_total, worker.examples_done, worker.pushed, worker.died,
+                            bytes_moved=worker.bytes_moved, batches=worker.finished, replica=replica)
+
+    def start_trainers(self, plan: EpochPlan, plans: list[BatchPlan], on_batch: OnBatch) -> dict:
+        return start_trainers_here(self, plan, plans, on_batch)
+
+    def as_completed(self, pendings: list) -> Iterator:
+        return self.threads.as_completed(pendings)
+
+    def abandon(self, reason: str) -> None:
+        self.coordinator.stop(reason)
 
     def recover(self) -> None:
         """Nothing to restart: the shards live in this process."""

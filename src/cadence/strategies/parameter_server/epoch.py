@@ -1,22 +1,25 @@
-"""What one epoch of a parameter-server mode is made of, on either engine: the plan of the epoch,
-each worker's report, the engine interface, the workers' threads, the data list, and GBA's family's
-epoch on the thread engine (``worker_epoch``)."""
+"""One epoch of a parameter-server mode, written once for both engines: the plan of the epoch, each
+worker's report, and ``Engine.run_workers``, the driver's side of the epoch. An engine only says
+how its roles start (worker threads or actors: ``start_workers``, ``start_trainers``) and how its
+processes fail; collecting the reports, abandoning the epoch on the first error, reporting each
+batch, and keeping the replicas are the same code on every engine."""
 
 from __future__ import annotations
 
-import copy
 import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 import torch
+from torch import nn
 
 from cadence.config import Config, OptimizerConfig, ParameterServerConfig, ShadowConfig
-from cadence.core.runtime import OnBatch, WorkerFailed
-from cadence.optim import module_optimizer
+from cadence.core.batch import finished_batch
+from cadence.core.runtime import OnBatch, WorkerFailed, serialized
 from cadence.engines.threads import run_threads
 from cadence.strategies.parameter_server.server import DataList
-from cadence.strategies.parameter_server.worker import Faults, Worker
+from cadence.strategies.parameter_server.worker import Faults
 
 
 @dataclass(frozen=True)
@@ -60,21 +63,99 @@ class WorkerReport:
     lost: bool = False  # its process died unexpectedly; the engine replaces it next epoch
     bytes_moved: int = 0  # tensor bytes it pulled and pushed
     batches: list[tuple[int, float]] = field(default_factory=list)  # (plan index, loss) of its finished batches
+    replica: tuple | None = None  # its dense replica (state, optimizer state) when it held one
+    syncs: int = 0  # dense syncs of its replica (ShadowSync)
+    rng_state: Any = None  # its random state at the end (a sole worker actor hands the driver's back)
 
 
 class Engine(ABC):
     """Where the parameter server's roles run (``ENGINES``): built once per run, it owns the shards
     for the whole run and runs one epoch's workers at a time; the runtime drives every engine through
-    these members alone."""
+    these members alone. ``run_workers`` is the epoch's protocol on the driver, the same on every
+    engine; the abstract members below are what differs."""
 
     shards: list  # handles with the ``ServerShard`` verbs, in shard order
     start_seconds: float  # spent building the engine's processes before training
+    dense: nn.Module  # the run's dense module (shard 0's, or the driver's copy of it)
     dense_optimizer: torch.optim.Optimizer | None  # the run's dense optimizer when the workers hold the dense part
     syncs: int  # dense syncs of every trainer's replica (ShadowSync)
+    mode: Any  # the parameter-server mode (``PS_MODES``)
+
+    def run_workers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
+        """One epoch's workers (or trainers) over ``plans``; one report per worker; ``on_batch``
+        once per pushed batch (live where the worker reaches it, else as its report arrives). The
+        first error abandons the epoch for all and is raised here once every worker has stopped; a
+        worker whose process died is released and the epoch goes on without it."""
+        report = serialized(on_batch)
+        runs = self.mode.start_epoch(self, plan, plans, report)
+        by_index = {item.index: item for item in plans}
+        reports: list[WorkerReport] = []
+        failure: tuple[int, BaseException] | None = None
+        try:
+            for pending in self.as_completed(list(runs)):
+                index = runs.pop(pending)
+                try:
+                    result: WorkerReport = pending.result()
+                except Exception as err:  # noqa: BLE001 - its process died, or it failed: abandon the epoch
+                    if self.lost(err):
+                        self.release(index)
+                        reports.append(WorkerReport(index, 0.0, 0, 0, False, lost=True))
+                    elif failure is None:
+                        failure = (index, err)
+                        self.abandon(f"worker {index} failed: {err!r}")
+                    continue
+                reports.append(result)
+                for plan_index, batch_loss in result.batches:  # a worker out of reach: as its report arrives
+                    report(finished_batch(by_index[plan_index], batch_loss))
+        except BaseException:  # Ctrl-C while waiting: release every worker, let them stop, let it through
+            self.abandon("interrupted")
+            for pending in runs:
+                _finish(pending)
+            raise
+        if failure is not None:
+            raise self.failure(*failure)
+        self.settle()
+        kept = sorted((r for r in reports if r.replica is not None and not r.died), key=lambda r: r.index)
+        self.mode.keep(self, [r.replica for r in kept], sum(r.syncs for r in reports))
+        self.after_epoch(plan, reports)
+        return reports
 
     @abstractmethod
-    def run_workers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
-        """One epoch's workers over ``plans``; one report per worker; ``on_batch`` once per pushed batch."""
+    def start_workers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
+        """GBA's family: start each live worker's epoch; {pending: worker index}."""
+
+    @abstractmethod
+    def start_trainers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
+        """ShadowSync: start each live trainer's epoch; {pending: trainer index}."""
+
+    @abstractmethod
+    def as_completed(self, pendings: list) -> Iterator:
+        """The pendings in the order they finish."""
+
+    def lost(self, err: BaseException) -> bool:
+        """Whether ``err`` says the worker's process died (the epoch goes on without it)."""
+        return False
+
+    def release(self, index: int) -> None:
+        """Worker ``index``'s process died: drop the batches it held."""
+
+    @abstractmethod
+    def abandon(self, reason: str) -> None:
+        """Stop handing out batches and release every worker waiting on a shard."""
+
+    def failure(self, index: int, err: BaseException) -> BaseException:
+        """The exception the epoch raises for worker ``index``'s error."""
+        if isinstance(err, WorkerFailed):
+            return err
+        failed = WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned")
+        failed.__cause__ = err
+        return failed
+
+    def settle(self) -> None:
+        """Wait until the one-way verbs of the epoch reached the shards."""
+
+    def after_epoch(self, plan: EpochPlan, reports: list[WorkerReport]) -> None:
+        """What the engine does with its workers once the epoch ended (retire or replace processes)."""
 
     @abstractmethod
     def recover(self) -> None:
@@ -83,6 +164,14 @@ class Engine(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release the engine's threads or processes."""
+
+
+def _finish(pending) -> None:
+    """Wait for a worker told to stop; its error is the interruption's consequence, not news."""
+    try:
+        pending.result()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def run_guarded(workers: list, run, on_error) -> list:
@@ -106,32 +195,3 @@ def abandon(data: DataList, reason: str) -> None:
     data.stop()
     for shard in data.shards:
         shard.abort(reason)
-
-
-def worker_epoch(engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
-    """GBA's family on the thread engine: one epoch of ``Worker`` threads over ``engine``'s shards
-    (``ParameterServerMode.thread_epoch``), taking from the coordinator role in this process; the
-    first error abandons the epoch for all."""
-    settings = engine.settings
-    coordinator = engine.coordinator
-    coordinator.begin(plans, plan.first_token, plan.dead, plan.workers)
-    reducer = coordinator.reducer
-    state = engine.dense_optimizer.state_dict() if engine.dense_optimizer is not None else None
-    workers = []
-    for index in plan.workers:
-        model = copy.deepcopy(engine.dense)
-        optimizer = module_optimizer(settings.optimizer, model, state) if reducer is not None else None
-        worker = Worker(index, engine.router, model, engine.task, plan.faults.slowdown_in(index, plan.epoch),
-                        plan.kill_after.get(index), settings.ps.emulated_latency, reducer, optimizer, engine.device)
-        worker.on_batch = on_batch
-        workers.append(worker)
-    errors = run_guarded(workers, lambda worker: worker.run(coordinator.data, coordinator.gate), coordinator.stop)
-    if errors:
-        index, err = errors[0]
-        raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
-    if reducer is not None:  # the replicas the run may keep: a live worker's first
-        keeper = next((w for w in workers if not w.died), workers[0])
-        optimizer_state = keeper.dense_optimizer.state_dict() if keeper.dense_optimizer is not None else None
-        engine.mode.keep(engine, [(keeper.model.state_dict(), optimizer_state)], 0)
-    return [WorkerReport(w.index, w.loss_total, w.examples_done, w.pushed, w.died, bytes_moved=w.bytes_moved,
-                         batches=w.finished) for w in workers]

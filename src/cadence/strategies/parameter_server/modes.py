@@ -17,8 +17,7 @@ from cadence.core.runtime import OnBatch
 from cadence.registry import Registry
 from cadence.strategies.parameter_server.aggregation import Aggregation, ApplyEach, Buffered, PerStep
 from cadence.strategies.parameter_server.gates import BoundedStaleness, NoGate, StepBarrier
-from cadence.strategies.parameter_server.epoch import (EpochPlan, ServerSettings, WorkerReport, new_data_list,
-                                                       worker_epoch)
+from cadence.strategies.parameter_server.epoch import EpochPlan, ServerSettings, new_data_list
 from cadence.strategies.parameter_server.server import DataList, DenseReducer, ServerShard
 
 
@@ -62,15 +61,10 @@ class ParameterServerMode:
         """The data-list takers of worker process ``worker`` (whose tokens go when it dies)."""
         return [worker]
 
-    def thread_epoch(self, engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
-        """One epoch on the thread engine (``engine``: its shards, router, task and dense module)."""
-        return worker_epoch(engine, plan, plans, on_batch)
-
-    def ray_epoch(self, engine, plan: EpochPlan, states: list, dense, gate) -> dict:
-        """Start one epoch on the Ray engine (``states``: each worker's random state; ``dense``: the
-        run's dense state when the workers hold it; ``gate``: the coordinator's gate verbs, or None):
-        {the call in flight: worker index}."""
-        return engine.start_workers(plan, states, dense, gate)
+    def start_epoch(self, engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
+        """Start one epoch's roles on ``engine`` (``Engine.run_workers`` collects them): every
+        worker pulls, computes and pushes one batch at a time. {pending: worker index}."""
+        return engine.start_workers(plan, plans, on_batch)
 
     def keep(self, engine, replicas: list[tuple[dict, dict | None]], syncs: int) -> None:
         """What the run keeps of the workers' dense replicas (state, optimizer state) at the epoch's

@@ -34,16 +34,15 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor, nn
 
 from cadence.device import resolve_device
-from cadence.core.batch import finished_batch
-from cadence.core.runtime import OnBatch, ShardLost, WorkerFailed
+from cadence.core.runtime import OnBatch, ShardLost
 from cadence.engines import ray as ray_support
-from cadence.engines.ray import (Actor, cluster_nodes, connect, node_host, on_node, pack, ray,
+from cadence.engines.ray import (RayPending, completed, Actor, cluster_nodes, connect, node_host, on_node, pack, ray,
                                 ray_get, unpack)
 from cadence.engines.placement import verb_of
 from cadence.engines.channel import Channel, ChannelClosed, ChannelServer, Reply
@@ -293,7 +292,7 @@ class TaskWorker(Actor):
         self.plans: tuple[int, list] | None = None
 
     def run_worker(self, epoch: int, slowdown: float, kill_after: int | None, gate: tuple[str, ...] | None,
-                  rng_state: Tensor, dense: Any = None) -> tuple:
+                  rng_state: Tensor, dense: Any = None) -> Any:
         """``dense``: with ``ps.dense: workers``, the run's dense state and optimizer state to start
         from; the replica's are returned with the worker's counters."""
         torch.set_rng_state(rng_state)
@@ -321,9 +320,10 @@ class TaskWorker(Actor):
                 shard.settle()
         replica = None
         if dense is not None:
-            replica = pack((self.model.state_dict(), optimizer.state_dict() if optimizer is not None else None))
-        return (worker.loss_total, worker.examples_done, worker.pushed, worker.died, torch.get_rng_state(),
-                worker.bytes_moved, replica, 0, worker.finished)
+            replica = (self.model.state_dict(), optimizer.state_dict() if optimizer is not None else None)
+        return pack(WorkerReport(self.index, worker.loss_total, worker.examples_done, worker.pushed, worker.died,
+                                 bytes_moved=worker.bytes_moved, batches=worker.finished, replica=replica,
+                                 rng_state=torch.get_rng_state()))
 
     # ---- ShadowSync: this actor is a trainer ---------------------------------------------------
     def free_port(self) -> tuple[str, int]:
@@ -332,7 +332,7 @@ class TaskWorker(Actor):
             probe.bind((node_host(), 0))
             return node_host(), probe.getsockname()[1]
 
-    def run_trainer(self, plan: EpochPlan, rng_state: Tensor, dense: Any, rendezvous: tuple | None) -> tuple:
+    def run_trainer(self, plan: EpochPlan, rng_state: Tensor, dense: Any, rendezvous: tuple | None) -> Any:
         """One epoch of this trainer (``cadence.strategies.parameter_server.shadow``): its dense replica starts from
         ``dense`` (the run's state and optimizer state), ``shadow.threads`` worker threads train it,
         each with its own channels to the shards and the coordinator, and its shadow thread syncs it:
@@ -372,13 +372,12 @@ class TaskWorker(Actor):
 
         trainer.add_threads(router_of, self.task, plan, self.device, self.settings.ps.emulated_latency)
         try:
-            trainer.run(run_worker, abandon_epoch)
+            report = trainer.run(run_worker, abandon_epoch)
         finally:
             if averager is not None:
                 _leave_gloo()
-        report = trainer.report()
-        return (report.loss_total, report.examples, report.pushed, report.died, torch.get_rng_state(),
-                report.bytes_moved, pack(trainer.replica_state), trainer.syncs, report.batches)
+        report.rng_state = torch.get_rng_state()
+        return pack(report)
 
 
 def _own_copy(shard: RemoteShard) -> RemoteShard:
@@ -476,8 +475,10 @@ class RayEngine(Engine):
         return self._new(TaskWorker, index, self.settings, self.mode.name, self.recipe, self.shards, self.coordinator,
                          self.coordinator_address, self.threads, self.secret, gpus=gpus)
 
-    # ---- one epoch ----------------------------------------------------------------------------
-    def run_workers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
+    # ---- one epoch: the protocol is ``Engine.run_workers``; here, how the actors start and fail ------
+    def _begin(self, plan: EpochPlan) -> tuple[tuple[str, ...] | None, Any, list[Tensor]]:
+        """The coordinator's epoch; (its gate verbs, the run's dense state when the workers hold it,
+        each worker's random state)."""
         gate = ray_get(self.coordinator.open.remote(plan.batches, plan.first_token, plan.dead, plan.workers))
         dense = None
         if self.mode.dense_on_workers(self.settings.ps):
@@ -490,63 +491,55 @@ class RayEngine(Engine):
         else:
             seeds = torch.randint(0, 1 << 62, (len(plan.workers),)).tolist()
             states = [torch.Generator().manual_seed(seed).get_state() for seed in seeds]
-        runs = self.mode.ray_epoch(self, plan, states, dense, gate)
-        reports, failure, replicas, syncs = [], None, {}, 0
-        by_index = {item.index: item for item in plans}
-        while runs:
-            ready, _ = ray.wait(list(runs), num_returns=1)
-            index = runs.pop(ready[0])
-            try:
-                loss, examples, pushed, died, state, moved, replica, synced, batches = ray_get(ready[0])
-            except ray.exceptions.RayActorError:  # the worker's process died: release its token, go on
-                ray_get(self.coordinator.release.remote(index))
-                reports.append(WorkerReport(index, 0.0, 0, 0, False, lost=True))
-                continue
-            except BaseException as err:  # noqa: BLE001 - a shard lost, or a worker failed: abandon the epoch
-                if failure is None:
-                    failure = (index, err)
-                    self._abandon(f"worker {index} failed: {err!r}")
-                continue
-            if len(plan.workers) == 1:
-                torch.set_rng_state(state)
-            reports.append(WorkerReport(index, loss, examples, pushed, died, bytes_moved=moved, batches=batches))
-            for plan_index, batch_loss in batches:  # the worker's batches, reported as its result arrives
-                on_batch(finished_batch(by_index[plan_index], batch_loss))
-            syncs += synced
-            if replica is not None and not died:
-                replicas[index] = unpack(replica)
-        if failure is not None:
-            index, err = failure
-            if isinstance(err, ShardLost) or not self._shards_alive():
-                raise ShardLost(f"a server shard's process died during the epoch ({err})") from None
-            raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
+        return gate, dense, states
+
+    def start_workers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
+        """GBA's family: each live worker actor runs the ``Worker`` loop for the epoch."""
+        gate, dense, states = self._begin(plan)
+        return {RayPending(self.workers[index].run_worker.remote(
+                    plan.epoch, plan.faults.slowdown_in(index, plan.epoch), plan.kill_after.get(index), gate, state,
+                    dense)): index
+                for index, state in zip(plan.workers, states)}
+
+    def start_trainers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
+        """ShadowSync: each live worker actor runs one trainer's epoch; EASGD's central copy on shard
+        0 starts from the run's dense parameters, MA and BMUF meet at a gloo rendezvous on the first
+        trainer's node."""
+        _, dense, states = self._begin(plan)
+        reset_central(self.mode, self.shards, self.dense)
+        collective = self.mode.collective and any(True for _ in self.dense.parameters())
+        host, port = ray_get(self.workers[plan.workers[0]].free_port.remote()) if collective else (None, None)
+        return {RayPending(self.workers[index].run_trainer.remote(
+                    plan, state, dense, (host, port, rank, len(plan.workers)) if collective else None)): index
+                for rank, (index, state) in enumerate(zip(plan.workers, states))}
+
+    def as_completed(self, pendings: list) -> Iterator:
+        return completed(pendings)
+
+    def lost(self, err: BaseException) -> bool:
+        return isinstance(err, ray.exceptions.RayActorError)
+
+    def release(self, index: int) -> None:
+        ray_get(self.coordinator.release.remote(index))
+
+    def failure(self, index: int, err: BaseException) -> BaseException:
+        if isinstance(err, ShardLost) or not self._shards_alive():
+            return ShardLost(f"a server shard's process died during the epoch ({err})")
+        return super().failure(index, err)
+
+    def settle(self) -> None:
         ray_get(self.coordinator.settle.remote())  # the data list's drops and closes are applied
-        self.mode.keep(self, [replicas[index] for index in sorted(replicas)], syncs)
+
+    def after_epoch(self, plan: EpochPlan, reports: list[WorkerReport]) -> None:
         for report in reports:
+            if len(plan.workers) == 1 and report.rng_state is not None:
+                torch.set_rng_state(report.rng_state)
             if report.died:  # fault injection: its process goes with it
                 ray.kill(self.workers.pop(report.index), no_restart=True)
             elif report.lost:
                 self.workers[report.index] = self._worker(report.index)
-        return reports
 
-    def start_workers(self, plan: EpochPlan, states: list[Tensor], dense: Any, gate: tuple[str, ...] | None) -> dict:
-        """GBA's family: each live worker actor runs the ``Worker`` loop for the epoch."""
-        return {self.workers[index].run_worker.remote(plan.epoch, plan.faults.slowdown_in(index, plan.epoch),
-                                                      plan.kill_after.get(index), gate, state, dense): index
-                for index, state in zip(plan.workers, states)}
-
-    def start_trainers(self, plan: EpochPlan, states: list[Tensor], dense: Any) -> dict:
-        """ShadowSync: each live worker actor runs one trainer's epoch; EASGD's central copy on shard
-        0 starts from the run's dense parameters, MA and BMUF meet at a gloo rendezvous on the first
-        trainer's node."""
-        reset_central(self.mode, self.shards, self.dense)
-        collective = self.mode.collective and any(True for _ in self.dense.parameters())
-        host, port = ray_get(self.workers[plan.workers[0]].free_port.remote()) if collective else (None, None)
-        return {self.workers[index].run_trainer.remote(
-                    plan, state, dense, (host, port, rank, len(plan.workers)) if collective else None): index
-                for rank, (index, state) in enumerate(zip(plan.workers, states))}
-
-    def _abandon(self, reason: str) -> None:
+    def abandon(self, reason: str) -> None:
         try:
             ray_get(self.coordinator.stop.remote(reason))
         except Exception:  # noqa: BLE001 - a dead shard cannot be told; its callers fail anyway

@@ -17,13 +17,14 @@ Each epoch starts every replica from the run's dense parameters and dense optimi
 ends with the run's dense parameters set to the mean of the replicas (the model that is evaluated
 and checkpointed) and its optimizer state to trainer 0's; so a checkpoint resumes exactly what an
 unbroken run does at an epoch boundary. ``ShadowTrainer`` is one trainer, the unit a process of
-its own holds (``ShadowTrainer.run``, the Ray engine's trainer actors); ``run_trainers`` runs an
-epoch of trainers as threads of this process.
+its own holds, the same code on both engines (``ShadowTrainer.run``: a thread of this process per
+trainer, ``start_trainers_here``, or a Ray actor per trainer).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import time
 from typing import Callable
@@ -232,9 +233,11 @@ class ShadowTrainer:
         together; each thread dies with the batch it takes next."""
         return self.kill_after is not None and sum(w.pushed for w in self.workers) >= self.kill_after
 
-    def run(self, run_worker: Callable[[HogwildWorker], None], abandon_epoch: Callable[[str], None]) -> None:
-        """This trainer's epoch, alone in its process (a Ray trainer actor): its threads and shadow
-        thread; an error or Ctrl-C stops the shadow thread and is raised here."""
+    def run(self, run_worker: Callable[[HogwildWorker], None], abandon_epoch: Callable[[str], None],
+            abandoned: Callable[[], bool] = lambda: False) -> WorkerReport:
+        """This trainer's epoch (a thread of this process, or a Ray actor): its threads and shadow
+        thread; an error or Ctrl-C, here or (``abandoned``) anywhere in the epoch, stops the shadow
+        thread; this trainer's error is raised here. Returns its report."""
 
         if self.shadow is not None:  # (its errors abandon the epoch: the ``on_error`` it was built with)
             self.shadow.start()
@@ -244,7 +247,7 @@ class ShadowTrainer:
                 errors = run_guarded(self.workers, run_worker, abandon_epoch)
             stopped = bool(errors)
         finally:
-            if stopped:  # no more rounds
+            if stopped or abandoned():  # no more rounds
                 self.stop()
             if self.shadow is not None:
                 self.shadow.thread.join()
@@ -252,6 +255,7 @@ class ShadowTrainer:
             index, err = errors[0]
             raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
         self.join_shadow()
+        return self.report()
 
     def join_shadow(self) -> None:
         """Raise the shadow thread's error, if it had one, as the epoch's."""
@@ -268,13 +272,14 @@ class ShadowTrainer:
     def replica_state(self) -> tuple[dict[str, Tensor], dict | None]:
         return self.module.state_dict(), self.optimizer.state_dict() if self.optimizer is not None else None
 
-    def report(self):
-
+    def report(self) -> WorkerReport:
+        """What this trainer did in the epoch, its replica included (the run keeps their mean)."""
         mine = self.workers
         return WorkerReport(self.index, sum(w.loss_total for w in mine), sum(w.examples_done for w in mine),
                             sum(w.pushed for w in mine), any(w.died for w in mine),  # (one process)
                             bytes_moved=sum(w.bytes_moved for w in mine),
-                            batches=[item for w in mine for item in w.finished])
+                            batches=[item for w in mine for item in w.finished],
+                            replica=self.replica_state, syncs=self.syncs)
 
 
 def mean_state(states: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -319,45 +324,25 @@ class TrainerGroup:
                 for worker in trainer.add_threads(lambda n: router, task, plan, device, self.emulated_latency)]
 
 
-def run_trainers(engine, plan, plans, on_batch: OnBatch) -> list:
-    """One epoch of ShadowSync trainers as threads of this process; returns one ``WorkerReport`` per
-    trainer. On an error or Ctrl-C every worker is released, every shadow thread stopped and joined
-    (a collective round completes or is left), and the error raised here."""
-
-    settings = engine.settings
-    coordinator = engine.coordinator  # (the trainers gate their own threads: its gate is not used)
-    coordinator.begin(plans, plan.first_token, plan.dead, plan.workers)
+def start_trainers_here(engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
+    """One epoch of ShadowSync trainers as threads of this process (the thread engine): a thread per
+    trainer runs ``ShadowTrainer.run``, as a trainer actor does; its worker threads take from the
+    coordinator's data list in this process and report each batch live. {pending: trainer index}."""
+    settings, coordinator = engine.settings, engine.coordinator
+    coordinator.begin(plans, plan.first_token, plan.dead, plan.workers)  # (the trainers gate their own threads)
     data = coordinator.data
-    group = TrainerGroup(settings.shadow, settings.ps, settings.optimizer, engine.mode, engine.dense, engine.dense_optimizer,
-                         plan.workers, engine.shards, engine.device, on_error=lambda err: coordinator.stop(f"a shadow thread failed: {err!r}"))
-    workers = group.workers(engine.router, engine.task, plan, engine.device)
-    for worker in workers:
-        worker.on_batch = on_batch  # (serialized by the engine)
-    gates = {worker.index: trainer.gate for trainer in group.trainers for worker in trainer.workers}
-    shadows = [trainer.shadow for trainer in group.trainers if trainer.shadow is not None]
-    for shadow in shadows:
-        shadow.start()
-    try:
-        with intra_op_share(len(workers)):
-            errors = run_guarded(workers, lambda worker: worker.run(data, gates[worker.index]),
-                                 coordinator.stop)
-    except BaseException:  # Ctrl-C while joining: release every worker, then let it through
-        coordinator.stop("interrupted")
-        raise
-    finally:
-        for trainer in group.trainers:
-            if data.stopped:  # an error or an interruption: no more rounds
-                trainer.stop()
-        for shadow in shadows:
-            shadow.thread.join()
-    if errors:
-        index, err = errors[0]
-        raise WorkerFailed(f"worker {index} failed: {err!r}; the epoch is abandoned") from err
-    for trainer in group.trainers:
-        trainer.join_shadow()
-    engine.mode.keep(engine, [trainer.replica_state for trainer in group.trainers],
-                     sum(trainer.syncs for trainer in group.trainers))
-    return [trainer.report() for trainer in group.trainers]
+    group = TrainerGroup(settings.shadow, settings.ps, settings.optimizer, engine.mode, engine.dense,
+                         engine.dense_optimizer, plan.workers, engine.shards, engine.device,
+                         on_error=lambda err: coordinator.stop(f"a shadow thread failed: {err!r}"))
+    for worker in group.workers(engine.router, engine.task, plan, engine.device):
+        worker.on_batch = on_batch
+
+    def run(trainer: ShadowTrainer) -> WorkerReport:
+        return trainer.run(lambda worker: worker.run(data, trainer.gate), coordinator.stop, lambda: data.stopped)
+
+    with intra_op_share(len(group.trainers)):  # (each trainer's threads share its part again)
+        return {engine.threads.run(functools.partial(run, trainer), f"cadence-trainer-{trainer.index}"): trainer.index
+                for trainer in group.trainers}
 
 
 # ---- the modes (SPEC section 5) ------------------------------------------------------------------------
@@ -398,11 +383,8 @@ class ShadowSyncMode(ParameterServerMode):
     def takers(self, settings: ServerSettings, worker: int) -> list[int]:
         return list(thread_indices(settings.shadow.threads, worker))
 
-    def thread_epoch(self, engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> list[WorkerReport]:
-        return run_trainers(engine, plan, plans, on_batch)
-
-    def ray_epoch(self, engine, plan: EpochPlan, states: list, dense, gate) -> dict:
-        return engine.start_trainers(plan, states, dense)  # (each trainer gates its own threads)
+    def start_epoch(self, engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
+        return engine.start_trainers(plan, plans, on_batch)  # (each trainer gates its own threads)
 
     def keep(self, engine, replicas: list[tuple[dict[str, Tensor], dict | None]], syncs: int) -> None:
         """The run's dense parameters become the mean of the replicas (state dicts, trainer order), its
