@@ -170,12 +170,14 @@ def test_each_epoch_the_central_copy_on_shard_0_starts_from_the_runs_dense_param
     """EASGD's central copy is a service attached to shard 0 anew at every epoch's start; a shard
     that kept the old one would start epoch 2 from epoch 1's central copy."""
     from cadence.config import OptimizerConfig, ParameterServerConfig
+    from cadence.optim import ENTITY_OPTIMIZERS
     from cadence.core.rows import TableSpec
     from cadence.strategies.parameter_server.server import build_shard
     from cadence.strategies.parameter_server.shadow import CENTRAL, ShardCentralCopy, reset_central
 
     mode = PS_MODES.get("shadow-easgd")
-    shard = build_shard(OptimizerConfig(entity="sgd"), ParameterServerConfig(), TableSpec(4, 2, 0.1, 0), mode, 0, None)
+    shard = build_shard(OptimizerConfig(entity="sgd"), ParameterServerConfig(), ENTITY_OPTIMIZERS.get("sgd"),
+                        TableSpec(4, 2, 0.1, 0), mode, 0, None)
     for value in (1.0, 5.0):  # two epochs, each from the run's dense parameters of that moment
         dense = torch.nn.Linear(3, 2)
         torch.nn.init.constant_(dense.weight, value)

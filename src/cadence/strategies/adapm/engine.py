@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from cadence.config import AdapmConfig, OptimizerConfig
-from cadence.optim import ENTITY_OPTIMIZERS, module_optimizer
+from cadence.optim import module_optimizer
 from cadence.core.batch import Batch, BatchPlan, finished_batch
 from cadence.core.runtime import WorkerFailed, serialized
 from cadence.engines.placement import Handle, Pending, Placement
@@ -82,15 +82,14 @@ class NodeRunner:
     worker trains as the main copy (in this process: the run's own) and every other worker a copy of,
     or None to build it from the task (an actor)."""
 
-    def __init__(self, settings: AdapmConfig, optimizer: OptimizerConfig, count: int, task: Callable[[], Any],
-                 index: int, dense: nn.Module | None):
+    def __init__(self, settings: AdapmConfig, optimizer: OptimizerConfig, entity: type, count: int,
+                 task: Callable[[], Any], index: int, dense: nn.Module | None):
         task = self.task = task()
         self.settings = settings
         self.count = count
-        entity_class = ENTITY_OPTIMIZERS.get(optimizer.entity)
         self.width = task.table().width
-        self.entity = entity_class(optimizer)
-        keys, initial = initial_values(task, entity_class.state_width(self.width))
+        self.entity = entity(optimizer)
+        keys, initial = initial_values(task, entity.state_width(self.width))
         self.node = Node(index, count, keys, initial, self.width, settings.technique, settings.threads)
         self.transport: Transport | None = None  # set once every node exists (``connect``)
         self.stop = threading.Event()  # set: leave the epoch early (this node or another failed)
@@ -350,15 +349,15 @@ class Cluster:
     dense module, refreshed from node 0's main copy after each epoch (in this process it is that
     main copy)."""
 
-    def __init__(self, settings: AdapmConfig, optimizer: OptimizerConfig, nodes: int, task, dense: nn.Module,
-                 placement: Placement):
+    def __init__(self, settings: AdapmConfig, optimizer: OptimizerConfig, entity: type, nodes: int, task,
+                 dense: nn.Module, placement: Placement):
         self.settings, self.task, self.count, self.placement = settings, task, nodes, placement
         self.keys = key_space(task)
         self.dense = dense
         self.dense_optimizer = module_optimizer(optimizer, dense)  # the run's copy (checkpoints)
         source = placement.ship(task)
         local = placement.share(dense)  # the run's module, where the nodes can train it themselves
-        self.nodes = [placement.place(NodeRunner, index, settings, optimizer, nodes, source, index, local)
+        self.nodes = [placement.place(NodeRunner, index, settings, optimizer, entity, nodes, source, index, local)
                       for index in range(nodes)]
         placement.ready()
         placement.each(self.nodes, NodeRunner.connect, self.nodes)

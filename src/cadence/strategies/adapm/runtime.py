@@ -29,7 +29,8 @@ class AdaPMRuntime(Runtime):
         super().__init__(config, task)
         self.module = task.dense_module()
         placement = PLACEMENTS.get(config.ps.engine)(config.ps.ray_address, config.threads)
-        self.cluster = Cluster(config.adapm, config.optimizer, config.ps.workers, task, self.module, placement)
+        self.cluster = Cluster(config.adapm, config.optimizer, self.entity_optimizer_class, config.ps.workers, task,
+                               self.module, placement)
         self.index = None if self.spec.fixed else KeyIndex(self.cluster.keys)
 
     def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:

@@ -42,7 +42,7 @@ class ThreadEngine(Engine):
         self.settings, self.task, self.mode = settings, task, mode
         spec = task.table()
         on_server = None if mode.dense_on_workers(settings.ps) else dense
-        self.shards = [build_shard(settings.optimizer, settings.ps, spec, mode, index, on_server if index == 0 else None)
+        self.shards = [build_shard(settings.optimizer, settings.ps, settings.entity, spec, mode, index, on_server if index == 0 else None)
                        for index in range(settings.ps.shards)]
         self.router = ShardRouter(self.shards)
         self.coordinator = Coordinator(settings, mode, self.shards)  # the epoch's data list and gate, in this process

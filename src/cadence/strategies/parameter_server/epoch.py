@@ -34,10 +34,12 @@ class ServerSettings:
     batch_size: int  # train.batch_size
     device: str
     threads: int  # torch intra-op threads (per actor on Ray)
+    entity: type  # the entity optimizer's class (``optimizer.entity``, resolved once)
 
     @classmethod
-    def of(cls, config: Config) -> "ServerSettings":
-        return cls(config.ps, config.shadow, config.optimizer, config.train.batch_size, config.device, config.threads)
+    def of(cls, config: Config, entity: type) -> "ServerSettings":
+        return cls(config.ps, config.shadow, config.optimizer, config.train.batch_size, config.device, config.threads,
+                   entity)
 
 
 @dataclass

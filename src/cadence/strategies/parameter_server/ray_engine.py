@@ -165,7 +165,8 @@ class ShardServer(Actor):
 
         torch.set_num_threads(threads)
         dense = pickle.loads(dense_blob) if dense_blob is not None else None
-        self.shard = build_shard(settings.optimizer, settings.ps, spec, PS_MODES.get(mode_name), index, dense)
+        self.shard = build_shard(settings.optimizer, settings.ps, settings.entity, spec, PS_MODES.get(mode_name), index,
+                                 dense)
 
         self.turns = threading.Condition()
         self.next_seq: dict[str, int] = {}  # caller -> sequence number of its next call

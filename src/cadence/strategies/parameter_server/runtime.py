@@ -33,7 +33,7 @@ class ParameterServerRuntime(Runtime):
         ps = config.ps
         self.faults = Faults.parse(ps.stragglers, ps.kill_workers, ps.workers)
         self.model = task.dense_module()  # shard 0's dense module (threads), or the driver's copy of it (ray)
-        self.settings = ServerSettings.of(config)  # the sections its engine, mode and actors read
+        self.settings = ServerSettings.of(config, self.entity_optimizer_class)  # the sections its engine, mode and actors read
         self.engine = ENGINES.get(ps.engine)(self.settings, task, mode, self.model)
         self.router = ShardRouter(self.engine.shards)
         self.dead: set[int] = set()

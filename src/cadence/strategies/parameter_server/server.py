@@ -15,19 +15,19 @@ from torch import Tensor, nn
 
 from cadence.config import OptimizerConfig, ParameterServerConfig
 from cadence.core.rows import TableSpec
-from cadence.optim import ENTITY_OPTIMIZERS, EntityOptimizer, set_lr, module_optimizer
+from cadence.optim import EntityOptimizer, set_lr, module_optimizer
 from cadence.strategies.parameter_server.aggregation import Aggregation, Gradient
 from cadence.store.embedding_table import DynamicEmbeddingTable, FixedTable
 from cadence.core import checkpoint as ckpt
 from cadence.engines.placement import verb_of
 
 
-def build_shard(optimizer_settings: OptimizerConfig, ps: ParameterServerConfig, spec: TableSpec, mode, index: int,
-                dense: nn.Module | None) -> "ServerShard":
+def build_shard(optimizer_settings: OptimizerConfig, ps: ParameterServerConfig, entity: type[EntityOptimizer],
+                spec: TableSpec, mode, index: int, dense: nn.Module | None) -> "ServerShard":
     """Server shard ``index`` of ``ps.shards`` for a task's ``TableSpec``: the rows it owns
     (``FixedTable``) or a growing vocabulary, the entity optimizer, the mode's aggregation, and on
-    shard 0 the dense module with its optimizer. The same in a thread and in a Ray actor."""
-    entity = ENTITY_OPTIMIZERS.get(optimizer_settings.entity)
+    shard 0 the dense module with its optimizer (``entity``: the entity optimizer's class, resolved
+    once from the config). The same in a thread and in a Ray actor."""
     state_width = entity.state_width(spec.width)
     if spec.fixed:
         table = FixedTable(spec, state_width, index, ps.shards)
