@@ -4,6 +4,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -283,3 +284,28 @@ def test_os_level_mistakes_are_one_line_errors_naming_the_path(tiny_graph: Path,
     done = run_cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "run" / "."))
     assert done.returncode == 2 and "that is the run directory itself" in done.stderr
     assert not (tmp_path / "run" / "entity_embeddings.npy").exists()
+
+
+def test_ctrl_c_inside_an_import_callback_is_delivered_once_it_returns() -> None:
+    """A KeyboardInterrupt raised inside the import system's weakref callback is printed and dropped
+    by the interpreter (the run would go on after Ctrl-C); the command's handler sends it again a
+    moment later instead, and raises it anywhere else."""
+    import signal
+    import threading
+    import types
+
+    from cadence.cli import _interrupt
+
+    arrived = threading.Event()
+    before = signal.signal(signal.SIGINT, lambda signum, frame: arrived.set())
+    try:
+        in_import = types.SimpleNamespace(f_code=types.SimpleNamespace(co_filename="<frozen importlib._bootstrap>"))
+        _interrupt(signal.SIGINT, in_import)  # not raised here
+        deadline = time.monotonic() + 5
+        while not arrived.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)  # (the handler runs on this thread, between bytecodes)
+        assert arrived.is_set()
+    finally:
+        signal.signal(signal.SIGINT, before)
+    with pytest.raises(KeyboardInterrupt):
+        _interrupt(signal.SIGINT, sys._getframe())

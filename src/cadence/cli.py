@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 from typing import Any, Sequence
@@ -305,12 +306,23 @@ def entry() -> None:
     teardown: worker threads may be inside torch kernels, and tearing the runtime down under them
     aborts the process. Nothing is lost: every file a run writes is written whole or not at all,
     and ``--resume`` continues from the newest checkpoint."""
+    signal.signal(signal.SIGINT, _interrupt)
     code = main()
     if code == 130 or (code and _stage_threads_alive()):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """Ctrl-C: ``KeyboardInterrupt``, except inside a callback the interpreter runs for the import
+    system (a module lock's weakref callback), where it would be printed and dropped: there the
+    signal is sent again a moment later, once that callback has returned."""
+    if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
+        return
+    raise KeyboardInterrupt
 
 
 def _stage_threads_alive() -> bool:
