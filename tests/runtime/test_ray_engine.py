@@ -78,8 +78,9 @@ def test_sync_with_four_workers_equals_the_thread_engine(tmp_path: Path, local_c
 
 # (async and sync with one worker on the threads engine run as the pipeline: tests/test_task_matrix.py
 # checks them against the parameter server)
-@pytest.mark.parametrize("mode, shards", [("bsp", 1), ("gba", 1), ("hop_bs", 1), ("hop_bw", 1),
-                                          ("hop_bw", 2), ("gba", 2)])
+@pytest.mark.parametrize("mode, shards", [pytest.param("bsp", 1, marks=pytest.mark.slow), ("gba", 1), ("hop_bs", 1),
+                                          pytest.param("hop_bw", 1, marks=pytest.mark.slow), ("hop_bw", 2),
+                                          ("gba", 2)])  # (bsp: gba's rule without a tolerance)
 def test_one_worker_equals_the_thread_engine_in_every_mode(tmp_path: Path, local_cluster, mode: str,
                                                            shards: int) -> None:
     (threads, threads_state), (on_ray, ray_state) = train_on_both(tmp_path, f"strategy={mode}", "ps.workers=1",
