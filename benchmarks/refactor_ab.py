@@ -14,7 +14,10 @@ repetition, so drift hits both alike), the 1-minute load average recorded before
   positives per second of training;
 - ``ps-threads`` and ``ps-ray``: ``benchmarks/ps_cluster.py``'s throughput part
   (configs/ml100k-deepfm.yaml, gba, 2 workers, ``threads=1``), ``--ps-epochs`` epochs on the thread
-  engine and on a local Ray cluster: examples per second of training.
+  engine and on a local Ray cluster: examples per second of training;
+- ``shadow-threads``: the same with ``shadow-easgd`` (2 trainers) on the thread engine;
+- ``adapm-threads`` and ``adapm-ray``: configs/ml100k-mf.yaml under ``adapm`` with 2 nodes,
+  ``--ps-epochs`` epochs on each engine.
 
 The result per measurement: each revision's runs, their medians, ``after / before`` of the medians
 and per repetition, and each revision's own spread (max / min of its runs) as the noise to judge
@@ -37,7 +40,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MEASUREMENTS = ("kge", "ps-threads", "ps-ray")
+MEASUREMENTS = ("kge", "ps-threads", "ps-ray", "shadow-threads", "adapm-threads", "adapm-ray")
 
 
 def git(*args: str, cwd: Path = REPO) -> str:
@@ -56,10 +59,16 @@ def measure(name: str, epochs: int) -> dict:
                 "data.dataset=kinships", "model.name=distmult", "model.dim=128", "train.batch_size=1024",
                 "train.loss=logistic", "train.scoring=sampled", "train.reciprocal=false", "train.negatives=16",
                 "optimizer.lr=0.1", "eval.test=false", *common])
-        else:
+        elif name.startswith("adapm"):
             engine = name.split("-")[1]
+            config = cadence.load_config(str(Path("configs/ml100k-mf.yaml")), [
+                f"ps.engine={engine}", "ps.workers=2", "strategy=adapm", "threads=1", "eval.test=false", *common])
+        else:
+            family, engine = name.split("-")
+            strategy = "gba" if family == "ps" else "shadow-easgd"
             config = cadence.load_config(str(Path("configs/ml100k-deepfm.yaml")), [
-                f"ps.engine={engine}", "ps.workers=2", "strategy=gba", "threads=1", "eval.test=false", *common])
+                f"ps.engine={engine}", "ps.workers=2", f"strategy={strategy}", "threads=1", "eval.test=false",
+                *common])
         config.out = str(Path(tmp) / "run")
         cpu, wall = time.process_time(), time.perf_counter()
         summary = cadence.train(config).summary
