@@ -128,7 +128,8 @@ class NodeRunner:
                     group["lr"] = lr
 
     # ---- one communication round ----------------------------------------------------------------------
-    def round(self) -> None:
+    def round(self) -> bool:
+        """One communication round of this node; whether it is quiet right after it."""
         node = self.node
         node.round_started()
         node.act_on_intents([timer.horizon(clock) for timer, clock in zip(self.timers, list(node.clocks))])
@@ -138,6 +139,7 @@ class NodeRunner:
             if request is not None:
                 node.install(dest, self.transport.exchange(node.index, dest, request), request)
         node.round_completed()
+        return node.quiet()
 
     def sync_local_dense(self) -> None:
         """Node 0's other workers' dense replicas meet the main copy without a message."""
@@ -410,8 +412,10 @@ class Cluster:
             self.nodes[0].call(NodeRunner.sync_local_dense)
             return
         for attempt in range(limit):
-            self.placement.each(self.nodes, NodeRunner.round)
-            if attempt >= 1 and all(self.placement.each(self.nodes, NodeRunner.quiet)):
+            quiet = self.placement.each(self.nodes, NodeRunner.round)
+            # quiet after its own round is not enough (a later node's round may give it work): once
+            # every node says so, ask again after all the rounds (one more call, not one per round)
+            if attempt >= 1 and all(quiet) and all(self.placement.each(self.nodes, NodeRunner.quiet)):
                 return
         raise ProtocolError(f"the nodes did not settle after {limit} rounds")
 
