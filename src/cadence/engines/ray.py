@@ -164,6 +164,11 @@ class RayPending(Pending):
         return unpack(ray_get(self.ref))
 
 
+def _large(value: Any) -> bool:
+    """A tensor worth putting into the object store once rather than sending to each role."""
+    return isinstance(value, Array) and value.array.nbytes >= 1 << 16
+
+
 def completed(pendings: Iterable[RayPending]) -> Iterator[RayPending]:
     """Ray's pendings in the order they finish."""
     by_ref = {pending.ref: pending for pending in pendings}
@@ -235,7 +240,7 @@ class RayPlacement(Placement):
         return None
 
     def each(self, handles: list[Handle], method, *args: Any) -> list[Any]:
-        shared = [ray.put(arg) for arg in pack(args)]  # once, whatever the number of roles
+        shared = [ray.put(arg) if _large(arg) else arg for arg in pack(args)]  # a big one stored once
         return unpack(ray_get([handle.actor.call.remote(handle.verb(method), *shared) for handle in handles]))
 
     def as_completed(self, pendings: Iterable[Pending]) -> Iterator[Pending]:
