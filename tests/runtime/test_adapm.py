@@ -209,6 +209,32 @@ def test_replica_deltas_keep_unsent_updates_and_refresh_only_when_behind() -> No
     assert torch.equal(replica.data[3], start + 8.0) and torch.equal(main_value(nodes, 3), start + 8.0)
 
 
+def test_an_unchanged_replica_sends_its_key_and_version_but_no_delta() -> None:
+    """A replica nobody wrote since the last round sends no delta row (its key and the version it
+    holds, so the owner can still refresh it); one that changed sends its delta alone."""
+    nodes, transport = cluster(3)
+    keys = torch.tensor([3, 4])
+    for node in nodes:
+        node.intent(0, keys, 0, 10)
+    rounds(nodes, transport)
+    replica = next(node for node in nodes if (node.kind[keys] == REPLICA).all())
+    owner = nodes[owners(nodes, 3)[0]]
+    assert owners(nodes, 4) == [owner.index]  # (both keys on one owner: one message)
+    (request,) = [r for r in replica.requests() if r is not None and r.sync.numel()]
+    assert request.sync.tolist() == [3, 4] and request.sync_delta.shape[0] == 0  # nothing changed
+    assert request.nbytes() == 2 * (8 + 8 + 1)  # keys, versions, changed flags
+    owner.push(torch.tensor([3]), torch.full((1, WIDTH), 1.0), None)  # the main copy of 3 moves on
+    replica.push(torch.tensor([4]), torch.full((1, WIDTH), 2.0), None)  # the replica of 4 does
+    (request,) = [r for r in replica.requests() if r is not None and r.sync.numel()]
+    assert request.sync_changed.tolist() == [False, True]
+    assert torch.equal(request.sync_delta, torch.full((1, WIDTH), 2.0))
+    response = owner.handle(request)
+    assert response.refresh.tolist() == [3] and response.current.tolist() == [4]
+    replica.install(owner.index, response, request)
+    assert torch.equal(replica.data[3, :WIDTH], owner.data[3, :WIDTH])
+    assert torch.equal(owner.data[4, :WIDTH], replica.data[4, :WIDTH])
+
+
 def test_concurrent_pushes_on_replicas_sum_exactly() -> None:
     """Four nodes, two worker threads each (one pushes +1, one pulls and commits +1) on hot keys held
     as replicas and main copies while every node's sync thread runs rounds: after the intents expire

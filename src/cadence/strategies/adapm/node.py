@@ -68,8 +68,9 @@ class Request:
     drop: Tensor = field(default_factory=_empty)  # slots of replicas dropped (intent expired) ...
     drop_delta: Tensor | None = None  # ... with their last deltas
     sync: Tensor = field(default_factory=_empty)  # slots of replicas held ...
-    sync_delta: Tensor | None = None  # ... their deltas since the last round
-    sync_version: Tensor = field(default_factory=_empty)  # ... and the versions they hold
+    sync_version: Tensor = field(default_factory=_empty)  # ... the versions they hold ...
+    sync_changed: Tensor = field(default_factory=_empty)  # ... which changed since the last round (bool) ...
+    sync_delta: Tensor | None = None  # ... and the deltas of those only (an unchanged replica sends none)
     home: Tensor = field(default_factory=_empty)  # slots homed at the destination that moved ...
     home_owner: Tensor = field(default_factory=_empty)  # ... their new owners ...
     home_moves: Tensor = field(default_factory=_empty)  # ... as of this many relocations (the latest wins)
@@ -78,7 +79,7 @@ class Request:
 
     def nbytes(self) -> int:
         return nbytes(self.intent, self.expire, self.drop, self.drop_delta, self.sync, self.sync_delta,
-                      self.sync_version, self.home, self.home_owner, self.home_moves, self.dense_delta, self.dense_version)
+                      self.sync_version, self.sync_changed, self.home, self.home_owner, self.home_moves, self.dense_delta, self.dense_version)
 
 
 @dataclass
@@ -477,6 +478,7 @@ class Node:
             if replicas.numel():
                 sync_delta = self.data.index_select(0, replicas) - self.sync.index_select(0, replicas)
                 self.sync.index_copy_(0, replicas, self.data.index_select(0, replicas))
+                changed = sync_delta.ne(0).any(dim=1)  # (a zero delta would change nothing on the owner)
                 target_sync = self.hint.index_select(0, replicas)
             requests: list[Request | None] = []
             for node in range(self.nodes):
@@ -489,7 +491,8 @@ class Node:
                     request.drop, request.drop_delta = drop[chosen], drop_delta[chosen]
                 if replicas.numel():
                     chosen = (target_sync == node).nonzero().squeeze(1)
-                    request.sync, request.sync_delta = replicas[chosen], sync_delta[chosen]
+                    request.sync, request.sync_changed = replicas[chosen], changed[chosen]
+                    request.sync_delta = sync_delta[chosen[request.sync_changed]]
                     request.sync_version = self.version.index_select(0, replicas[chosen])
                 updates = self.home_updates[node]
                 if updates:
@@ -609,8 +612,12 @@ class Node:
                 self.interested.index_copy_(0, request.drop, current & ~me)
                 self._changed(request.drop)
             if request.sync.numel():
-                slots = request.sync
-                before = self._merge(slots, request.sync_delta, source, "sync")
+                slots, changed = request.sync, request.sync_changed
+                if not bool((self.kind.index_select(0, slots) == OWNER).all()):
+                    raise ProtocolError(f"node {self.index}: a sync from node {source} for keys it does not own")
+                before = self.version.index_select(0, slots)  # (the versions before this message's deltas)
+                if bool(changed.any()):
+                    self._merge(slots[changed], request.sync_delta, source, "sync")
                 behind = request.sync_version < before  # someone else changed the main copy
                 response.refresh = slots[behind]
                 response.refresh_value = self.data.index_select(0, response.refresh)
