@@ -20,6 +20,8 @@ Parts (``--parts``, default all):
   CTR (``configs/ml100k-deepfm.yaml``), word2vec (the registered ``enwiki-excerpt`` corpus, 3 epochs).
 - ``ray``: two Ray nodes on loopback (two ``ray start``; one AdaPM node actor on each): the Zipf MF
   with strata on 2 nodes, ``adaptive`` and ``replication`` against one node actor.
+- ``start`` (not in the default parts): the start-of-epoch wait, ``adapm.start_rounds`` 0 against
+  10, on 2 and 4 nodes (remote accesses, epoch time).
 - ``timing``: Figure 8's ablation on the Zipf MF without strata (every node sees every hot key), 2
   nodes, one epoch: adaptive timing against acting immediately, for look-aheads 4 .. 1024 batches.
 
@@ -167,6 +169,21 @@ def part_timing(quick: bool) -> dict[str, Any]:
     return out
 
 
+def part_start(quick: bool) -> dict[str, Any]:
+    """The start-of-epoch wait (``adapm.start_rounds``, cadence's, not the paper's): the Zipf MF with
+    strata, 1 epoch, 2 and 4 nodes, no wait against the default 10 rounds, 3 seeds each: remote
+    accesses and epoch time."""
+    out: dict[str, Any] = {}
+    for nodes in (2, 4):
+        for rounds in (0, 10):
+            name = f"{nodes}-nodes-start-{rounds}"
+            print(f"start: {name}", flush=True)
+            out[name] = [run(None, [*zipf(quick), "train.epochs=1", "eval.every=0", "strategy=adapm",
+                                    f"ps.workers={nodes}", f"mf.strata={nodes}", f"adapm.start_rounds={rounds}",
+                                    f"seed={seed}"], f"{name}-seed{seed}") for seed in range(3)]
+    return out
+
+
 def part_ray(quick: bool) -> dict[str, Any]:
     """Two Ray nodes on loopback (``ray start`` twice): one AdaPM node actor per Ray node."""
     from ray_cluster import two_nodes
@@ -233,7 +250,7 @@ def main() -> None:
         "machine": machine_info(), "engine": "threads (every node in this process)",
     }
     parts = {"table2": part_table2, "tasks": lambda quick: part_tasks(quick, 1 if quick else args.seeds, args.tasks.split(",")),
-             "timing": part_timing, "ray": part_ray}
+             "timing": part_timing, "ray": part_ray, "start": part_start}
     for name in args.parts.split(","):
         report[name] = parts[name](args.quick)
         write_report(report, out, started, 0.0)  # (a partial report survives an interrupted run)

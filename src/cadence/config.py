@@ -233,8 +233,9 @@ class MfConfig:
     folds: int = 5
     fold: int = 0
     # P > 0: each epoch is P sub-epochs; in sub-epoch s part p trains the ratings of user block p and
-    # item block (p + s) mod P (DSGD's strata: row-partitioned data with column locality, AdaPM's MF
-    # setting; with P = ps.workers each AdaPM node trains one part); 0: one shuffle of all ratings
+    # item block (p + s) mod P (DSGD's strata: row-partitioned data with column locality; with
+    # P = ps.workers each AdaPM node trains one part; not AdaPM's App. C partitioning, which gives a
+    # node's worker threads columns of its rows); 0: one shuffle of all ratings
     strata: int = 0
     synthetic: SyntheticRatingsConfig = field(default_factory=SyntheticRatingsConfig)
 
