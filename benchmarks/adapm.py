@@ -5,8 +5,10 @@ every contender in one invocation.
 Parts (``--parts``, default all):
 
 - ``table2``: the synthetic Zipf MF (``synthetic-zipf``, 100k users x 10k items, 1M ratings, rank
-  32) with row-partitioned data and column locality (``mf.strata`` = nodes: node p trains user
-  block p and item block (p + s) mod P in sub-epoch s), on 2 and 4 nodes: ``adaptive`` (AdaPM),
+  32) partitioned as the paper does (App. C, ``--mf-partition rows``, the default: ``mf.row_blocks``
+  = nodes, node p trains user block p, every item) or with DSGD's strata (``--mf-partition
+  strata``, not the paper's: ``mf.strata`` = nodes, node p trains user block p and item block
+  (p + s) mod P in sub-epoch s: column locality), on 2 and 4 nodes: ``adaptive`` (AdaPM),
   ``replication`` (AdaPM w/o relocation), ``relocation`` (w/o replication), ``static``
   (a classic parameter server: static partitioning), ``full`` (full replication, synchronised every
   round), and the single node. Per contender: bytes communicated per epoch and node, mean replica
@@ -109,11 +111,17 @@ def effective_speedups(records: list[dict[str, Any]], single: dict[str, Any]) ->
         record["effective_speedup"] = round(base / mine, 3) if base and mine else None
 
 
-def part_table2(quick: bool) -> dict[str, Any]:
+PARTITIONS = {  # Table 2's MF partitioning (``--mf-partition``) for a number of nodes
+    "rows": lambda nodes: [f"mf.row_blocks={nodes}"],  # the paper's (App. C): a row block per node (1 thread: 1 column)
+    "strata": lambda nodes: [f"mf.strata={nodes}"],  # DSGD's strata: not the paper's (column locality)
+}
+
+
+def part_table2(quick: bool, partition: str = "rows") -> dict[str, Any]:
     epochs = ["train.epochs=2" if quick else "train.epochs=3", "eval.every=1"]
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"partition": partition}
     for nodes in (2, 4):
-        common = [*zipf(quick), *epochs, f"mf.strata={nodes}"]
+        common = [*zipf(quick), *epochs, *PARTITIONS[partition](nodes)]
         print(f"table2, {nodes} nodes", flush=True)
         single = run(None, [*common, "strategy=adapm", "ps.workers=1"], "single")
         rows = [run(None, [*common, "strategy=adapm", f"ps.workers={nodes}", f"adapm.technique={t}"], t)
@@ -205,14 +213,15 @@ def part_ray(quick: bool) -> dict[str, Any]:
 def bars(report: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     runs = []
-    for group in [*report.get("table2", {}).values(), report.get("ray", {})]:
+    for group in [*(g for g in report.get("table2", {}).values() if isinstance(g, dict)), report.get("ray", {})]:
         runs += [r for name, r in group.items() if name == "adaptive" and "accesses" in r]
     for group in report.get("tasks", {}).values():
         runs += [r for r in group["adapm-2"] if "accesses" in r]
     if runs:
         share = max(r["remote_access_share"] for r in runs)
         result["remote_share_below_0.01%"] = {"max": share, "pass": share < 1e-4}
-    table = {**report.get("table2", {}), **({"ray_2_nodes": report["ray"]} if "ray" in report else {})}
+    table = {**{k: g for k, g in report.get("table2", {}).items() if isinstance(g, dict)},
+             **({"ray_2_nodes": report["ray"]} if "ray" in report else {})}
     for nodes, group in table.items():
         if "bytes_per_epoch" in group.get("adaptive", {}) and "bytes_per_epoch" in group.get("replication", {}):
             ratio = group["adaptive"]["bytes_per_epoch"] / group["replication"]["bytes_per_epoch"]
@@ -242,6 +251,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--seeds", type=int, default=3, help="seeds of the tasks part (default 3)")
     parser.add_argument("--tasks", default=",".join(TASK_RUNS), help="tasks of the tasks part (default all)")
+    parser.add_argument("--mf-partition", choices=sorted(PARTITIONS), default="rows",
+                        help="Table 2's partitioning: rows (the paper's App. C, default) or strata (DSGD's)")
     args = parser.parse_args()
     started = time.perf_counter()
     out = Path(args.out) if args.out else RESULTS / f"adapm{'_quick' if args.quick else ''}.json"
@@ -249,7 +260,7 @@ def main() -> None:
         "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/adapm.py", *sys.argv[1:]]),
         "machine": machine_info(), "engine": "threads (every node in this process)",
     }
-    parts = {"table2": part_table2, "tasks": lambda quick: part_tasks(quick, 1 if quick else args.seeds, args.tasks.split(",")),
+    parts = {"table2": lambda quick: part_table2(quick, args.mf_partition), "tasks": lambda quick: part_tasks(quick, 1 if quick else args.seeds, args.tasks.split(",")),
              "timing": part_timing, "ray": part_ray, "start": part_start}
     for name in args.parts.split(","):
         report[name] = parts[name](args.quick)

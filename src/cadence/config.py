@@ -237,6 +237,12 @@ class MfConfig:
     # P = ps.workers each AdaPM node trains one part; not AdaPM's App. C partitioning, which gives a
     # node's worker threads columns of its rows); 0: one shuffle of all ratings
     strata: int = 0
+    # R > 0: AdaPM's MF partitioning (App. C): the ratings go to R row blocks by user (with R =
+    # ps.workers, one per AdaPM node) and within each to mf.column_blocks blocks by item (with
+    # C = adapm.threads, one per worker thread of the node), every block trained at the same time;
+    # 0: off. Not with mf.strata.
+    row_blocks: int = 0
+    column_blocks: int = 1
     synthetic: SyntheticRatingsConfig = field(default_factory=SyntheticRatingsConfig)
 
 
@@ -325,6 +331,7 @@ _POSITIVE = {
     "ctr.synthetic.num_examples", "ctr.synthetic.num_fields", "ctr.synthetic.vocab_per_field",
     "ctr.synthetic.holdout", "ctr.num_periods", "w2v.negatives", "shadow.threads", "shadow.every",
     "shadow.block_lr", "pdasgd.backward_threads", "image.fc", "adapm.threads", "adapm.initial_rate",
+    "mf.column_blocks",
 }
 _NON_NEGATIVE = {"ps.emulated_latency", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "ctr.first_period",
@@ -332,7 +339,7 @@ _NON_NEGATIVE = {"ps.emulated_latency", "ps.buffer", "ps.tolerance", "ps.stalene
                  "w2v.sample", "w2v.max_vocab", "w2v.min_lr", "ctr.synthetic.dim", "ctr.synthetic.zipf_exponent",
                  "shadow.max_syncs_per_second", "optimizer.weight_decay", "optimizer.warmup_epochs",
                  "image.valid_size", "pdasgd.intra_op_threads", "adapm.lookahead", "adapm.round_interval", "adapm.start_rounds",
-                 "mf.strata"}
+                 "mf.strata", "mf.row_blocks"}
 
 
 # paths and names: an empty one would silently mean the current directory (or nothing)

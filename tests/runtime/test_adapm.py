@@ -376,6 +376,40 @@ def test_mf_strata_partition_rows_and_rotate_item_blocks(task_data, tmp_path) ->
     assert task.partition(plans, 2) == [plans[0::2], plans[1::2]]  # other node counts: round-robin
 
 
+def test_mf_row_blocks_go_to_nodes_and_column_blocks_to_their_workers(task_data, tmp_path) -> None:
+    """AdaPM's App. C: node r trains the ratings of user block r, every item of them, at the same
+    time as the other nodes; within it worker c trains item block c (a brute-force check of every
+    batch against the blocks)."""
+    from cadence.tasks import TASKS
+
+    config = api.prepare_config(make_config(tmp_path / "grid", *task_data["mf"], "mf.row_blocks=2",
+                                            "mf.column_blocks=3"))
+    task = TASKS.get("mf")(config)
+    plans = task.plan(0)
+    train = task.splits["train"]
+    assert torch.equal(torch.cat([plan.examples for plan in plans]).sort().values, torch.arange(len(train)))
+    users, items = task.dataset.num_users, task.dataset.num_items
+    for row, mine in enumerate(task.partition(plans, 2)):
+        assert mine and set(plan.part for plan in mine) == {row * 3 + c for c in range(3)}
+        node_items = set()
+        for column, share in enumerate(task.partition_workers(mine[1:], 3)):  # (by block, not by position)
+            for plan in share:
+                assert set((train.users[plan.examples] * 2 // users).tolist()) == {row}
+                assert set((train.items[plan.examples] * 3 // items).tolist()) == {column}
+                node_items |= set(train.items[plan.examples].tolist())
+        assert len({item * 3 // items for item in node_items}) == 3  # every node touches every item block
+    assert sorted(plan.part for plan in plans[:6]) == list(range(6))  # every cell trains from the start
+    assert task.partition_workers(plans, 2) == [plans[0::2], plans[1::2]]  # other thread counts: round-robin
+
+
+def test_mf_row_blocks_train_under_adapm_and_exclude_strata(task_data, tmp_path) -> None:
+    summary = adapm_run(task_data, tmp_path, "grid", "ps.workers=2", "mf.row_blocks=2", "adapm.threads=2",
+                        "mf.column_blocks=2").summary
+    assert summary["nodes"] == 2 and summary["examples_seen"] > 0 and summary["relocations"] > 0
+    with pytest.raises(ConfigError, match="mf.row_blocks and mf.strata"):
+        api.train(make_config(tmp_path / "both", *task_data["mf"], "mf.row_blocks=2", "mf.strata=2"))
+
+
 def test_an_epoch_ends_with_every_update_in_the_main_copies(task_data, tmp_path) -> None:
     """After the workers finish, the nodes settle: no replica is left (each sent its last delta),
     nothing waits to be delivered, every key has exactly one owner; what the trainer evaluates and

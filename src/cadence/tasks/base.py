@@ -104,6 +104,11 @@ class Task(ABC):
         is partitioned (MF by rows) says which batches belong to which node."""
         return [plans[index::parts] for index in range(parts)]
 
+    def partition_workers(self, plans: list[BatchPlan], workers: int) -> list[list[BatchPlan]]:
+        """A node's plans split among its ``workers`` worker threads (AdaPM): round-robin by
+        default; a task whose data is partitioned (MF by columns within a node) says which."""
+        return [plans[index::workers] for index in range(workers)]
+
     @abstractmethod
     def prepare(self, plan: BatchPlan) -> Batch:
         """The batch of ``plan``: the keys it touches (``ids``, sorted, unique) and its inputs."""

@@ -90,6 +90,9 @@ class MfTask(Task):
         self.data_given = dataset is not None
         if config.model.name != "biased":
             raise ConfigError(f"model.name: the mf task has one model, biased; got {config.model.name!r}")
+        if config.mf.row_blocks and config.mf.strata:
+            raise ConfigError("mf.row_blocks and mf.strata are two partitionings of the ratings; set one "
+                              f"(got {config.mf.row_blocks} and {config.mf.strata})")
         self.dataset = dataset if dataset is not None else load_rating_dataset(
             config.data.dataset, config.seed, config.mf.synthetic, strict=config.data.strict)
         if config.mf.split == "random":
@@ -122,11 +125,39 @@ class MfTask(Task):
 
     # ---- batches --------------------------------------------------------------------------------
     def plan(self, epoch: int) -> list[BatchPlan]:
-        strata = self.config.mf.strata
+        strata, rows = self.config.mf.strata, self.config.mf.row_blocks
+        if rows:
+            return self._plan_grid(epoch, rows, self.config.mf.column_blocks)
         if not strata:
             return plan_epoch(len(self.splits["train"]), self.config.train.batch_size, self.config.seed, epoch,
                               "mf-shuffle")
         return self._plan_strata(epoch, strata)
+
+    def _plan_grid(self, epoch: int, rows: int, columns: int) -> list[BatchPlan]:
+        """``mf.row_blocks`` = R, ``mf.column_blocks`` = C (AdaPM's App. C): cell (r, c) holds the
+        ratings of user block r and item block c, shuffled and batched; part r * C + c; the cells'
+        batches interleaved, so every cell trains at once (every rating once)."""
+        train = self.splits["train"]
+        user_block = train.users * rows // self.dataset.num_users
+        item_block = train.items * columns // self.dataset.num_items
+        generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "mf-grid", epoch))
+        cells = []
+        for row in range(rows):
+            for column in range(columns):
+                cell = ((user_block == row) & (item_block == column)).nonzero().squeeze(1)
+                cells.append(cell[torch.randperm(cell.shape[0], generator=generator)].split(
+                    self.config.train.batch_size))
+        return self._interleave(epoch, [cells], [])
+
+    @staticmethod
+    def _interleave(epoch: int, rounds: list[list], plans: list[BatchPlan]) -> list[BatchPlan]:
+        """Each round's cells' batches, position by position (part = the cell's index)."""
+        for cells in rounds:
+            for position in range(max((len(cell) for cell in cells), default=0)):
+                for part, cell in enumerate(cells):
+                    if position < len(cell):
+                        plans.append(BatchPlan(epoch, len(plans), cell[position], part))
+        return plans
 
     def _plan_strata(self, epoch: int, parts: int) -> list[BatchPlan]:
         """``mf.strata`` = P: sub-epoch s, part p: the ratings of user block p and item block
@@ -135,23 +166,32 @@ class MfTask(Task):
         user_block = train.users * parts // self.dataset.num_users
         item_block = train.items * parts // self.dataset.num_items
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "mf-strata", epoch))
-        plans: list[BatchPlan] = []
+        rounds = []
         for step in range(parts):
             cells = []
             for part in range(parts):
                 cell = ((user_block == part) & (item_block == (part + step) % parts)).nonzero().squeeze(1)
                 cells.append(cell[torch.randperm(cell.shape[0], generator=generator)].split(batch_size))
-            for row in range(max(len(cell) for cell in cells)):
-                for part, cell in enumerate(cells):
-                    if row < len(cell):
-                        plans.append(BatchPlan(epoch, len(plans), cell[row], part))
-        return plans
+            rounds.append(cells)
+        return self._interleave(epoch, rounds, [])
 
     def partition(self, plans: list[BatchPlan], parts: int) -> list[list[BatchPlan]]:
-        """With ``mf.strata`` equal to the number of parts, part p trains its own strata."""
-        if self.config.mf.strata != parts:
+        """With ``mf.strata`` equal to the number of parts, part p trains its own strata; with
+        ``mf.row_blocks`` equal to it, part r trains row block r (every column of it)."""
+        rows, columns = self.config.mf.row_blocks, self.config.mf.column_blocks
+        if rows and rows == parts:
+            return [[plan for plan in plans if plan.part // columns == row] for row in range(rows)]
+        if rows or self.config.mf.strata != parts:
             return super().partition(plans, parts)
         return [[plan for plan in plans if plan.part == part] for part in range(parts)]
+
+    def partition_workers(self, plans: list[BatchPlan], workers: int) -> list[list[BatchPlan]]:
+        """With ``mf.column_blocks`` equal to a node's worker threads, worker c trains column block c
+        of the node's row block."""
+        columns = self.config.mf.column_blocks
+        if not self.config.mf.row_blocks or columns != workers:
+            return super().partition_workers(plans, workers)
+        return [[plan for plan in plans if plan.part % columns == column] for column in range(columns)]
 
     def prepare(self, plan: BatchPlan) -> Batch:
         train, index = self.splits["train"], plan.examples

@@ -199,7 +199,8 @@ class NodeRunner:
         if report is None:
             report = serialized(lambda batch: finished.append((batch.plan.index, float(batch.loss))))
         threads, index, stop = self.settings.threads, self.node.index, self.stop
-        jobs = {w: functools.partial(self._work, w, plans[w::threads], report, stop) for w in range(threads)}
+        shares = self.task.partition_workers(plans, threads)  # (round-robin, or MF's column blocks)
+        jobs = {w: functools.partial(self._work, w, shares[w], report, stop) for w in range(threads)}
         group = run_threads(jobs, lambda w: f"cadence-adapm-{index}.{w}", lambda w, err: stop.set())
         group.raise_first()
         results = group.results.values()
