@@ -410,6 +410,50 @@ def test_mf_row_blocks_train_under_adapm_and_exclude_strata(task_data, tmp_path)
         api.train(make_config(tmp_path / "both", *task_data["mf"], "mf.row_blocks=2", "mf.strata=2"))
 
 
+def test_each_node_writes_its_main_copies_as_a_checkpoint_part_that_any_runtime_reads(task_data,
+                                                                                      tmp_path) -> None:
+    """No row passes through the driver at a checkpoint: each node writes the keys it owns into a
+    part of its own (disjoint, together every key); merged they are the owners' rows (the gather,
+    as the reference); a pipeline run starts from them, and an AdaPM run with another node count
+    reads them back node by node."""
+    from cadence.core import checkpoint as ckpt
+    from cadence.tasks import TASKS
+    from cadence.strategies.adapm.runtime import AdaPMRuntime
+    from cadence.training.run_directory import RunDirectory
+
+    result = adapm_run(task_data, tmp_path, "parts", "ps.workers=2", "adapm.lookahead=8")
+    tensors, state = api.final_checkpoint(RunDirectory(result.run_dir))
+    path = ckpt.checkpoint_root(result.run_dir) / "final"
+    written, _ = ckpt.load_checkpoint(path, tables=False)
+    assert not any(name.startswith("table.") for name in written)  # the rows are in the parts only
+    assert sorted(state[ckpt.PARTS]) == ["node-000-of-002.safetensors", "node-001-of-002.safetensors"]
+    pieces = [ckpt.read_tensors(path / name, sha)["table.keys"] for name, sha in sorted(state[ckpt.PARTS].items())]
+    assert not set(pieces[0].tolist()) & set(pieces[1].tolist())  # disjoint: each key from its owner
+    config = api.prepare_config(make_config(tmp_path / "reader", *task_data["mf"], "strategy=adapm",
+                                            "ps.workers=3"))
+    reader = AdaPMRuntime(config, TASKS.get("mf")(config))
+    reader.load_state(written, state)  # three nodes read the two nodes' parts, each by itself
+    merged = ckpt.read_tables(state)
+    assert torch.equal(merged["table.keys"], tensors["table.keys"])
+    for got in (reader.table_tensors(), pipeline_reading(tmp_path, task_data, result.run_dir, written, state)):
+        for name in ("table.keys", "table.values", "table.state"):
+            assert torch.equal(got[name], merged[name])
+    reader.close()
+
+
+def pipeline_reading(tmp_path, task_data, run_dir, tensors, state):
+    """The rows a ``sync`` (pipeline) run starts from after ``--init-from`` of an AdaPM run."""
+    from cadence.tasks import TASKS
+    from cadence.training.run_directory import RunDirectory
+
+    config = api.prepare_config(make_config(tmp_path / "pipeline", *task_data["mf"]))
+    run = RunDirectory(tmp_path / "pipeline")
+    run.create(config)
+    trainer = api.build_trainer(config, TASKS.get("mf")(config), run)
+    trainer.init_from(run_dir, tensors, state)
+    return trainer.runtime.table_tensors()
+
+
 def test_an_epoch_ends_with_every_update_in_the_main_copies(task_data, tmp_path) -> None:
     """After the workers finish, the nodes settle: no replica is left (each sent its last delta),
     nothing waits to be delivered, every key has exactly one owner; what the trainer evaluates and

@@ -23,6 +23,7 @@ import functools
 import threading
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -37,6 +38,7 @@ from cadence.engines.threads import ThreadGroup, run_threads
 from cadence.pipeline.stages import ComputeStage
 from cadence.strategies.adapm.node import OWNER, DenseCopy, Node, ProtocolError, nbytes
 from cadence.strategies.adapm.timing import ActionTimer
+from cadence.core import checkpoint as ckpt
 from cadence.core.rows import RowBlock
 from cadence.store.embedding_store import create_store
 
@@ -266,15 +268,36 @@ class NodeRunner:
             slots = (node.kind == OWNER).nonzero().squeeze(1)
             return slots, node.data.index_select(0, slots)
 
-    def load_rows(self, values: Tensor) -> None:
-        """Every copy here takes ``values`` (between epochs only owners, and full replication's
-        replicas, hold copies)."""
+    def save_part(self, path: str) -> str:
+        """Write the main copies held here (``table.keys/values/state``, a checkpoint part) to
+        ``path``, fsynced, in this node's process; its sha256."""
+        slots, values = self.owned()
+        width = self.width
+        return ckpt.write_tensors(Path(path), {"table.keys": self.node.keys.index_select(0, slots),
+                                               "table.values": values[:, :width].contiguous(),
+                                               "table.state": values[:, width:].contiguous()})
+
+    def load_parts(self, directory: str, parts: dict[str, str]) -> None:
+        """Every copy here takes the rows of a checkpoint written in parts (any runtime's: read
+        and verified in this node's process, nothing passes through the driver)."""
+        tables = ckpt.read_tables({ckpt.PARTS: parts, ckpt.PARTS_DIR: directory})
+        self.load_table(tables["table.keys"], tables["table.values"], tables["table.state"])
+
+    def load_table(self, keys: Tensor, values: Tensor, state: Tensor) -> None:
+        """Every copy here of a key in ``keys`` takes its row and state (a key this node has no
+        slot for, or a slot no key names, is left alone: another run's parameters, ``--init-from``)."""
         node = self.node
+        if not keys.numel() or not node.keys.numel():
+            return
+        position = torch.searchsorted(node.keys, keys).clamp_(max=node.keys.shape[0] - 1)
+        found = (node.keys.index_select(0, position) == keys).nonzero().squeeze(1)
+        slots = position.index_select(0, found)
+        rows = torch.cat([values.index_select(0, found), state.index_select(0, found)], dim=1)
         with node.lock:
-            node.data.copy_(values)
-            node.stamp += 1
+            node.data.index_copy_(0, slots, rows)
+            node.stamp.index_add_(0, slots, torch.ones_like(slots))
             if node.sync.shape[0]:
-                node.sync.copy_(values)
+                node.sync.index_copy_(0, slots, rows)
 
     def main_dense_state(self) -> tuple[dict[str, Tensor], dict | None]:
         """Node 0: the main dense module's state and its optimizer's."""
@@ -430,9 +453,22 @@ class Cluster:
             out[slots] = values
         return out
 
-    def load_rows(self, values: Tensor) -> None:
-        """Every owner takes its keys' rows from ``values`` (``keys`` order)."""
-        self.placement.each(self.nodes, NodeRunner.load_rows, values)
+    def part_names(self) -> list[str]:
+        return [f"node-{index:03d}-of-{self.count:03d}.safetensors" for index in range(self.count)]
+
+    def write_parts(self, directory: Path) -> dict[str, str]:
+        """Each node writes the main copies it holds into ``directory`` itself, all at once; {file: sha256}."""
+        names = self.part_names()
+        calls = [node.start(NodeRunner.save_part, str(directory / name)) for node, name in zip(self.nodes, names)]
+        return {name: call.result() for name, call in zip(names, calls)}
+
+    def load_parts(self, directory: str, parts: dict[str, str]) -> None:
+        """Each node reads a checkpoint's parts itself."""
+        self.placement.each(self.nodes, NodeRunner.load_parts, directory, parts)
+
+    def load_table(self, keys: Tensor, values: Tensor, state: Tensor) -> None:
+        """Each node takes the rows of the keys it has slots for."""
+        self.placement.each(self.nodes, NodeRunner.load_table, keys, values, state)
 
     def load_dense(self) -> None:
         """Every node's dense copies take ``dense`` and its optimizer state (a loaded checkpoint)."""

@@ -3,9 +3,9 @@ them from intent signals."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from cadence.config import Config
@@ -52,22 +52,20 @@ class AdaPMRuntime(Runtime):
                 "table.state": rows[:, width:].contiguous()}
 
     def state(self) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """The dense part and the counters; the rows go to parts each node writes (``write_parts``)."""
         dense, meta = self._dense_state(self.cluster.dense_optimizer)
-        return {**self.table_tensors(), **dense}, {**meta, "adapm": self.cluster.counters()}
+        return dense, {**meta, "adapm": self.cluster.counters()}
+
+    def write_parts(self, directory: Path) -> dict[str, str]:
+        """Each node writes its main copies into the checkpoint's directory: no row passes through
+        the driver (any runtime reads the parts: ``checkpoint.read_tables``)."""
+        return self.cluster.write_parts(directory)
 
     def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any], counters: bool = True) -> None:
-        if "table.keys" not in tensors:  # rows written in parts by server shards (a switched job)
-            tensors = {**tensors, **ckpt.read_tables(meta)}
-        keys = tensors["table.keys"]
-        loaded = torch.cat([tensors["table.values"], tensors["table.state"]], dim=1)
-        if torch.equal(keys, self.cluster.keys):
-            rows = loaded
-        else:  # another run's parameters (``--init-from``): the keys both know
-            rows = self.cluster.rows()
-            position, found = (self.index or KeyIndex(self.cluster.keys)).locate(keys)
-            both = found.nonzero().squeeze(1)
-            rows[position[both]] = loaded[both]
-        self.cluster.load_rows(rows)
+        if "table.keys" in tensors:  # (a checkpoint with its rows in its tensors, or merged by the caller)
+            self.cluster.load_table(tensors["table.keys"], tensors["table.values"], tensors["table.state"])
+        else:  # written in parts (by these nodes, or another runtime's shards): each node reads them
+            self.cluster.load_parts(meta[ckpt.PARTS_DIR], meta[ckpt.PARTS])
         self._load_dense(tensors, meta, self.cluster.dense_optimizer if meta.get("dense_optimizer") else None)
         self.cluster.load_dense()
         if counters and "adapm" in meta:
