@@ -454,6 +454,33 @@ def pipeline_reading(tmp_path, task_data, run_dir, tensors, state):
     return trainer.runtime.table_tensors()
 
 
+@pytest.mark.parametrize("task", ["mf", "ctr"])  # a fixed table, and hashed feature keys
+def test_evaluation_reads_each_row_from_its_owner_without_gathering_the_table(task, task_data, tmp_path) -> None:
+    """``parameters()`` reads the rows asked for from their owners: the same values as the gathered
+    table (the reference: every owner's rows, ``RowsView``), a key outside the key space its initial
+    row; and it never gathers the table."""
+    from cadence.core.keys import KeyIndex
+    from cadence.core.runtime import RowsView
+    from cadence.tasks import TASKS
+    from cadence.strategies.adapm.runtime import AdaPMRuntime
+
+    config = api.prepare_config(make_config(tmp_path / task, *task_data[task], "strategy=adapm", "ps.workers=3",
+                                            "adapm.lookahead=4"))
+    built = TASKS.get(task)(config)
+    runtime = AdaPMRuntime(config, built)
+    runtime.run_epoch(built.plan(0), lambda batch: None)
+    spec, keys = runtime.spec, runtime.cluster.keys
+    reference = RowsView(runtime.cluster.rows()[:, :spec.width], spec, None if spec.fixed else KeyIndex(keys))
+    probe = keys[torch.randperm(keys.shape[0], generator=torch.Generator().manual_seed(0))[:40]]
+    if not spec.fixed:
+        probe = torch.cat([probe, torch.tensor([int(keys.max()) + 12345])])  # never seen
+    runtime.cluster.rows = None  # (a gather from here on would fail)
+    got = runtime.parameters().values(probe)
+    assert torch.equal(got, reference.values(probe))
+    assert not torch.equal(got[:5], spec.initial_values(probe[:5]))  # trained rows, not initial ones
+    runtime.close()
+
+
 def test_an_epoch_ends_with_every_update_in_the_main_copies(task_data, tmp_path) -> None:
     """After the workers finish, the nodes settle: no replica is left (each sent its last delta),
     nothing waits to be delivered, every key has exactly one owner; what the trainer evaluates and

@@ -268,6 +268,19 @@ class NodeRunner:
             slots = (node.kind == OWNER).nonzero().squeeze(1)
             return slots, node.data.index_select(0, slots)
 
+    def rows_of(self, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """(positions in ``keys``, rows) of the keys whose main copy is held here: a read of the
+        trained rows by key (evaluation) that moves only the rows asked for."""
+        node = self.node
+        if not keys.numel() or not node.keys.numel():
+            return keys.new_empty(0), torch.empty(0, self.width)
+        slots = node.slots(keys) if node.key_is_slot else \
+            torch.searchsorted(node.keys, keys).clamp_(max=node.keys.shape[0] - 1)
+        with node.lock:
+            mine = ((node.keys.index_select(0, slots) == keys) & (node.kind.index_select(0, slots) == OWNER))
+            positions = mine.nonzero().squeeze(1)
+            return positions, node.data.index_select(0, slots.index_select(0, positions))[:, :self.width].clone()
+
     def save_part(self, path: str) -> str:
         """Write the main copies held here (``table.keys/values/state``, a checkpoint part) to
         ``path``, fsynced, in this node's process; its sha256."""
@@ -379,6 +392,7 @@ class Cluster:
                  dense: nn.Module, placement: Placement):
         self.settings, self.task, self.count, self.placement = settings, task, nodes, placement
         self.keys = key_space(task)
+        self.spec = task.table()
         self.dense = dense
         self.dense_optimizer = module_optimizer(optimizer, dense)  # the run's copy (checkpoints)
         source = placement.ship(task)
@@ -451,6 +465,19 @@ class Cluster:
             if out is None:
                 out = torch.empty(self.keys.shape[0], values.shape[1])
             out[slots] = values
+        return out
+
+    def values(self, keys: Tensor) -> Tensor:
+        """[n, width] trained rows of ``keys``, each from its owner (only these rows move); a key
+        outside the key space reads its initial values."""
+        out = torch.empty(keys.shape[0], self.spec.width)
+        found = torch.zeros(keys.shape[0], dtype=torch.bool)
+        for positions, rows in self.placement.each(self.nodes, NodeRunner.rows_of, keys):
+            out[positions] = rows
+            found[positions] = True
+        missing = (~found).nonzero().squeeze(1)
+        if missing.numel():
+            out[missing] = self.spec.initial_values(keys.index_select(0, missing))
         return out
 
     def part_names(self) -> list[str]:

@@ -11,8 +11,7 @@ from torch import Tensor, nn
 from cadence.config import Config
 from cadence.core import checkpoint as ckpt
 from cadence.core.batch import BatchPlan
-from cadence.core.keys import KeyIndex
-from cadence.core.runtime import OnBatch, RowsView, Runtime
+from cadence.core.runtime import OnBatch, Runtime
 from cadence.engines import PLACEMENTS
 from cadence.strategies.adapm.engine import Cluster
 from cadence.tasks.base import Task
@@ -31,13 +30,14 @@ class AdaPMRuntime(Runtime):
         placement = PLACEMENTS.get(config.ps.engine)(config.ps.ray_address, config.threads)
         self.cluster = Cluster(config.adapm, config.optimizer, self.entity_optimizer_class, config.ps.workers, task,
                                self.module, placement)
-        self.index = None if self.spec.fixed else KeyIndex(self.cluster.keys)
 
     def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
         return self.cluster.run_nodes(plans, self.epoch_lr(plans), on_batch)
 
-    def parameters(self) -> RowsView:
-        return RowsView(self.cluster.rows()[:, :self.spec.width], self.spec, self.index)
+    def parameters(self) -> "Cluster":
+        """The trained rows by key, each read from its owner: evaluation moves only the rows it asks
+        for (no gather of the table into the driver)."""
+        return self.cluster
 
     def dense(self) -> nn.Module:
         return self.module
