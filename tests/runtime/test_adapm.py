@@ -235,6 +235,28 @@ def test_an_unchanged_replica_sends_its_key_and_version_but_no_delta() -> None:
     assert torch.equal(owner.data[4, :WIDTH], replica.data[4, :WIDTH])
 
 
+def test_a_round_visits_only_the_keys_with_something_to_manage() -> None:
+    """A round looks at ``live`` slots, not the key space: every signalled key and every replica is
+    live while it is, and once intents expire and replicas are dropped nothing is left live."""
+    nodes, transport = cluster(3)
+    hot, cold = torch.tensor([3, 4, 5]), torch.tensor([7])
+    for node in nodes[:2]:
+        node.intent(0, hot, 0, 2)
+    nodes[2].intent(0, cold, 0, 2)
+    for _ in range(2):
+        rounds(nodes, transport)
+        for node in nodes:
+            live = set(node.live.tolist())
+            assert set(node.signalled.nonzero().squeeze(1).tolist()) <= live
+            assert set((node.kind == REPLICA).nonzero().squeeze(1).tolist()) <= live
+            assert live <= {3, 4, 5, 7}  # never the whole key space
+    assert any((node.kind == REPLICA).any() for node in nodes)  # (the hot keys were replicated)
+    for node in nodes:
+        node.clocks[0] = 5  # every intent has expired
+    rounds(nodes, transport, 3)
+    assert all(node.live.numel() == 0 and node.quiet() for node in nodes)
+
+
 def test_concurrent_pushes_on_replicas_sum_exactly() -> None:
     """Four nodes, two worker threads each (one pushes +1, one pulls and commits +1) on hot keys held
     as replicas and main copies while every node's sync thread runs rounds: after the intents expire

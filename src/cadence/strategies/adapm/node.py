@@ -191,6 +191,9 @@ class Node:
         self.holders = torch.zeros(n, dtype=torch.int64)  # owner: bitmask of replica holders
         self.signalled = torch.zeros(n, dtype=torch.bool)  # this node told the owner of its intent
         self.active_end = torch.zeros(workers, n, dtype=torch.int64)  # acted intents: end clock per worker
+        # the slots a round has to look at (sorted): acted intents, signalled ones, replicas; a round
+        # visits these, not the key space, and drops those with nothing left to manage
+        self.live = torch.empty(0, dtype=torch.int64)
         self.clocks = [0] * workers
         self.pending: list[deque[tuple[int, int, Tensor]]] = [deque() for _ in range(workers)]  # (start, end, slots)
         self.outbox: list[set[int]] = [set() for _ in range(nodes)]  # slots to decide for node m
@@ -442,15 +445,25 @@ class Node:
                     _, end, slots = queue.popleft()
                     current = self.active_end[worker].index_select(0, slots)
                     self.active_end[worker].index_copy_(0, slots, torch.maximum(current, torch.full_like(current, end)))
+                    self._track(slots)
+
+    def _track(self, slots: Tensor) -> None:
+        """Rounds look at ``slots`` from now on (until nothing is left to manage for them)."""
+        if slots.numel():
+            self.live = torch.unique(torch.cat([self.live, slots]))
 
     def requests(self) -> list[Request | None]:
         """This round's message to every other node (None for this node itself)."""
         with self.lock:
-            active = torch.zeros(self.keys.shape[0], dtype=torch.bool)
-            for worker, clock in enumerate(self.clocks):
-                active |= self.active_end[worker] > clock
-            new = (active & ~self.signalled).nonzero().squeeze(1)
-            gone = (self.signalled & ~active).nonzero().squeeze(1)
+            live = self.live  # (every signalled slot and every replica is live: no scan of the key space)
+            clocks = torch.tensor(self.clocks, dtype=torch.int64).unsqueeze(1)
+            active = (self.active_end.index_select(1, live) > clocks).any(0)
+            signalled = self.signalled.index_select(0, live)
+            keep = active | signalled | (self.kind.index_select(0, live) == REPLICA)
+            self.live = live = live[keep]
+            active, signalled = active[keep], signalled[keep]
+            new = live[active & ~signalled]
+            gone = live[signalled & ~active]
             me = _bit(self.index)
             # intents on keys owned here change the owner's record directly
             for slots, on in ((new, True), (gone, False)):
@@ -474,7 +487,10 @@ class Node:
                 target_drop = self.hint.index_select(0, drop)
                 self.kind[drop] = ABSENT
                 self.signalled[drop] = False
-            replicas = (self.kind == REPLICA).nonzero().squeeze(1)
+            if self.technique == "full":  # (every key not owned here: a replica from the start)
+                replicas = (self.kind == REPLICA).nonzero().squeeze(1)
+            else:
+                replicas = live[self.kind.index_select(0, live) == REPLICA]
             if replicas.numel():
                 sync_delta = self.data.index_select(0, replicas) - self.sync.index_select(0, replicas)
                 self.sync.index_copy_(0, replicas, self.data.index_select(0, replicas))
@@ -556,6 +572,7 @@ class Node:
                 self.stamp.index_add_(0, slots, torch.ones_like(slots))
                 self.version.index_copy_(0, slots, response.replica_version[absent])
                 self.kind[slots] = REPLICA
+                self._track(slots)
                 self.hint[slots] = response.replica_owner[absent].to(torch.int16)
                 self.refreshed[slots] = now
                 self.replicas_created += slots.shape[0]
@@ -751,6 +768,7 @@ class Node:
         """Nothing left to manage: no intent signalled or pending, no replica (but full replication's),
         nothing waiting to be delivered."""
         with self.lock:
-            replicas = self.technique != "full" and bool((self.kind == REPLICA).any())
-            return not (replicas or bool(self.signalled.any()) or any(self.outbox) or any(self.home_updates)
-                        or any(self.pending))
+            live = self.live  # (every signalled slot and every replica is live)
+            replicas = self.technique != "full" and bool((self.kind.index_select(0, live) == REPLICA).any())
+            return not (replicas or bool(self.signalled.index_select(0, live).any()) or any(self.outbox)
+                        or any(self.home_updates) or any(self.pending))
