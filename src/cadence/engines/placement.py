@@ -46,6 +46,15 @@ class Pending(ABC):
         """Wait for the verb; its return value, or its exception raised here."""
 
 
+def finish(pending: Pending) -> None:
+    """Wait for a role told to stop (after another one failed, or Ctrl-C); its error is that
+    failure's consequence, not news, and is dropped."""
+    try:
+        pending.result()
+    except Exception:  # noqa: BLE001
+        pass
+
+
 class Handle(ABC):
     """A role started by a ``Placement``: ``call`` and ``start`` its verbs."""
 

@@ -33,7 +33,7 @@ from cadence.config import AdapmConfig, OptimizerConfig
 from cadence.optim import module_optimizer
 from cadence.core.batch import Batch, BatchPlan, finished_batch
 from cadence.core.runtime import WorkerFailed, serialized
-from cadence.engines.placement import Handle, Pending, Placement
+from cadence.engines.placement import Handle, Placement, finish
 from cadence.engines.threads import ThreadGroup, run_threads
 from cadence.pipeline.stages import ComputeStage
 from cadence.strategies.adapm.node import OWNER, DenseCopy, Node, ProtocolError, nbytes
@@ -272,13 +272,9 @@ class NodeRunner:
         """(positions in ``keys``, rows) of the keys whose main copy is held here: a read of the
         trained rows by key (evaluation) that moves only the rows asked for."""
         node = self.node
-        if not keys.numel() or not node.keys.numel():
-            return keys.new_empty(0), torch.empty(0, self.width)
-        slots = node.slots(keys) if node.key_is_slot else \
-            torch.searchsorted(node.keys, keys).clamp_(max=node.keys.shape[0] - 1)
+        slots, found = node.locate(keys)
         with node.lock:
-            mine = ((node.keys.index_select(0, slots) == keys) & (node.kind.index_select(0, slots) == OWNER))
-            positions = mine.nonzero().squeeze(1)
+            positions = (found & (node.kind.index_select(0, slots) == OWNER)).nonzero().squeeze(1)
             return positions, node.data.index_select(0, slots.index_select(0, positions))[:, :self.width].clone()
 
     def save_part(self, path: str) -> str:
@@ -300,10 +296,8 @@ class NodeRunner:
         """Every copy here of a key in ``keys`` takes its row and state (a key this node has no
         slot for, or a slot no key names, is left alone: another run's parameters, ``--init-from``)."""
         node = self.node
-        if not keys.numel() or not node.keys.numel():
-            return
-        position = torch.searchsorted(node.keys, keys).clamp_(max=node.keys.shape[0] - 1)
-        found = (node.keys.index_select(0, position) == keys).nonzero().squeeze(1)
+        position, known = node.locate(keys)
+        found = known.nonzero().squeeze(1)
         slots = position.index_select(0, found)
         rows = torch.cat([values.index_select(0, found), state.index_select(0, found)], dim=1)
         with node.lock:
@@ -424,7 +418,7 @@ class Cluster:
                     self.placement.each(self.nodes, NodeRunner.abort)
                     for other in calls:
                         if other is not pending:
-                            _finish(other)
+                            finish(other)
                     raise WorkerFailed(f"AdaPM node {calls[pending]} failed: {err}; the epoch is abandoned") from err
                 loss, examples = loss + node_loss, examples + node_examples
                 for plan_index, batch_loss in finished:  # the node's batches, as its result arrives
@@ -520,12 +514,3 @@ class Cluster:
 
     def close(self) -> None:
         self.placement.close()
-
-
-def _finish(pending: Pending) -> None:
-    """Wait for a node that was told to abort (it leaves at its next batch); its error is the
-    first failure's consequence, not news."""
-    try:
-        pending.result()
-    except Exception:  # noqa: BLE001
-        pass

@@ -230,6 +230,16 @@ class Node:
             raise KeyError("a key outside the task's key space")
         return position
 
+    def locate(self, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """(slots, found) of ``keys``, any of which may lie outside the key space (its slot is then
+        meaningless and ``found`` False): a checkpoint's or an evaluation's keys."""
+        if not self.keys.numel():
+            return torch.zeros_like(keys), torch.zeros(keys.shape, dtype=torch.bool)
+        if self.key_is_slot:  # (a fixed table: key = slot)
+            return keys.clamp(0, self.keys.shape[0] - 1), (keys >= 0) & (keys < self.keys.shape[0])
+        position = torch.searchsorted(self.keys, keys).clamp_(max=self.keys.shape[0] - 1)
+        return position, self.keys.index_select(0, position) == keys
+
     def _ensure_sync(self) -> None:
         if self.sync.shape[0] != self.data.shape[0]:
             self.sync = torch.zeros_like(self.data)

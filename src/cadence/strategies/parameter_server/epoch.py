@@ -17,6 +17,7 @@ from torch import nn
 from cadence.config import Config, OptimizerConfig, ParameterServerConfig, ShadowConfig
 from cadence.core.batch import finished_batch
 from cadence.core.runtime import OnBatch, WorkerFailed, serialized
+from cadence.engines.placement import finish
 from cadence.engines.threads import run_threads
 from cadence.strategies.parameter_server.server import DataList
 from cadence.strategies.parameter_server.worker import Faults
@@ -112,7 +113,7 @@ class Engine(ABC):
         except BaseException:  # Ctrl-C while waiting: release every worker, let them stop, let it through
             self.abandon("interrupted")
             for pending in runs:
-                _finish(pending)
+                finish(pending)
             raise
         if failure is not None:
             raise self.failure(*failure)
@@ -166,14 +167,6 @@ class Engine(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release the engine's threads or processes."""
-
-
-def _finish(pending) -> None:
-    """Wait for a worker told to stop; its error is the interruption's consequence, not news."""
-    try:
-        pending.result()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 def run_guarded(workers: list, run, on_error) -> list:
