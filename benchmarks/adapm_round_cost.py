@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from cadence.strategies.adapm import node as node_module
-from cadence.strategies.adapm.node import Node
+from cadence.strategies.adapm.node import KeySpace, Node
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,9 +42,8 @@ def one_round(nodes: list[Node]) -> None:
 
 
 def measure(size: int, active: int, rounds: int) -> dict:
-    keys = torch.arange(size)
-    initial = torch.zeros(size, 8)
-    nodes = [Node(index, 2, keys, initial.clone(), 4) for index in range(2)]
+    space = KeySpace(size, 8, True, lambda: torch.arange(size).split(1 << 16), lambda keys: torch.zeros(keys.shape[0], 8))
+    nodes = [Node(index, 2, space, 4) for index in range(2)]
     generator = torch.Generator().manual_seed(0)
     times = []
     for step in range(rounds + 5):

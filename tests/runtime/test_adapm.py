@@ -13,7 +13,7 @@ import torch
 
 from cadence import api
 from cadence.errors import ConfigError
-from cadence.strategies.adapm.node import OWNER, REPLICA, Node, nbytes
+from cadence.strategies.adapm.node import ABSENT, OWNER, REPLICA, KeySpace, Node, nbytes
 from cadence.strategies.adapm.timing import ActionTimer, poisson_quantile
 from tests.conftest import make_config
 
@@ -35,13 +35,19 @@ class LocalTransport:
         return self.nodes[dest].serve(source, slots, delta, value)
 
 
+def initial_table() -> torch.Tensor:
+    """Keys 0..23's values at the start: key * 10 (integers: sums are exact)."""
+    return (torch.arange(KEYS).float() * 10).unsqueeze(1).repeat(1, WIDTH)
+
+
 def cluster(nodes: int, technique: str = "adaptive", workers: int = 1):
-    """Nodes over keys 0..23 whose values start at key * 10 (integers: sums are exact)."""
-    keys = torch.arange(KEYS)
-    initial = (keys.float() * 10).unsqueeze(1).repeat(1, WIDTH)
-    built = [Node(i, nodes, keys, initial.clone(), WIDTH, technique, workers)
-             for i in range(nodes)]
+    space = KeySpace.table(torch.arange(KEYS), initial_table())
+    built = [Node(i, nodes, space, WIDTH, technique, workers) for i in range(nodes)]
     return built, LocalTransport(built)
+
+
+def one(key: int) -> torch.Tensor:
+    return torch.tensor([key])
 
 
 def remote_of(node: Node, transport: LocalTransport):
@@ -59,16 +65,16 @@ def rounds(nodes: list[Node], transport: LocalTransport, count: int = 1) -> None
 
 
 def owners(nodes: list[Node], key: int) -> list[int]:
-    return [n.index for n in nodes if n.kind[key] == OWNER]
+    return [n.index for n in nodes if n.kind_of(one(key))[0] == OWNER]
 
 
 def holders(nodes: list[Node], key: int) -> list[int]:
-    return [n.index for n in nodes if n.kind[key] == REPLICA]
+    return [n.index for n in nodes if n.kind_of(one(key))[0] == REPLICA]
 
 
 def main_value(nodes: list[Node], key: int) -> torch.Tensor:
     (owner,) = owners(nodes, key)
-    return nodes[owner].data[key]
+    return nodes[owner].value_of(one(key))[0]
 
 
 # ---- the verbs against a single-node reference -----------------------------------------------------
@@ -79,7 +85,7 @@ def test_every_verb_matches_a_single_node_reference(technique: str) -> None:
     every write reaches the main copy before the next read (reads of replicas may lag: only their
     final merged values are compared)."""
     nodes, transport = cluster(3, technique)
-    reference = nodes[0].data.clone()
+    reference = initial_table()
     generator = torch.Generator().manual_seed(0)
     for step in range(60):
         node = nodes[int(torch.randint(3, (1,), generator=generator))]
@@ -116,10 +122,10 @@ def test_a_key_not_held_is_a_counted_synchronous_remote_access() -> None:
     keys = torch.tensor([0, 1, 2, 3])  # 1 and 3 live on node 1 (key % 2)
     values, local, _ = node.pull(keys, remote_of(node, transport))
     assert local.tolist() == [True, False, True, False]
-    assert torch.equal(values, nodes[0].data[keys])
+    assert torch.equal(values, initial_table()[keys])
     assert node.remote_accesses == 2 and node.accesses == 4
     node.push(keys, torch.ones(4, WIDTH), remote_of(node, transport))
-    assert nodes[1].data[1, 0] == 11.0 and nodes[0].data[0, 0] == 1.0  # each on its owner
+    assert nodes[1].value_of(one(1))[0, 0] == 11.0 and nodes[0].value_of(one(0))[0, 0] == 1.0  # each on its owner
     assert node.remote_accesses == 4
 
 
@@ -136,8 +142,8 @@ def test_one_node_with_intent_gets_the_parameter_relocated_and_keeps_it() -> Non
     assert owners(nodes, 4) == [2]
     # the home node knows where it went: node 0 reaches it through the home and caches the owner
     values, local, _ = nodes[0].pull(key, remote_of(nodes[0], transport))
-    assert not bool(local[0]) and torch.equal(values[0], nodes[2].data[4])
-    assert int(nodes[0].hint[4]) == 2
+    assert not bool(local[0]) and torch.equal(values[0], nodes[2].value_of(key)[0])
+    assert int(nodes[0].hint_of(key)[0]) == 2
 
 
 def test_several_nodes_with_intent_get_replicas_dropped_when_their_intent_expires() -> None:
@@ -182,6 +188,69 @@ def test_intents_act_only_within_the_horizon() -> None:
     assert request.intent.tolist() == [1]
 
 
+# ---- what a node holds -----------------------------------------------------------------------------------
+def test_a_node_holds_only_what_it_owns_or_replicates() -> None:
+    """Each node starts with its home keys only; a relocated key leaves its old owner's store (the
+    entry is freed) and arrives in the new one's; a replica is an entry while it lives and is freed
+    when dropped; once a round has settled, every entry of every node is a key it owns (no key it
+    neither owns nor replicates, no metadata for one), and together they are every key once."""
+    nodes, transport = cluster(3)
+    for node in nodes:  # the home share: key % 3
+        assert node.held().tolist() == list(range(node.index, KEYS, 3)) and node.entries() == 8
+    nodes[2].intent(0, one(4), 0, 2)  # home: node 1 -> relocated to node 2
+    rounds(nodes, transport)
+    assert 4 not in nodes[1].held().tolist() and nodes[1].entries() == 7
+    assert 4 in nodes[2].held(OWNER).tolist() and nodes[2].entries() == 9
+    for node in nodes[1:]:
+        node.intent(0, one(3), 0, 3)  # home: node 0 -> relocated to one of them, replicated to the other
+    rounds(nodes, transport)
+    assert len(owners(nodes, 3)) == 1 and len(holders(nodes, 3)) == 1
+    (replica,) = holders(nodes, 3)
+    assert nodes[replica].syncs.__len__() == 1  # (a replica's sync row, in a pool of its own)
+    for node in nodes:
+        node.clocks = [9]  # every intent expires: replicas dropped, entries of expired intents freed
+    rounds(nodes, transport, 3)
+    assert all(node.quiet() and len(node.syncs) == 0 for node in nodes)
+    for node in nodes:
+        assert torch.equal(node.held(), node.held(OWNER))
+        assert node.entries() == node.held().numel()  # nothing but what it owns
+    assert torch.equal(torch.cat([node.held() for node in nodes]).sort().values, torch.arange(KEYS))
+
+
+def test_a_nodes_memory_follows_its_home_share_not_the_model() -> None:
+    """Four nodes over a table of 64-wide rows: each node's store (rows, metadata, index) is its
+    quarter of the model plus bounded overhead, for a model 4x larger too; and keys relocated to
+    and fro between two nodes reuse freed entries: the store does not grow with the churn."""
+    width = 64
+    for size in (20_000, 80_000):
+        keys = torch.arange(size)
+        space = KeySpace(size, width, True, lambda keys=keys: keys.split(1 << 14),
+                         lambda wanted: torch.zeros(wanted.shape[0], width))
+        nodes = [Node(i, 4, space, width) for i in range(4)]
+        model = size * width * 4
+        for node in nodes:
+            used = node.memory()
+            assert used["entries"] == size // 4
+            assert used["store_bytes"] + used["sync_bytes"] + used["record_bytes"] < 0.5 * model
+    keys = torch.arange(2000)
+    nodes, transport = [Node(i, 2, KeySpace.table(keys, torch.zeros(2000, 4)), 4) for i in range(2)], None
+    transport = LocalTransport(nodes)
+    capacity = None
+    for step in range(12):
+        node = nodes[step % 2]
+        wanted = torch.arange(step * 50, step * 50 + 600)  # 600 keys: most of them now on the other node
+        clock = node.clocks[0]
+        node.intent(0, wanted, clock, clock + 1)
+        rounds(nodes, transport)
+        assert all(k in node.held(OWNER).tolist() for k in wanted.tolist()[:10])
+        node.advance_clock(0)
+        rounds(nodes, transport)
+        if step == 3:  # (each node has held its most by now: 1000 + 600 keys)
+            capacity = [n.store.capacity for n in nodes]
+        assert sum(n.entries() for n in nodes) == 2000  # each key in one store: freed where it left
+    assert [n.store.capacity for n in nodes] == capacity  # 8 more rounds of churn reuse freed entries
+
+
 # ---- replica synchronisation -----------------------------------------------------------------------------
 def test_replica_deltas_keep_unsent_updates_and_refresh_only_when_behind() -> None:
     nodes, transport = cluster(3)
@@ -199,14 +268,14 @@ def test_replica_deltas_keep_unsent_updates_and_refresh_only_when_behind() -> No
     response = nodes[owner].handle(request)
     assert response.refresh.numel() == 0 and response.current.tolist() == [3]  # nobody else changed it
     replica.install(owner, response, request)
-    assert torch.equal(replica.data[3], start + 7.0)
+    assert torch.equal(replica.value_of(key)[0], start + 7.0)
     assert torch.equal(main_value(nodes, 3), start + 2.0)
     nodes[owner].push(key, torch.full((1, WIDTH), 1.0), None)  # the main copy moves on
     (request,) = [r for r in replica.requests() if r is not None and r.sync.numel()]
     response = nodes[owner].handle(request)
     assert response.refresh.tolist() == [3]  # behind: the full value comes back
     replica.install(owner, response, request)
-    assert torch.equal(replica.data[3], start + 8.0) and torch.equal(main_value(nodes, 3), start + 8.0)
+    assert torch.equal(replica.value_of(key)[0], start + 8.0) and torch.equal(main_value(nodes, 3), start + 8.0)
 
 
 def test_an_unchanged_replica_sends_its_key_and_version_but_no_delta() -> None:
@@ -217,7 +286,7 @@ def test_an_unchanged_replica_sends_its_key_and_version_but_no_delta() -> None:
     for node in nodes:
         node.intent(0, keys, 0, 10)
     rounds(nodes, transport)
-    replica = next(node for node in nodes if (node.kind[keys] == REPLICA).all())
+    replica = next(node for node in nodes if (node.kind_of(keys) == REPLICA).all())
     owner = nodes[owners(nodes, 3)[0]]
     assert owners(nodes, 4) == [owner.index]  # (both keys on one owner: one message)
     (request,) = [r for r in replica.requests() if r is not None and r.sync.numel()]
@@ -231,8 +300,8 @@ def test_an_unchanged_replica_sends_its_key_and_version_but_no_delta() -> None:
     response = owner.handle(request)
     assert response.refresh.tolist() == [3] and response.current.tolist() == [4]
     replica.install(owner.index, response, request)
-    assert torch.equal(replica.data[3, :WIDTH], owner.data[3, :WIDTH])
-    assert torch.equal(owner.data[4, :WIDTH], replica.data[4, :WIDTH])
+    assert torch.equal(replica.value_of(one(3)), owner.value_of(one(3)))
+    assert torch.equal(owner.value_of(one(4)), replica.value_of(one(4)))
 
 
 def test_a_round_visits_only_the_keys_with_something_to_manage() -> None:
@@ -247,10 +316,12 @@ def test_a_round_visits_only_the_keys_with_something_to_manage() -> None:
         rounds(nodes, transport)
         for node in nodes:
             live = set(node.live.tolist())
-            assert set(node.signalled.nonzero().squeeze(1).tolist()) <= live
-            assert set((node.kind == REPLICA).nonzero().squeeze(1).tolist()) <= live
+            entries = node.store.live()
+            signalled = node.store.key[entries[node.store.signalled[entries]]]
+            assert set(signalled.tolist()) <= live
+            assert set(node.held(REPLICA).tolist()) <= live
             assert live <= {3, 4, 5, 7}  # never the whole key space
-    assert any((node.kind == REPLICA).any() for node in nodes)  # (the hot keys were replicated)
+    assert any(node.held(REPLICA).numel() for node in nodes)  # (the hot keys were replicated)
     for node in nodes:
         node.clocks[0] = 5  # every intent has expired
     rounds(nodes, transport, 3)
@@ -267,7 +338,7 @@ def test_concurrent_pushes_on_replicas_sum_exactly() -> None:
     for node in nodes:
         for worker in range(2):
             node.intent(worker, hot, 0, pushes)
-    start = torch.stack([nodes[k % 4].data[k] for k in hot.tolist()])
+    start = torch.stack([nodes[k % 4].value_of(one(k))[0] for k in hot.tolist()])
     done = threading.Event()
 
     def sync(node: Node) -> None:
@@ -521,12 +592,13 @@ def test_an_epoch_ends_with_every_update_in_the_main_copies(task_data, tmp_path)
     nodes = [handle.instance.node for handle in runtime.cluster.nodes]
     assert sum(n.replicas_created for n in nodes) > 0
     assert all(node.quiet() for node in nodes)
-    owners = sum((node.kind == OWNER).long() for node in nodes)
-    assert bool((owners == 1).all())
+    owned = torch.cat([node.held(OWNER) for node in nodes])
+    assert torch.equal(owned.sort().values, torch.arange(task.table().rows))  # every key, one owner
+    assert all(torch.equal(node.held(), node.held(OWNER)) for node in nodes)  # no replica left
     rows = runtime.table_tensors()["table.values"]
     for node in nodes:
-        owned = (node.kind == OWNER).nonzero().squeeze(1)
-        assert torch.equal(rows[owned], node.data[owned, :rows.shape[1]])
+        mine = node.held(OWNER)
+        assert torch.equal(rows[mine], node.value_of(mine)[:, :rows.shape[1]])
 
 
 def test_a_late_location_update_does_not_undo_a_newer_one_at_the_home() -> None:
@@ -538,7 +610,8 @@ def test_a_late_location_update_does_not_undo_a_newer_one_at_the_home() -> None:
     key = torch.tensor([3])  # home: node 0
     nodes[0].handle(Request(2, home=key, home_owner=torch.tensor([1]), home_moves=torch.tensor([2])))
     nodes[0].handle(Request(1, home=key, home_owner=torch.tensor([2]), home_moves=torch.tensor([1])))
-    assert int(nodes[0].home_owner[3]) == 1 and int(nodes[0].home_moves[3]) == 2
+    owner, moves = nodes[0].home_record(key)
+    assert int(owner[0]) == 1 and int(moves[0]) == 2
 
 
 def test_keys_that_moved_twice_are_found_through_a_stale_home_record() -> None:
@@ -550,9 +623,9 @@ def test_keys_that_moved_twice_are_found_through_a_stale_home_record() -> None:
     rounds(nodes[1:2], transport)  # node 1 asks the home: relocated to 1 (the home's record: 1)
     nodes[1].clocks = [5]
     nodes[2].intent(0, key, 0, 1)
-    nodes[2].hint[3] = 1  # node 2 asks node 1 directly (a cached location)
+    nodes[2].learn(key, one(1))  # node 2 asks node 1 directly (a cached location)
     rounds(nodes[1:2] + nodes[2:3], transport)
     assert owners(nodes, 3) == [2]
     nodes[1].home_updates[0].clear()  # the report to the home is still on its way
     values, local, _ = nodes[0].pull(key, remote_of(nodes[0], transport))
-    assert not bool(local[0]) and torch.equal(values[0], nodes[2].data[3])
+    assert not bool(local[0]) and torch.equal(values[0], nodes[2].value_of(key)[0])

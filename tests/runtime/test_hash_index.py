@@ -1,4 +1,4 @@
-"""The hash index against a dict, through growth and colliding batches."""
+"""The hash index against a dict, through growth, colliding batches and removals."""
 
 import pytest
 import torch
@@ -25,6 +25,35 @@ def test_the_hash_index_agrees_with_a_dict(seed: int) -> None:
         assert len(index) == len(reference) and 2 * len(index) <= index.capacity
     everything = torch.tensor(list(reference))
     assert torch.equal(index.lookup(everything), torch.tensor(list(reference.values())))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_keys_come_and_go_and_the_index_agrees_with_a_dict_without_growing(seed: int) -> None:
+    """Insertions and removals in turn (an AdaPM node's keys arriving and leaving): every lookup
+    agrees with a dict, ``keys()`` lists exactly the keys held, and tombstones are reused or
+    rebuilt away, so a table whose size stays bounded keeps its capacity."""
+    generator = torch.Generator().manual_seed(seed)
+    index, reference = HashIndex(capacity=300), {}
+    capacity = None
+    for step in range(200):
+        keys = torch.unique(torch.randint(0, 2000, (150,), generator=generator))
+        found = index.lookup(keys)
+        expected = torch.tensor([reference.get(int(k), -1) for k in keys])
+        assert torch.equal(found, expected), f"step {step}"
+        new = keys[found < 0]
+        index.insert(new, new * 7)
+        reference.update((k, 7 * k) for k in new.tolist())
+        held = torch.tensor(sorted(reference))
+        leaving = held[torch.randperm(held.shape[0], generator=generator)[:max(0, held.shape[0] - 250)]]
+        index.remove(leaving)
+        for key in leaving.tolist():
+            del reference[key]
+        assert len(index) == len(reference)
+        assert sorted(index.keys().tolist()) == sorted(reference)
+        capacity = capacity or index.capacity
+    assert index.capacity <= 2 * capacity  # (at most 400 keys at a time: no growth with the churn)
+    with pytest.raises(KeyError):
+        index.remove(torch.tensor([10 ** 9]))
 
 
 def test_a_dynamic_table_exports_sorted_keys_whatever_the_order_they_arrived_in() -> None:

@@ -2,7 +2,9 @@
 
 Open addressing with linear probing in two flat tensors (slot -> key, slot -> row), kept at most
 half full, so a lookup probes about 1.5 slots on average and adding keys is amortised O(1)
-(doubling rehashes every key once per doubling). Every operation works on a whole batch at once:
+(doubling rehashes every key once per doubling). A removed key leaves a tombstone that lookups
+probe past and insertions reuse; tombstones count towards the load, so a table that churns (keys
+come and go: an AdaPM node's relocations) is rebuilt at its live size. Every operation works on a whole batch at once:
 each round looks up all the keys still probing, so a round costs a few tensor ops whatever the
 batch size, and the number of rounds is the longest probe sequence of the batch (small at load
 0.5). This replaces a sorted key array, whose insertions re-sorted every key (O(K log K) per batch
@@ -18,6 +20,7 @@ import torch
 from torch import Tensor
 
 EMPTY = torch.iinfo(torch.int64).min  # a key no caller uses (feature keys are non-negative)
+REMOVED = EMPTY + 1  # a tombstone: a key was here (lookups go on past it)
 _MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64 (Fibonacci hashing)
 
 
@@ -27,6 +30,7 @@ class HashIndex:
         self.slot_keys = torch.full((capacity,), EMPTY, dtype=torch.int64)
         self.slot_rows = torch.empty(capacity, dtype=torch.int64)
         self.size = 0
+        self.tombstones = 0
 
     def __len__(self) -> int:
         return self.size
@@ -61,10 +65,35 @@ class HashIndex:
         """Add ``keys`` (unique, none present) with their ``rows``."""
         if not keys.numel():
             return
-        if 2 * (self.size + keys.shape[0]) > self.capacity:
+        if 2 * (self.size + self.tombstones + keys.shape[0]) > self.capacity:
             self._grow(self.size + keys.shape[0])
         self._place(keys, rows)
         self.size += keys.shape[0]
+
+    def remove(self, keys: Tensor) -> None:
+        """Remove ``keys`` (unique, all present)."""
+        if not keys.numel():
+            return
+        wanted = _int64(keys)
+        slot_keys = self.slot_keys.numpy()
+        slots = self._slots(wanted)
+        pending = np.arange(wanted.shape[0])
+        mask = self.capacity - 1
+        while pending.size:
+            probing = slots[pending]
+            probed = slot_keys[probing]
+            hit = probed == wanted[pending]
+            if bool((probed[~hit] == EMPTY).any()):
+                raise KeyError("remove: a key that is not in the index")
+            slot_keys[probing[hit]] = REMOVED
+            pending = pending[~hit]
+            slots[pending] = (probing[~hit] + 1) & mask
+        self.size -= wanted.shape[0]
+        self.tombstones += wanted.shape[0]
+
+    def keys(self) -> Tensor:
+        """Every key held (in no particular order)."""
+        return self.slot_keys[self.slot_keys > REMOVED]
 
     def _place(self, keys: Tensor, rows: Tensor) -> None:
         keys, rows = _int64(keys), _int64(rows)
@@ -74,24 +103,29 @@ class HashIndex:
         mask = self.capacity - 1
         while pending.size:
             wanted = slots[pending]
-            free = slot_keys[wanted] == EMPTY
+            found = slot_keys[wanted]
+            free = (found == EMPTY) | (found == REMOVED)
             claimants, claimed = pending[free], wanted[free]
+            reused = found[free] == REMOVED
             slot_keys[claimed] = keys[claimants]  # of several claimants of a slot, one write lands
             won = slot_keys[claimed] == keys[claimants]  # keys are unique: exactly that one
             slot_rows[claimed[won]] = rows[claimants[won]]
+            self.tombstones -= int(reused[won].sum())
             settled = np.zeros(pending.shape[0], dtype=bool)
             settled[np.flatnonzero(free)[won]] = True
             pending = pending[~settled]
             slots[pending] = (slots[pending] + 1) & mask
 
     def _grow(self, needed: int) -> None:
-        occupied = self.slot_keys != EMPTY
+        """Rehash into a table at most half full with ``needed`` keys (no tombstones)."""
+        occupied = self.slot_keys > REMOVED
         keys, rows = self.slot_keys[occupied], self.slot_rows[occupied]
         capacity = self.capacity
         while 2 * needed > capacity:
             capacity *= 2
         self.slot_keys = torch.full((capacity,), EMPTY, dtype=torch.int64)
         self.slot_rows = torch.empty(capacity, dtype=torch.int64)
+        self.tombstones = 0
         self._place(keys, rows)
 
 

@@ -36,11 +36,11 @@ from cadence.core.runtime import WorkerFailed, serialized
 from cadence.engines.placement import Handle, Placement, finish
 from cadence.engines.threads import ThreadGroup, run_threads
 from cadence.pipeline.stages import ComputeStage
-from cadence.strategies.adapm.node import OWNER, DenseCopy, Node, ProtocolError, nbytes
+from cadence.core.initial import INIT_CHUNK_ROWS
+from cadence.strategies.adapm.node import OWNER, DenseCopy, KeySpace, Node, ProtocolError, nbytes
 from cadence.strategies.adapm.timing import ActionTimer
 from cadence.core import checkpoint as ckpt
 from cadence.core.rows import RowBlock
-from cadence.store.embedding_store import create_store
 
 
 class Transport:
@@ -66,14 +66,23 @@ def key_space(task) -> Tensor:
     return torch.arange(spec.rows) if spec.fixed else task.known_keys()
 
 
-def initial_values(task, state_width: int) -> tuple[Tensor, Tensor]:
-    """(keys, [N, width + state] initial values): every key of the task's key space, as the
-    pipeline's store starts (the same seeded rows, zero optimizer state)."""
+def node_key_space(task, state_width: int) -> KeySpace:
+    """The task's key space as a node sees it: a fixed table's keys 0..N-1 a chunk at a time (the
+    chunks its initial rows are drawn in), or a vocabulary's keys in the data; every key's initial
+    value as the pipeline's store starts it (the same seeded row, zero optimizer state)."""
     spec = task.table()
-    keys = key_space(task)
-    store = create_store(keys.shape[0], spec.width, state_width, "memory", None)
-    spec.initialize(store, None if spec.fixed else keys)
-    return keys, torch.cat([store.values, store.state], dim=1)
+    width = spec.width + state_width
+
+    def initial(keys: Tensor) -> Tensor:
+        return torch.cat([spec.initial_values(keys), torch.zeros(keys.shape[0], state_width)], dim=1)
+
+    if spec.fixed:
+        def chunks():
+            for start in range(0, spec.rows, INIT_CHUNK_ROWS):
+                yield torch.arange(start, min(start + INIT_CHUNK_ROWS, spec.rows))
+        return KeySpace(spec.rows, width, True, chunks, initial)
+    keys = task.known_keys()
+    return KeySpace(keys.shape[0], width, False, lambda: keys.split(INIT_CHUNK_ROWS), initial)
 
 
 class NodeRunner:
@@ -91,8 +100,8 @@ class NodeRunner:
         self.count = count
         self.width = task.table().width
         self.entity = entity(optimizer)
-        keys, initial = initial_values(task, entity.state_width(self.width))
-        self.node = Node(index, count, keys, initial, self.width, settings.technique, settings.threads)
+        space = node_key_space(task, entity.state_width(self.width))
+        self.node = Node(index, count, space, self.width, settings.technique, settings.threads)
         self.transport: Transport | None = None  # set once every node exists (``connect``)
         self.stop = threading.Event()  # set: leave the epoch early (this node or another failed)
         dense = task.dense_module() if dense is None else dense
@@ -262,27 +271,28 @@ class NodeRunner:
 
     # ---- this node's parameters ----------------------------------------------------------------------
     def owned(self) -> tuple[Tensor, Tensor]:
-        """(slots, values) of the main copies held here."""
+        """(keys, values) of the main copies held here, by key."""
         node = self.node
         with node.lock:
-            slots = (node.kind == OWNER).nonzero().squeeze(1)
-            return slots, node.data.index_select(0, slots)
+            keys = node.held(OWNER)
+            return keys, node.store.data.index_select(0, node.store.find(keys))
 
     def rows_of(self, keys: Tensor) -> tuple[Tensor, Tensor]:
         """(positions in ``keys``, rows) of the keys whose main copy is held here: a read of the
         trained rows by key (evaluation) that moves only the rows asked for."""
         node = self.node
-        slots, found = node.locate(keys)
         with node.lock:
-            positions = (found & (node.kind.index_select(0, slots) == OWNER)).nonzero().squeeze(1)
-            return positions, node.data.index_select(0, slots.index_select(0, positions))[:, :self.width].clone()
+            entries = node.store.find(keys)
+            positions = (node.kind_of(keys) == OWNER).nonzero().squeeze(1)
+            chosen = entries.index_select(0, positions)
+            return positions, node.store.data.index_select(0, chosen)[:, :self.width].clone()
 
     def save_part(self, path: str) -> str:
         """Write the main copies held here (``table.keys/values/state``, a checkpoint part) to
         ``path``, fsynced, in this node's process; its sha256."""
-        slots, values = self.owned()
+        keys, values = self.owned()
         width = self.width
-        return ckpt.write_tensors(Path(path), {"table.keys": self.node.keys.index_select(0, slots),
+        return ckpt.write_tensors(Path(path), {"table.keys": keys,
                                                "table.values": values[:, :width].contiguous(),
                                                "table.state": values[:, width:].contiguous()})
 
@@ -293,18 +303,11 @@ class NodeRunner:
         self.load_table(tables["table.keys"], tables["table.values"], tables["table.state"])
 
     def load_table(self, keys: Tensor, values: Tensor, state: Tensor) -> None:
-        """Every copy here of a key in ``keys`` takes its row and state (a key this node has no
-        slot for, or a slot no key names, is left alone: another run's parameters, ``--init-from``)."""
+        """Every copy here of a key in ``keys`` takes its row and state (a key not held here, or
+        held here and not in ``keys``, is left alone: another run's parameters, ``--init-from``)."""
         node = self.node
-        position, known = node.locate(keys)
-        found = known.nonzero().squeeze(1)
-        slots = position.index_select(0, found)
-        rows = torch.cat([values.index_select(0, found), state.index_select(0, found)], dim=1)
         with node.lock:
-            node.data.index_copy_(0, slots, rows)
-            node.stamp.index_add_(0, slots, torch.ones_like(slots))
-            if node.sync.shape[0]:
-                node.sync.index_copy_(0, slots, rows)
+            node.load(keys, torch.cat([values, state], dim=1))
 
     def main_dense_state(self) -> tuple[dict[str, Tensor], dict | None]:
         """Node 0: the main dense module's state and its optimizer's."""
@@ -455,10 +458,10 @@ class Cluster:
     def rows(self) -> Tensor:
         """[N, width + state]: every key's main copy, gathered from its owner (evaluation, checkpoints)."""
         out = None
-        for slots, values in self.placement.each(self.nodes, NodeRunner.owned):
+        for keys, values in self.placement.each(self.nodes, NodeRunner.owned):
             if out is None:
                 out = torch.empty(self.keys.shape[0], values.shape[1])
-            out[slots] = values
+            out[torch.searchsorted(self.keys, keys)] = values
         return out
 
     def values(self, keys: Tensor) -> Tensor:

@@ -1,12 +1,14 @@
 """An AdaPM node (seed 001, SPEC section 2): a node-local store of every key the node owns or
 replicates, the verbs its workers call, and the management protocol between nodes.
 
-Every node allocates one slot per key of the task's key space (fixed tables: key = slot; a growing
-vocabulary: the keys in the data, sorted) and initialises all of them from the task's seeded initial
-rows, so any node can hold any parameter; ``kind`` says which it holds: the **main copy** (it is the
-key's *owner*), a **replica**, or nothing. A value is the row and its entity optimizer's state side
-by side (``[width + state_width]``), so a worker's optimizer step is a local computation and its
-result an additive delta, as in the reference implementation.
+A node holds what it owns or replicates and nothing else (``entries.Entries``, a hash index from
+key to entry): every key homed here (``key % nodes``) starts here from the task's seeded initial rows
+(``KeySpace``), a key gets an entry here when it arrives (relocation, replica) or when a worker here
+acts on an intent for it, and the entry is freed when the key leaves and no intent is left. So a
+node's memory follows its home share and the keys it holds, not the model. ``kind`` says what it
+holds: the **main copy** (it is the key's *owner*), a **replica**, or nothing. A value is the row
+and its entity optimizer's state side by side (``[width + state]``), so a worker's optimizer step is
+a local computation and its result an additive delta, as in the reference implementation.
 
 Verbs (``pull``, ``push`` additive, ``set``, ``intent``, ``advance_clock``, ``current_clock``) work on
 any key at any time: a key held here is read or written in place; any other key is a synchronous
@@ -27,9 +29,11 @@ else changed the main copy meanwhile), and the replica keeps its local updates m
 
 Each round a node sends every other node one grouped message (``Request``): intents that became
 active or expired, replica deltas, location updates for keys homed there; the answer (``Response``)
-carries relocations, new replicas, refreshed values and routing hints. The home node of a key
-(``key % nodes``) always knows its owner; every node caches the last known owner of a key
-(``hint``), and a message that reaches a former owner is answered with a hint and retried.
+carries relocations, new replicas, refreshed values and routing hints; messages name keys. The home
+node of a key always knows its owner (a record for each home key that left); every node caches
+the last known owner of keys it does not hold (``hint``), and a message that reaches a former owner
+is answered with a hint and retried. A round visits the keys with something to manage (``live``:
+acted or signalled intents, replicas), never the key space.
 
 The dense parameters are one more managed value: the main copy on node 0 (its first worker's
 module), a replica on every other worker, synchronised by the same delta/version rule each round.
@@ -41,9 +45,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 import torch
 from torch import Tensor, nn
+
+from cadence.strategies.adapm.entries import Column, Entries, Pool
 
 
 ABSENT, OWNER, REPLICA = 0, 1, 2
@@ -63,15 +70,15 @@ class Request:
     """One grouped message from node ``source`` to one destination in a round."""
 
     source: int
-    intent: Tensor = field(default_factory=_empty)  # slots: the source's intent became active
-    expire: Tensor = field(default_factory=_empty)  # slots: its intent expired (no replica held)
-    drop: Tensor = field(default_factory=_empty)  # slots of replicas dropped (intent expired) ...
+    intent: Tensor = field(default_factory=_empty)  # keys: the source's intent became active
+    expire: Tensor = field(default_factory=_empty)  # keys: its intent expired (no replica held)
+    drop: Tensor = field(default_factory=_empty)  # keys of replicas dropped (intent expired) ...
     drop_delta: Tensor | None = None  # ... with their last deltas
-    sync: Tensor = field(default_factory=_empty)  # slots of replicas held ...
+    sync: Tensor = field(default_factory=_empty)  # keys of replicas held ...
     sync_version: Tensor = field(default_factory=_empty)  # ... the versions they hold ...
     sync_changed: Tensor = field(default_factory=_empty)  # ... which changed since the last round (bool) ...
     sync_delta: Tensor | None = None  # ... and the deltas of those only (an unchanged replica sends none)
-    home: Tensor = field(default_factory=_empty)  # slots homed at the destination that moved ...
+    home: Tensor = field(default_factory=_empty)  # keys homed at the destination that moved ...
     home_owner: Tensor = field(default_factory=_empty)  # ... their new owners ...
     home_moves: Tensor = field(default_factory=_empty)  # ... as of this many relocations (the latest wins)
     dense_delta: Tensor | None = None  # the source's dense replicas' deltas (to node 0)
@@ -84,7 +91,7 @@ class Request:
 
 @dataclass
 class Response:
-    relocate: Tensor = field(default_factory=_empty)  # slots whose main copy moves to the requester ...
+    relocate: Tensor = field(default_factory=_empty)  # keys whose main copy moves to the requester ...
     relocate_value: Tensor | None = None
     relocate_version: Tensor = field(default_factory=_empty)
     relocate_intent: Tensor = field(default_factory=_empty)  # ... with the nodes with intent
@@ -161,43 +168,75 @@ class DenseCopy:
             offset += p.numel()
 
 
-class Node:
-    """One node: its store, its workers' verbs, and its side of the management protocol."""
+@dataclass(frozen=True)
+class KeySpace:
+    """The task's keys as a node sees them without holding them: ``size`` keys, enumerated a chunk at
+    a time (``chunks``: a node keeps its home share of each), each key's initial value (``initial``:
+    [n, ``width``], the row and its zero optimizer state, a pure function of the key), and ``fixed``:
+    the keys are 0..size-1 (a key outside is refused at once)."""
 
-    def __init__(self, index: int, nodes: int, keys: Tensor, initial: Tensor, width: int,
-                 technique: str = "adaptive", workers: int = 1):
+    size: int
+    width: int
+    fixed: bool
+    chunks: Callable[[], Iterable[Tensor]]
+    initial: Callable[[Tensor], Tensor]
+
+    @staticmethod
+    def table(keys: Tensor, values: Tensor) -> "KeySpace":
+        """A small key space given whole: sorted ``keys`` and their initial ``values`` (tests, benchmarks)."""
+        fixed = bool(keys.shape[0]) and torch.equal(keys, torch.arange(keys.shape[0]))
+        return KeySpace(keys.shape[0], values.shape[1], fixed, lambda: iter([keys]),
+                        lambda wanted: values.index_select(0, torch.searchsorted(keys, wanted)))
+
+
+class Node:
+    """One node: its store, its workers' verbs, and its side of the management protocol.
+
+    The store holds an entry per key this node owns or replicates, or has intent for (a key it
+    neither holds nor intends to access has none): the value, and the metadata of the protocol
+    (``kind``, ``stamp``, ``version``, ``refreshed``, ``moves``, ``interested``, ``holders``,
+    ``signalled``, ``hint``, ``active_end`` per worker); a replica's sync state lives in a pool of
+    its own. Home records (``records``) exist only for home keys that have left this node, and the
+    location cache for keys without an entry (``away``) only for keys not at their home, at most
+    ``away_limit`` of them (a cache: cleared when full, the home records answer meanwhile)."""
+
+    def __init__(self, index: int, nodes: int, space: KeySpace, width: int, technique: str = "adaptive",
+                 workers: int = 1):
         if technique not in TECHNIQUES:
             raise ValueError(f"technique {technique!r} (choose one of {', '.join(TECHNIQUES)})")
         if nodes > 63:
             raise ValueError("at most 63 nodes (intent sets are 64-bit masks)")
         self.index, self.nodes, self.technique = index, nodes, technique
-        self.keys = keys  # [N] int64, sorted: slot -> key
-        self.key_is_slot = bool(keys.shape[0]) and int(keys[-1]) == keys.shape[0] - 1  # 0..N-1: a fixed table
+        self.space = space
         self.width = width  # of a row; values hold the row and its optimizer state
-        n = keys.shape[0]
-        self.data = initial  # [N, width + state] float32 (every node starts from the same initial rows)
-        self.home = keys.remainder(nodes)
-        mine = self.home == index
-        self.kind = torch.where(mine, OWNER, ABSENT).to(torch.int8)
-        self.stamp = torch.zeros(n, dtype=torch.int64)  # local changes (a worker's write: set or add)
-        self.version = torch.zeros(n, dtype=torch.int64)  # owner: the main copy's; replica: the one held
-        self.sync = torch.zeros(0, self.data.shape[1])  # replica sync state, by slot (allocated lazily)
-        self.refreshed = torch.zeros(n, dtype=torch.float64)  # replica: last refresh (staleness)
-        self.moves = torch.zeros(n, dtype=torch.int64)  # owner: relocations of the main copy so far
-        self.hint = self.home.to(torch.int16)  # location cache: the last known owner
-        self.home_owner = self.home.to(torch.int16).clone()  # authoritative for keys homed here ...
-        self.home_moves = torch.zeros(n, dtype=torch.int64)  # ... as of this many relocations
-        self.interested = torch.zeros(n, dtype=torch.int64)  # owner: bitmask of nodes with active intent
-        self.holders = torch.zeros(n, dtype=torch.int64)  # owner: bitmask of replica holders
-        self.signalled = torch.zeros(n, dtype=torch.bool)  # this node told the owner of its intent
-        self.active_end = torch.zeros(workers, n, dtype=torch.int64)  # acted intents: end clock per worker
-        # the slots a round has to look at (sorted): acted intents, signalled ones, replicas; a round
+        full = technique == "full"
+        share = space.size if full else -(-space.size // nodes)
+        self.store = Entries({
+            "kind": Column((), torch.int8, ABSENT),
+            "stamp": Column((), torch.int64, 0),  # the tick of the last local change (a write, a merge, an install)
+            "version": Column((), torch.int64, 0),  # owner: the main copy's; replica: the one held
+            "refreshed": Column((), torch.float64, 0.0),  # replica: last refresh (staleness)
+            "moves": Column((), torch.int64, 0),  # owner: relocations of the main copy so far
+            "interested": Column((), torch.int64, 0),  # owner: bitmask of nodes with active intent
+            "holders": Column((), torch.int64, 0),  # owner: bitmask of replica holders
+            "signalled": Column((), torch.bool, False),  # this node told the owner of its intent
+            "hint": Column((), torch.int16, None),  # the last known owner
+            "active_end": Column((workers,), torch.int64, 0),  # acted intents: end clock per worker
+            "sync": Column((), torch.int64, -1),  # replica: its row in ``syncs``
+            "data": Column((space.width,), torch.float32, None),
+        }, capacity=share + share // 8 + 64)
+        self.syncs = Pool({"row": Column((space.width,), torch.float32, None)})  # replicas' values at the last sync
+        self.records = Entries({"owner": Column((), torch.int16, index), "moves": Column((), torch.int64, 0)})
+        self.away = Entries({"owner": Column((), torch.int16, None)})
+        self.away_limit = max(1 << 16, share)
+        self.tick = 0
+        # the keys a round has to look at (sorted): acted intents, signalled ones, replicas; a round
         # visits these, not the key space, and drops those with nothing left to manage
         self.live = torch.empty(0, dtype=torch.int64)
         self.clocks = [0] * workers
-        self.pending: list[deque[tuple[int, int, Tensor]]] = [deque() for _ in range(workers)]  # (start, end, slots)
-        self.outbox: list[set[int]] = [set() for _ in range(nodes)]  # slots to decide for node m
-        self.home_updates: list[dict[int, tuple[int, int]]] = [{} for _ in range(nodes)]  # slot -> (owner, moves)
+        self.pending: list[deque[tuple[int, int, Tensor]]] = [deque() for _ in range(workers)]  # (start, end, keys)
+        self.outbox: list[set[int]] = [set() for _ in range(nodes)]  # keys to decide for node m
+        self.home_updates: list[dict[int, tuple[int, int]]] = [{} for _ in range(nodes)]  # key -> (owner, moves)
         self.lock = threading.RLock()
         self.round_done = threading.Condition()  # notified after each completed round (wait_sync)
         self.rounds_started = 0
@@ -214,35 +253,182 @@ class Node:
         self.staleness_total = 0.0
         self.staleness_count = 0
         self.rounds = 0
-        if technique == "full":  # every key on every node from the start: a replica unless owned
-            self._ensure_sync()
-            replica = ~mine
-            self.kind[replica] = REPLICA
-            self.sync[replica] = self.data[replica]
-            self.refreshed[:] = time.perf_counter()
+        self.peak_entries = 0
+        # every key homed here starts here, from the task's seeded initial rows (with ``full``: every
+        # key, a replica unless homed here)
+        now = time.perf_counter()
+        for chunk in space.chunks():
+            keys = chunk if full else chunk[self._home(chunk) == index]
+            if not keys.numel():
+                continue
+            entries = self.store.add(keys)
+            store = self.store
+            store.data.index_copy_(0, entries, space.initial(keys))
+            home = self._home(keys)
+            store.hint.index_copy_(0, entries, home.to(torch.int16))
+            mine = home == index
+            store.kind.index_copy_(0, entries, torch.where(mine, OWNER, REPLICA).to(torch.int8))
+            replicas = entries[~mine]
+            if replicas.numel():
+                rows = self.syncs.allocate(replicas.shape[0])
+                self.syncs.row.index_copy_(0, rows, store.data.index_select(0, replicas))
+                store.sync.index_copy_(0, replicas, rows)
+                store.refreshed.index_fill_(0, replicas, now)
+        self.peak_entries = len(self.store)
 
-    # ---- slots -----------------------------------------------------------------------------------
-    def slots(self, keys: Tensor) -> Tensor:
-        if self.key_is_slot:
-            return keys
-        position = torch.searchsorted(self.keys, keys)
-        if bool((position >= self.keys.shape[0]).any()) or not torch.equal(self.keys[position], keys):
+    # ---- keys and entries ------------------------------------------------------------------------
+    def _home(self, keys: Tensor) -> Tensor:
+        return keys.remainder(self.nodes)
+
+    def _check(self, keys: Tensor) -> None:
+        if self.space.fixed and keys.numel() and (int(keys.min()) < 0 or int(keys.max()) >= self.space.size):
             raise KeyError("a key outside the task's key space")
-        return position
 
-    def locate(self, keys: Tensor) -> tuple[Tensor, Tensor]:
-        """(slots, found) of ``keys``, any of which may lie outside the key space (its slot is then
-        meaningless and ``found`` False): a checkpoint's or an evaluation's keys."""
-        if not self.keys.numel():
-            return torch.zeros_like(keys), torch.zeros(keys.shape, dtype=torch.bool)
-        if self.key_is_slot:  # (a fixed table: key = slot)
-            return keys.clamp(0, self.keys.shape[0] - 1), (keys >= 0) & (keys < self.keys.shape[0])
-        position = torch.searchsorted(self.keys, keys).clamp_(max=self.keys.shape[0] - 1)
-        return position, self.keys.index_select(0, position) == keys
+    def _kind(self, entries: Tensor) -> Tensor:
+        """The kind of each entry (ABSENT for -1: no entry)."""
+        kind = self.store.kind.index_select(0, entries.clamp(min=0))
+        return torch.where(entries >= 0, kind, torch.tensor(ABSENT, dtype=torch.int8))
 
-    def _ensure_sync(self) -> None:
-        if self.sync.shape[0] != self.data.shape[0]:
-            self.sync = torch.zeros_like(self.data)
+    def _entries(self, keys: Tensor) -> Tensor:
+        """The entries of ``keys``, made where missing (ABSENT, knowing what the cache knew)."""
+        entries = self.store.find(keys)
+        missing = entries < 0
+        if bool(missing.any()):
+            new = torch.unique(keys[missing])
+            hints = self._cached(new)
+            self._forget(new)
+            made = self.store.add(new)
+            self.store.hint.index_copy_(0, made, hints.to(torch.int16))
+            self.peak_entries = max(self.peak_entries, len(self.store))
+            entries = self.store.find(keys)
+        return entries
+
+    def _active(self, entries: Tensor) -> Tensor:
+        clocks = torch.tensor(self.clocks, dtype=torch.int64)
+        return (self.store.active_end.index_select(0, entries) > clocks).any(1)
+
+    def _free(self, entries: Tensor) -> None:
+        """Free entries holding nothing (ABSENT): their sync rows go back, their hints to the cache."""
+        if not entries.numel():
+            return
+        store = self.store
+        rows = store.sync.index_select(0, entries)
+        self.syncs.release(rows[rows >= 0])
+        keys, hints = store.key.index_select(0, entries), store.hint.index_select(0, entries).long()
+        store.remove(entries)
+        self._remember(keys, hints)
+
+    def _release_dead(self, entries: Tensor) -> None:
+        """Free those of ``entries`` that hold nothing and have no intent left to manage."""
+        if entries.numel():
+            store = self.store
+            dead = ((store.kind.index_select(0, entries) == ABSENT) & ~store.signalled.index_select(0, entries)
+                    & ~self._active(entries))
+            self._free(entries[dead])
+
+    def _touch(self, entries: Tensor) -> None:
+        """A local change: a fresh stamp (a worker's commit of a pull before it adds, not overwrites)."""
+        self.tick += 1
+        self.store.stamp.index_fill_(0, entries, self.tick)
+
+    def _cached(self, keys: Tensor) -> Tensor:
+        """The last known owner of each key: its entry's, the cache's, or its home."""
+        hints = self._home(keys)
+        entries = self.store.find(keys)
+        has = (entries >= 0).nonzero().squeeze(1)
+        if has.numel():
+            hints[has] = self.store.hint.index_select(0, entries.index_select(0, has)).long()
+        rest = (entries < 0).nonzero().squeeze(1)
+        if rest.numel() and len(self.away):
+            away = self.away.find(keys.index_select(0, rest))
+            known = away >= 0
+            hints[rest[known]] = self.away.owner.index_select(0, away[known]).long()
+        return hints
+
+    def _remember(self, keys: Tensor, owners: Tensor) -> None:
+        """Cache the owners of keys without an entry here (a key at its home needs no record)."""
+        if not keys.numel():
+            return
+        keys, first = _unique_first(keys)
+        owners = owners.index_select(0, first)
+        at_home = owners == self._home(keys)
+        found = self.away.find(keys)
+        self.away.remove(found[at_home & (found >= 0)])
+        keep = ~at_home
+        if bool(keep.any()):
+            if len(self.away) + int(keep.sum()) > self.away_limit:
+                self.away.clear()
+            entries = self.away.find_or_add(keys[keep])
+            self.away.owner.index_copy_(0, entries, owners[keep].to(torch.int16))
+
+    def _forget(self, keys: Tensor) -> None:
+        if len(self.away):
+            found = self.away.find(keys)
+            self.away.remove(found[found >= 0])
+
+    # ---- what a node holds (tests, counters) -------------------------------------------------------
+    def kind_of(self, keys: Tensor) -> Tensor:
+        with self.lock:
+            return self._kind(self.store.find(keys))
+
+    def value_of(self, keys: Tensor) -> Tensor:
+        """The values held here of ``keys`` (each held: main copy or replica)."""
+        with self.lock:
+            entries = self.store.find(keys)
+            if not bool((self._kind(entries) != ABSENT).all()):
+                raise KeyError("value_of: a key not held here")
+            return self.store.data.index_select(0, entries).clone()
+
+    def held(self, kind: int | None = None) -> Tensor:
+        """The keys held here (sorted): main copies and replicas, or only ``kind``'s."""
+        with self.lock:
+            entries = self.store.live()
+            kinds = self.store.kind.index_select(0, entries)
+            chosen = kinds != ABSENT if kind is None else kinds == kind
+            return self.store.key.index_select(0, entries[chosen]).sort().values
+
+    def entries(self) -> int:
+        """Entries in use (keys held, and keys with intent not yet held)."""
+        return len(self.store)
+
+    def hint_of(self, keys: Tensor) -> Tensor:
+        with self.lock:
+            return self._cached(keys)
+
+    def learn(self, keys: Tensor, owners: Tensor) -> None:
+        """Cache where keys not held here are (tests: a stale cache)."""
+        with self.lock:
+            self._learn(keys, owners)
+
+    def home_record(self, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """(owner, relocations) of keys homed here, by the home record."""
+        with self.lock:
+            found = self.records.find(keys)
+            known = found >= 0
+            owners = torch.full(keys.shape, self.index, dtype=torch.int64)
+            moves = torch.zeros(keys.shape, dtype=torch.int64)
+            owners[known] = self.records.owner.index_select(0, found[known]).long()
+            moves[known] = self.records.moves.index_select(0, found[known])
+            return owners, moves
+
+    def load(self, keys: Tensor, values: Tensor) -> None:
+        """Every copy here (main copy or replica) of a key in ``keys`` takes its value."""
+        with self.lock:
+            entries = self.store.find(keys)
+            held = (self._kind(entries) != ABSENT).nonzero().squeeze(1)
+            entries, values = entries.index_select(0, held), values.index_select(0, held)
+            self.store.data.index_copy_(0, entries, values)
+            self._touch(entries)
+            rows = self.store.sync.index_select(0, entries)
+            replica = rows >= 0
+            self.syncs.row.index_copy_(0, rows[replica], values[replica])
+
+    def memory(self) -> dict[str, int]:
+        """Bytes of this node's store: entries (rows and metadata), replica sync rows, home records,
+        the location cache."""
+        return {"entries": len(self.store), "peak_entries": self.peak_entries,
+                "store_bytes": self.store.nbytes(), "sync_bytes": self.syncs.nbytes(),
+                "record_bytes": self.records.nbytes() + self.away.nbytes()}
 
     # ---- worker verbs ----------------------------------------------------------------------------
     def intent(self, worker: int, keys: Tensor, start: int, end: int | None = None) -> None:
@@ -250,10 +436,11 @@ class Node:
         end = start + 1 if end is None else end
         if end <= start:
             raise ValueError(f"intent: end {end} must be after start {start}")
+        self._check(keys)
         if self.technique in ("static", "full") or self.nodes == 1 or not keys.numel():
             return  # (nothing acts on them)
         with self.lock:
-            self.pending[worker].append((start, end, self.slots(keys)))
+            self.pending[worker].append((start, end, keys))
 
     def advance_clock(self, worker: int) -> int:
         self.clocks[worker] += 1  # (one writer: the worker; readers tolerate a stale value)
@@ -272,7 +459,7 @@ class Node:
     def holds(self, keys: Tensor) -> bool:
         """Whether every key is held here (main copy or replica)."""
         with self.lock:
-            return bool((self.kind.index_select(0, self.slots(keys)) != ABSENT).all())
+            return bool((self._kind(self.store.find(keys)) != ABSENT).all())
 
     def round_started(self) -> None:
         with self.round_done:
@@ -285,45 +472,50 @@ class Node:
 
     def pull(self, keys: Tensor, remote) -> tuple[Tensor, Tensor, Tensor]:
         """(values, local mask, stamps) of ``keys``: local ones read here, the others from their
-        owners (``remote(node, slots) -> (values, not_mine, hints)``, synchronously)."""
-        slots = self.slots(keys)
+        owners (``remote(node, keys) -> (values, not_mine, hints)``, synchronously)."""
+        self._check(keys)
+        values = torch.empty(keys.shape[0], self.space.width)
+        stamps = torch.zeros(keys.shape[0], dtype=torch.int64)
         with self.lock:
-            kind = self.kind.index_select(0, slots)
+            store = self.store
+            entries = store.find(keys)
+            kind = self._kind(entries)
             local = kind != ABSENT
-            values = self.data.index_select(0, slots)
-            stamps = self.stamp.index_select(0, slots)
-            replica = (kind == REPLICA).nonzero().squeeze(1)
+            here = local.nonzero().squeeze(1)
+            held = entries.index_select(0, here)
+            values[here] = store.data.index_select(0, held)
+            stamps[here] = store.stamp.index_select(0, held)
+            replica = held[kind.index_select(0, here) == REPLICA]
             if replica.numel():
                 now = time.perf_counter()
-                self.staleness_total += float((now - self.refreshed.index_select(0, slots[replica])).sum())
+                self.staleness_total += float((now - store.refreshed.index_select(0, replica)).sum())
                 self.staleness_count += replica.numel()
-            self.accesses += slots.shape[0]
+            self.accesses += keys.shape[0]
         missing = (~local).nonzero().squeeze(1)
         if missing.numel():
-            values[missing] = self._remote(slots[missing], remote)
+            values[missing] = self._remote(keys[missing], remote)
         return values, local, stamps
 
     def commit(self, keys: Tensor, before: Tensor, after: Tensor, local: Tensor, stamps: Tensor, remote) -> None:
         """A worker's update of ``keys`` from ``before`` (pulled) to ``after``: a key held here and
         untouched since the pull is overwritten (so one node equals ``sync`` bit for bit), a key held
-        here and changed meanwhile (a merge, another worker) takes the delta, any other key's delta is
-        pushed to its owner."""
-        slots = self.slots(keys)
+        here and changed meanwhile (a merge, another worker, a relocation) takes the delta, any other
+        key's delta is pushed to its owner."""
         with self.lock:
-            kind = self.kind.index_select(0, slots)
-            here = kind != ABSENT
-            clean = here & local & (self.stamp.index_select(0, slots) == stamps)
+            entries = self.store.find(keys)
+            here = self._kind(entries) != ABSENT
+            clean = here & local & (self.store.stamp.index_select(0, entries.clamp(min=0)) == stamps)
             dirty = here & ~clean
-            self.accesses += slots.shape[0]
+            self.accesses += keys.shape[0]
             if bool(clean.any()):
                 chosen = clean.nonzero().squeeze(1)
-                self._write(slots[chosen], after[chosen], add=False)
+                self._write(entries[chosen], after[chosen], add=False)
             if bool(dirty.any()):
                 chosen = dirty.nonzero().squeeze(1)
-                self._write(slots[chosen], after[chosen] - before[chosen], add=True)
+                self._write(entries[chosen], after[chosen] - before[chosen], add=True)
         away = (~here).nonzero().squeeze(1)
         if away.numel():
-            self._remote(slots[away], remote, delta=after[away] - before[away])
+            self._remote(keys[away], remote, delta=after[away] - before[away])
 
     def push(self, keys: Tensor, delta: Tensor, remote) -> None:
         """The verb ``push``: add ``delta`` to the values of ``keys`` (wherever they are)."""
@@ -335,46 +527,49 @@ class Node:
         self._apply(keys, values, False, remote)
 
     def _apply(self, keys: Tensor, block: Tensor, add: bool, remote) -> None:
-        slots = self.slots(keys)
+        self._check(keys)
         with self.lock:
-            here = self.kind.index_select(0, slots) != ABSENT
-            self.accesses += slots.shape[0]
+            entries = self.store.find(keys)
+            here = self._kind(entries) != ABSENT
+            self.accesses += keys.shape[0]
             chosen = here.nonzero().squeeze(1)
             if chosen.numel():
-                self._write(slots[chosen], block[chosen], add=add)
+                self._write(entries[chosen], block[chosen], add=add)
         away = (~here).nonzero().squeeze(1)
         if away.numel():
-            self._remote(slots[away], remote, **{"delta" if add else "value": block[away]})
+            self._remote(keys[away], remote, **{"delta" if add else "value": block[away]})
 
-    def _write(self, slots: Tensor, block: Tensor, add: bool) -> None:
+    def _write(self, entries: Tensor, block: Tensor, add: bool) -> None:
+        store = self.store
         if add:
-            self.data.index_add_(0, slots, block)
+            store.data.index_add_(0, entries, block)
         else:
-            self.data.index_copy_(0, slots, block)
-        self.stamp.index_add_(0, slots, torch.ones_like(slots))
-        owned = slots[self.kind.index_select(0, slots) == OWNER]
-        self.version.index_add_(0, owned, torch.ones_like(owned))
+            store.data.index_copy_(0, entries, block)
+        self._touch(entries)
+        owned = entries[store.kind.index_select(0, entries) == OWNER]
+        store.version.index_add_(0, owned, torch.ones_like(owned))
 
-    def _remote(self, slots: Tensor, remote, delta: Tensor | None = None, value: Tensor | None = None):
+    def _remote(self, keys: Tensor, remote, delta: Tensor | None = None, value: Tensor | None = None):
         """Synchronous remote accesses: read (neither ``delta`` nor ``value``), add or overwrite
-        ``slots`` on their owners, following hints until every key is served."""
-        out = torch.empty(slots.shape[0], self.data.shape[1]) if delta is None and value is None else None
-        todo = torch.arange(slots.shape[0])
+        ``keys`` on their owners, following hints until every key is served."""
+        out = torch.empty(keys.shape[0], self.space.width) if delta is None and value is None else None
+        todo = torch.arange(keys.shape[0])
         with self.lock:
-            self.remote_accesses += slots.shape[0]
+            self.remote_accesses += keys.shape[0]
             if out is not None:
-                self.remote_reads += slots.shape[0]
+                self.remote_reads += keys.shape[0]
         for attempt in range(10_000):
             with self.lock:  # it may have arrived meanwhile (a relocation or replica in flight)
-                kind = self.kind.index_select(0, slots[todo])
+                entries = self.store.find(keys[todo])
+                kind = self._kind(entries)
                 here = (kind != ABSENT).nonzero().squeeze(1)
                 if here.numel():
-                    chosen, todo = todo[here], todo[kind == ABSENT]
+                    chosen, held, todo = todo[here], entries[here], todo[kind == ABSENT]
                     if out is not None:
-                        out[chosen] = self.data.index_select(0, slots[chosen])
+                        out[chosen] = self.store.data.index_select(0, held)
                     else:
-                        self._write(slots[chosen], (delta if delta is not None else value)[chosen], add=delta is not None)
-                hints = self._route(slots[todo])
+                        self._write(held, (delta if delta is not None else value)[chosen], add=delta is not None)
+                hints = self._route(keys[todo])
             if not todo.numel():
                 return out
             unresolved = []
@@ -383,14 +578,14 @@ class Node:
                 if node == self.index:  # arriving here: wait for the sync thread to install it
                     unresolved.append(mine)
                     continue
-                values, not_mine, hint = remote(node, slots[mine],
+                values, not_mine, hint = remote(node, keys[mine],
                                                 None if delta is None else delta[mine],
                                                 None if value is None else value[mine])
                 served = torch.ones(mine.shape[0], dtype=torch.bool)
                 if not_mine.numel():
                     served[not_mine] = False
                     with self.lock:  # (a replica may have arrived meanwhile: its owner is known)
-                        self._learn(slots[mine[not_mine]], hint)
+                        self._learn(keys[mine[not_mine]], hint)
                     unresolved.append(mine[not_mine])
                 if out is not None:
                     out[mine[served]] = values
@@ -400,50 +595,66 @@ class Node:
             time.sleep(0.0002 * min(attempt + 1, 50))
         raise ProtocolError(f"node {self.index}: {todo.numel()} keys found no owner after 10000 attempts")
 
-    def serve(self, source: int, slots: Tensor, delta: Tensor | None, value: Tensor | None):
-        """Another node's synchronous access to ``slots``: (values read, positions not owned here,
+    def serve(self, source: int, keys: Tensor, delta: Tensor | None, value: Tensor | None):
+        """Another node's synchronous access to ``keys``: (values read, positions not owned here,
         hints for them). Replicas do not serve: only the main copy."""
         with self.lock:
-            owned = self.kind.index_select(0, slots) == OWNER
+            entries = self.store.find(keys)
+            owned = self._kind(entries) == OWNER
             mine = owned.nonzero().squeeze(1)
             not_mine = (~owned).nonzero().squeeze(1)
             values = None
             if delta is None and value is None:
-                values = self.data.index_select(0, slots[mine])
+                values = self.store.data.index_select(0, entries[mine])
             elif mine.numel():
-                self._write(slots[mine], (delta if delta is not None else value)[mine], add=delta is not None)
-            hint = self._answer_hint(slots[not_mine])
+                self._write(entries[mine], (delta if delta is not None else value)[mine], add=delta is not None)
+            hint = self._answer_hint(keys[not_mine])
             self.bytes_sent += nbytes(values, hint)
             return values, not_mine, hint
 
-    def _learn(self, slots: Tensor, hints: Tensor) -> None:
+    def _learn(self, keys: Tensor, hints: Tensor) -> None:
         """Cache where keys not held here are (a key held here keeps its own record)."""
-        absent = self.kind.index_select(0, slots) == ABSENT
-        self.hint[slots[absent]] = hints[absent].to(torch.int16)
+        entries = self.store.find(keys)
+        kind = self._kind(entries)
+        absent = (entries >= 0) & (kind == ABSENT)
+        self.store.hint[entries[absent]] = hints[absent].to(torch.int16)
+        none = entries < 0
+        self._remember(keys[none], hints[none])
 
-    def _route(self, slots: Tensor) -> Tensor:
+    def _route(self, keys: Tensor) -> Tensor:
         """Where to send a message about keys not held here: the cached owner, unless the cache
         names this node (a stale answer): then the home node's record, or the home node."""
-        hints = self.hint.index_select(0, slots).long()
+        hints = self._cached(keys)
         stale = hints == self.index
         if bool(stale.any()):
-            hints[stale] = self._answer_hint(slots[stale])
+            hints[stale] = self._answer_hint(keys[stale])
         return hints
 
-    def _record_home(self, slots: Tensor, owners: Tensor, moves: Tensor) -> None:
+    def _record_home(self, keys: Tensor, owners: Tensor, moves: Tensor) -> None:
         """The home node's record of where its keys are, as of ``moves`` relocations (the newest wins)."""
-        newer = moves > self.home_moves.index_select(0, slots)
-        self.home_owner[slots[newer]] = owners[newer].to(torch.int16)
-        self.home_moves[slots[newer]] = moves[newer]
+        if not keys.numel():
+            return
+        records = self.records.find_or_add(keys)
+        newer = moves > self.records.moves.index_select(0, records)
+        self.records.owner[records[newer]] = owners[newer].to(torch.int16)
+        self.records.moves[records[newer]] = moves[newer]
 
-    def _answer_hint(self, slots: Tensor) -> Tensor:
+    def _answer_hint(self, keys: Tensor) -> Tensor:
         """Where to look for keys not owned here: the home node's record if this is the home; else
         this node's cache (a former owner knows where it sent the key: fresher than a home record
-        whose update is still on its way), unless the cache names this node: then the home node."""
-        mine = self.home.index_select(0, slots) == self.index
-        cached = self.hint.index_select(0, slots).long()
-        elsewhere = torch.where(cached == self.index, self.home.index_select(0, slots), cached)
-        return torch.where(mine, self.home_owner.index_select(0, slots).long(), elsewhere)
+        whose update is still on its way), unless the cache names this node: then the home node.
+        A key homed here that never left has a record or is held here: any other is no key."""
+        home = self._home(keys)
+        cached = self._cached(keys)
+        hints = torch.where(cached == self.index, home, cached)
+        mine = (home == self.index).nonzero().squeeze(1)
+        if mine.numel():
+            records = self.records.find(keys.index_select(0, mine))
+            if bool((records < 0).any()):
+                raise KeyError(f"node {self.index}: a key outside the task's key space "
+                               f"({int(keys.index_select(0, mine)[records < 0][0])})")
+            hints[mine] = self.records.owner.index_select(0, records).long()
+        return hints
 
     # ---- a communication round: this node's side ----------------------------------------------------
     def act_on_intents(self, horizons: list[float]) -> None:
@@ -452,60 +663,73 @@ class Node:
             for worker, horizon in enumerate(horizons):
                 queue = self.pending[worker]
                 while queue and queue[0][0] < horizon:
-                    _, end, slots = queue.popleft()
-                    current = self.active_end[worker].index_select(0, slots)
-                    self.active_end[worker].index_copy_(0, slots, torch.maximum(current, torch.full_like(current, end)))
-                    self._track(slots)
+                    _, end, keys = queue.popleft()
+                    entries = self._entries(keys)
+                    ends = self.store.active_end
+                    ends[entries, worker] = torch.clamp(ends[entries, worker], min=end)
+                    self._track(keys)
 
-    def _track(self, slots: Tensor) -> None:
-        """Rounds look at ``slots`` from now on (until nothing is left to manage for them)."""
-        if slots.numel():
-            self.live = torch.unique(torch.cat([self.live, slots]))
+    def _track(self, keys: Tensor) -> None:
+        """Rounds look at ``keys`` from now on (until nothing is left to manage for them)."""
+        if keys.numel():
+            self.live = torch.unique(torch.cat([self.live, keys]))
 
     def requests(self) -> list[Request | None]:
         """This round's message to every other node (None for this node itself)."""
         with self.lock:
-            live = self.live  # (every signalled slot and every replica is live: no scan of the key space)
-            clocks = torch.tensor(self.clocks, dtype=torch.int64).unsqueeze(1)
-            active = (self.active_end.index_select(1, live) > clocks).any(0)
-            signalled = self.signalled.index_select(0, live)
-            keep = active | signalled | (self.kind.index_select(0, live) == REPLICA)
-            self.live = live = live[keep]
-            active, signalled = active[keep], signalled[keep]
-            new = live[active & ~signalled]
-            gone = live[signalled & ~active]
+            store = self.store
+            live = self.live  # (every signalled key and every replica is live: no scan of the key space)
+            entries = store.find(live)
+            exists = entries >= 0
+            live, entries = live[exists], entries[exists]
+            active = self._active(entries)
+            signalled = store.signalled.index_select(0, entries)
+            kind = store.kind.index_select(0, entries)
+            keep = active | signalled | (kind == REPLICA)
+            self._free(entries[~keep & (kind == ABSENT)])  # (nothing left to manage, nothing held)
+            live, entries, active, signalled, kind = live[keep], entries[keep], active[keep], signalled[keep], kind[keep]
+            new, gone = active & ~signalled, signalled & ~active
             me = _bit(self.index)
             # intents on keys owned here change the owner's record directly
-            for slots, on in ((new, True), (gone, False)):
-                owned = slots[self.kind.index_select(0, slots) == OWNER]
-                if owned.numel():
-                    current = self.interested.index_select(0, owned)
-                    self.interested.index_copy_(0, owned, current | me if on else current & ~me)
-                    self.signalled[owned] = on
-                    self._changed(owned)
-            kind_new, kind_gone = self.kind.index_select(0, new), self.kind.index_select(0, gone)
-            send_new = new[kind_new == ABSENT]
-            replicas_new = new[kind_new == REPLICA]
-            self.signalled[replicas_new] = True
-            drop = gone[kind_gone == REPLICA]
-            expire = gone[kind_gone == ABSENT]
+            for chosen, on in ((new, True), (gone, False)):
+                owned = chosen & (kind == OWNER)
+                if bool(owned.any()):
+                    mine = entries[owned]
+                    current = store.interested.index_select(0, mine)
+                    store.interested.index_copy_(0, mine, current | me if on else current & ~me)
+                    store.signalled[mine] = on
+                    self._changed(live[owned], mine)
+            send_new, expire = live[new & (kind == ABSENT)], live[gone & (kind == ABSENT)]
+            store.signalled[entries[new & (kind == REPLICA)]] = True
             target_new, target_expire = self._route(send_new), self._route(expire)
-            self.signalled[send_new] = True  # (undone if the destination is not the owner)
-            self.signalled[expire] = False  # (redone if the destination is not the owner)
-            if drop.numel():
-                drop_delta = self.data.index_select(0, drop) - self.sync.index_select(0, drop)
-                target_drop = self.hint.index_select(0, drop)
-                self.kind[drop] = ABSENT
-                self.signalled[drop] = False
+            store.signalled[entries[new & (kind == ABSENT)]] = True  # (undone if the destination is not the owner)
+            store.signalled[entries[gone & (kind == ABSENT)]] = False  # (redone if the destination is not the owner)
+            dropping = gone & (kind == REPLICA)
+            drop = live[dropping]
+            if drop.numel():  # the replica goes with its last delta; its entry is freed
+                gone_entries = entries[dropping]
+                drop_delta = (store.data.index_select(0, gone_entries)
+                              - self.syncs.row.index_select(0, store.sync.index_select(0, gone_entries)))
+                target_drop = store.hint.index_select(0, gone_entries)
+                store.kind[gone_entries] = ABSENT
+                store.signalled[gone_entries] = False
+                self._free(gone_entries)
+                live, entries, kind = live[~dropping], entries[~dropping], kind[~dropping]
+            self.live = live
             if self.technique == "full":  # (every key not owned here: a replica from the start)
-                replicas = (self.kind == REPLICA).nonzero().squeeze(1)
+                every = store.live()
+                held = every[store.kind.index_select(0, every) == REPLICA]
+                replicas = store.key.index_select(0, held)
             else:
-                replicas = live[self.kind.index_select(0, live) == REPLICA]
+                held, replicas = entries[kind == REPLICA], live[kind == REPLICA]
             if replicas.numel():
-                sync_delta = self.data.index_select(0, replicas) - self.sync.index_select(0, replicas)
-                self.sync.index_copy_(0, replicas, self.data.index_select(0, replicas))
+                rows = store.sync.index_select(0, held)
+                now = store.data.index_select(0, held)
+                sync_delta = now - self.syncs.row.index_select(0, rows)
+                self.syncs.row.index_copy_(0, rows, now)
                 changed = sync_delta.ne(0).any(dim=1)  # (a zero delta would change nothing on the owner)
-                target_sync = self.hint.index_select(0, replicas)
+                target_sync = store.hint.index_select(0, held)
+                versions = store.version.index_select(0, held)
             requests: list[Request | None] = []
             for node in range(self.nodes):
                 if node == self.index:
@@ -519,7 +743,7 @@ class Node:
                     chosen = (target_sync == node).nonzero().squeeze(1)
                     request.sync, request.sync_changed = replicas[chosen], changed[chosen]
                     request.sync_delta = sync_delta[chosen[request.sync_changed]]
-                    request.sync_version = self.version.index_select(0, replicas[chosen])
+                    request.sync_version = versions[chosen]
                 updates = self.home_updates[node]
                 if updates:
                     request.home = torch.tensor(list(updates.keys()), dtype=torch.int64)
@@ -527,15 +751,15 @@ class Node:
                     request.home_moves = torch.tensor([moves for _, moves in updates.values()], dtype=torch.int64)
                     updates.clear()
                 if node == 0 and self.dense and self.dense[0].params:
-                    deltas, versions = [], []
+                    deltas, versions_dense = [], []
                     for copy in self.dense:
                         with copy.lock:
-                            now = copy.vector()
-                            deltas.append(now - copy.sync)
-                            copy.sync = now
-                            versions.append(copy.version)
+                            current = copy.vector()
+                            deltas.append(current - copy.sync)
+                            copy.sync = current
+                            versions_dense.append(copy.version)
                     request.dense_delta = torch.stack(deltas)
-                    request.dense_version = torch.tensor(versions, dtype=torch.int64)
+                    request.dense_version = torch.tensor(versions_dense, dtype=torch.int64)
                 self.bytes_sent += request.nbytes()
                 requests.append(request)
             self.rounds += 1
@@ -545,62 +769,71 @@ class Node:
         """Apply the answer of node ``source`` to this round's request."""
         now = time.perf_counter()
         with self.lock:
+            store = self.store
             if response.not_mine.numel():  # intents and expiries that reached a non-owner: retry there
-                slots = response.not_mine
-                self._learn(slots, response.hint)
-                intended = torch.isin(slots, request.intent)
-                self.signalled[slots[intended]] = False
-                self.signalled[slots[~intended]] = True
+                keys = response.not_mine
+                self._learn(keys, response.hint)
+                intended = torch.isin(keys, request.intent)
+                entries = store.find(keys)
+                exists = entries >= 0
+                store.signalled[entries[intended & exists]] = False
+                store.signalled[entries[~intended & exists]] = True
+                self._track(keys[~intended & exists])
             if response.relocate.numel():
-                slots = response.relocate
-                was_replica = self.kind.index_select(0, slots) == REPLICA
+                keys = response.relocate
+                entries = self._entries(keys)
                 value = response.relocate_value.clone()
-                if bool(was_replica.any()):  # keep the replica's updates not yet sent
-                    chosen = was_replica.nonzero().squeeze(1)
-                    self._ensure_sync()
-                    value[chosen] += self.data.index_select(0, slots[chosen]) - self.sync.index_select(0, slots[chosen])
-                self.data.index_copy_(0, slots, value)
-                self.stamp.index_add_(0, slots, torch.ones_like(slots))
-                self.kind[slots] = OWNER
-                self.version.index_copy_(0, slots, response.relocate_version)
-                self.interested.index_copy_(0, slots, response.relocate_intent)
-                self.holders.index_copy_(0, slots, response.relocate_holders & ~_bit(self.index))
-                self.hint[slots] = self.index
-                self.moves.index_copy_(0, slots, response.relocate_moves + 1)
-                homed_here = self.home.index_select(0, slots) == self.index
-                here = slots[homed_here]
-                self._record_home(here, torch.full_like(here, self.index), self.moves.index_select(0, here))
-                self.relocations_in += slots.shape[0]
-                self._changed(slots)
+                was_replica = (store.kind.index_select(0, entries) == REPLICA).nonzero().squeeze(1)
+                if was_replica.numel():  # keep the replica's updates not yet sent
+                    chosen = entries.index_select(0, was_replica)
+                    rows = store.sync.index_select(0, chosen)
+                    value[was_replica] += store.data.index_select(0, chosen) - self.syncs.row.index_select(0, rows)
+                    self.syncs.release(rows)
+                    store.sync.index_fill_(0, chosen, -1)
+                store.data.index_copy_(0, entries, value)
+                self._touch(entries)
+                store.kind[entries] = OWNER
+                store.version.index_copy_(0, entries, response.relocate_version)
+                store.interested.index_copy_(0, entries, response.relocate_intent)
+                store.holders.index_copy_(0, entries, response.relocate_holders & ~_bit(self.index))
+                store.hint[entries] = self.index
+                moves = response.relocate_moves + 1
+                store.moves.index_copy_(0, entries, moves)
+                here = self._home(keys) == self.index
+                self._record_home(keys[here], torch.full_like(keys[here], self.index), moves[here])
+                self.relocations_in += keys.shape[0]
+                self._changed(keys, entries)
             if response.replica.numel():
-                slots = response.replica
-                self._ensure_sync()
-                absent = self.kind.index_select(0, slots) == ABSENT
-                slots, value = slots[absent], response.replica_value[absent]
-                self.data.index_copy_(0, slots, value)
-                self.sync.index_copy_(0, slots, value)
-                self.stamp.index_add_(0, slots, torch.ones_like(slots))
-                self.version.index_copy_(0, slots, response.replica_version[absent])
-                self.kind[slots] = REPLICA
-                self._track(slots)
-                self.hint[slots] = response.replica_owner[absent].to(torch.int16)
-                self.refreshed[slots] = now
-                self.replicas_created += slots.shape[0]
+                entries = self._entries(response.replica)
+                absent = store.kind.index_select(0, entries) == ABSENT
+                keys, entries, value = response.replica[absent], entries[absent], response.replica_value[absent]
+                rows = self.syncs.allocate(keys.shape[0])
+                self.syncs.row.index_copy_(0, rows, value)
+                store.sync.index_copy_(0, entries, rows)
+                store.data.index_copy_(0, entries, value)
+                self._touch(entries)
+                store.version.index_copy_(0, entries, response.replica_version[absent])
+                store.kind[entries] = REPLICA
+                self._track(keys)
+                store.hint[entries] = response.replica_owner[absent].to(torch.int16)
+                store.refreshed[entries] = now
+                self.replicas_created += keys.shape[0]
             if response.refresh.numel():
-                slots = response.refresh
-                held = self.kind.index_select(0, slots) == REPLICA
-                slots, value = slots[held], response.refresh_value[held]
-                local = self.data.index_select(0, slots) - self.sync.index_select(0, slots)
-                self.data.index_copy_(0, slots, value + local)
-                self.sync.index_copy_(0, slots, value)
-                self.stamp.index_add_(0, slots, torch.ones_like(slots))
-                self.version.index_copy_(0, slots, response.refresh_version[held])
-                self.refreshed[slots] = now
+                entries = store.find(response.refresh)
+                held = self._kind(entries) == REPLICA
+                entries, value = entries[held], response.refresh_value[held]
+                rows = store.sync.index_select(0, entries)
+                local = store.data.index_select(0, entries) - self.syncs.row.index_select(0, rows)
+                store.data.index_copy_(0, entries, value + local)
+                self.syncs.row.index_copy_(0, rows, value)
+                self._touch(entries)
+                store.version.index_copy_(0, entries, response.refresh_version[held])
+                store.refreshed[entries] = now
             if response.current.numel():
-                slots = response.current
-                held = self.kind.index_select(0, slots) == REPLICA
-                self.version.index_copy_(0, slots[held], response.current_version[held])
-                self.refreshed[slots[held]] = now
+                entries = store.find(response.current)
+                held = self._kind(entries) == REPLICA
+                store.version.index_copy_(0, entries[held], response.current_version[held])
+                store.refreshed[entries[held]] = now
         if response.dense_version is not None:
             for copy, value in zip(self.dense, response.dense_value):
                 with copy.lock:
@@ -619,38 +852,41 @@ class Node:
         source, me = request.source, _bit(request.source)
         response = Response()
         with self.lock:
+            store = self.store
             if request.home.numel():  # (a relocation reported late must not undo a later one: _record_home)
                 self._record_home(request.home, request.home_owner, request.home_moves)
             not_mine = []
-            for slots, on in ((request.intent, True), (request.expire, False)):
-                if not slots.numel():
+            for keys, on in ((request.intent, True), (request.expire, False)):
+                if not keys.numel():
                     continue
-                owned = self.kind.index_select(0, slots) == OWNER
-                mine = slots[owned]
-                current = self.interested.index_select(0, mine)
-                self.interested.index_copy_(0, mine, current | me if on else current & ~me)
-                self._changed(mine)
-                not_mine.append(slots[~owned])
+                entries = store.find(keys)
+                owned = self._kind(entries) == OWNER
+                mine = entries[owned]
+                current = store.interested.index_select(0, mine)
+                store.interested.index_copy_(0, mine, current | me if on else current & ~me)
+                self._changed(keys[owned], mine)
+                not_mine.append(keys[~owned])
             if request.drop.numel():
-                self._merge(request.drop, request.drop_delta, source, "drop")
-                current = self.holders.index_select(0, request.drop)
-                self.holders.index_copy_(0, request.drop, current & ~me)
-                current = self.interested.index_select(0, request.drop)
-                self.interested.index_copy_(0, request.drop, current & ~me)
-                self._changed(request.drop)
+                entries = self._merge(request.drop, request.drop_delta, source, "drop")
+                current = store.holders.index_select(0, entries)
+                store.holders.index_copy_(0, entries, current & ~me)
+                current = store.interested.index_select(0, entries)
+                store.interested.index_copy_(0, entries, current & ~me)
+                self._changed(request.drop, entries)
             if request.sync.numel():
-                slots, changed = request.sync, request.sync_changed
-                if not bool((self.kind.index_select(0, slots) == OWNER).all()):
+                keys, changed = request.sync, request.sync_changed
+                entries = store.find(keys)
+                if not bool((self._kind(entries) == OWNER).all()):
                     raise ProtocolError(f"node {self.index}: a sync from node {source} for keys it does not own")
-                before = self.version.index_select(0, slots)  # (the versions before this message's deltas)
+                before = store.version.index_select(0, entries)  # (the versions before this message's deltas)
                 if bool(changed.any()):
-                    self._merge(slots[changed], request.sync_delta, source, "sync")
+                    self._merge(keys[changed], request.sync_delta, source, "sync")
                 behind = request.sync_version < before  # someone else changed the main copy
-                response.refresh = slots[behind]
-                response.refresh_value = self.data.index_select(0, response.refresh)
-                response.refresh_version = self.version.index_select(0, response.refresh)
-                response.current = slots[~behind]
-                response.current_version = self.version.index_select(0, response.current)
+                response.refresh = keys[behind]
+                response.refresh_value = store.data.index_select(0, entries[behind])
+                response.refresh_version = store.version.index_select(0, entries[behind])
+                response.current = keys[~behind]
+                response.current_version = store.version.index_select(0, entries[~behind])
             if not_mine:
                 response.not_mine = torch.cat(not_mine)
                 response.hint = self._answer_hint(response.not_mine)
@@ -680,16 +916,16 @@ class Node:
     def _forward(self, request: Request, response: Response, forward) -> None:
         """One hop (never from a forwarded message): the owner's answer joins this response (the
         owner's bytes are counted there, the forwarded message's here)."""
-        slots, hints = response.not_mine, response.hint
-        intended = torch.isin(slots, request.intent)
+        keys, hints = response.not_mine, response.hint
+        intended = torch.isin(keys, request.intent)
         left, left_hint = [], []
         for node in hints.unique().tolist():
             chosen = hints == node
             if node in (self.index, request.source):
-                left.append(slots[chosen])
+                left.append(keys[chosen])
                 left_hint.append(hints[chosen])
                 continue
-            sub = Request(request.source, intent=slots[chosen & intended], expire=slots[chosen & ~intended])
+            sub = Request(request.source, intent=keys[chosen & intended], expire=keys[chosen & ~intended])
             self.bytes_sent += sub.nbytes()
             answer = forward(node, sub)
             response.absorb(answer)
@@ -697,28 +933,28 @@ class Node:
             left_hint.append(answer.hint)
         response.not_mine, response.hint = torch.cat(left), torch.cat(left_hint)
 
-    def _merge(self, slots: Tensor, delta: Tensor, source: int, what: str) -> Tensor:
-        """Add replica deltas to the main copies; the versions before the merge."""
-        owned = self.kind.index_select(0, slots) == OWNER
-        if not bool(owned.all()):
+    def _merge(self, keys: Tensor, delta: Tensor, source: int, what: str) -> Tensor:
+        """Add replica deltas to the main copies; their entries."""
+        entries = self.store.find(keys)
+        if not bool((self._kind(entries) == OWNER).all()):
             raise ProtocolError(f"node {self.index}: a {what} from node {source} for keys it does not own")
-        before = self.version.index_select(0, slots)
         changed = delta.ne(0).any(dim=1)
-        self.data.index_add_(0, slots, delta)
-        self.version.index_add_(0, slots, changed.long())
-        self.stamp.index_add_(0, slots, changed.long())  # a worker's commit of a pull before this adds, not overwrites
-        return before
+        self.store.data.index_add_(0, entries, delta)
+        self.store.version.index_add_(0, entries, changed.long())
+        if bool(changed.any()):
+            self._touch(entries[changed])
+        return entries
 
-    def _changed(self, slots: Tensor) -> None:
-        """The intent set of owned ``slots`` changed: decide for every other node with intent when it
+    def _changed(self, keys: Tensor, entries: Tensor) -> None:
+        """The intent set of owned ``keys`` changed: decide for every other node with intent when it
         next asks (``_deliver``)."""
-        if self.technique in ("static", "full") or not slots.numel():
+        if self.technique in ("static", "full") or not keys.numel():
             return
-        intent = self.interested.index_select(0, slots)
+        intent = self.store.interested.index_select(0, entries)
         for node in range(self.nodes):
             if node == self.index:
                 continue
-            chosen = slots[(intent >> node & 1).bool()]
+            chosen = keys[(intent >> node & 1).bool()]
             if chosen.numel():
                 self.outbox[node].update(chosen.tolist())
 
@@ -729,56 +965,65 @@ class Node:
         chosen = box if only is None else box.intersection(only.tolist())
         if not chosen:
             return
-        slots = torch.tensor(sorted(chosen), dtype=torch.int64)
+        keys = torch.tensor(sorted(chosen), dtype=torch.int64)
         box.difference_update(chosen)
-        slots = slots[self.kind.index_select(0, slots) == OWNER]
-        intent, holders = self.interested.index_select(0, slots), self.holders.index_select(0, slots)
+        store = self.store
+        entries = store.find(keys)
+        owned = self._kind(entries) == OWNER
+        keys, entries = keys[owned], entries[owned]
+        intent, holders = store.interested.index_select(0, entries), store.holders.index_select(0, entries)
         wants = (intent >> node & 1).bool()
-        slots, intent, holders = slots[wants], intent[wants], holders[wants]
+        keys, entries, intent, holders = keys[wants], entries[wants], intent[wants], holders[wants]
         me, them = _bit(self.index), _bit(node)
         if self.technique == "adaptive":
             relocate = (intent == them) & ((holders & ~them) == 0)
             replicate = ~relocate & ((holders & them) == 0)
         elif self.technique == "replication":
-            relocate = torch.zeros(slots.shape[0], dtype=torch.bool)
+            relocate = torch.zeros(keys.shape[0], dtype=torch.bool)
             replicate = (holders & them) == 0
         else:  # relocation only: move it to a node with intent whenever the owner has none
             relocate = (intent & me) == 0
             replicate = torch.zeros_like(relocate)
-        moving = slots[relocate]
+        moving, leaving = keys[relocate], entries[relocate]
         if moving.numel():
             response.relocate = moving
-            response.relocate_value = self.data.index_select(0, moving)
-            response.relocate_version = self.version.index_select(0, moving)
-            response.relocate_intent = self.interested.index_select(0, moving)
-            response.relocate_holders = self.holders.index_select(0, moving)
-            response.relocate_moves = self.moves.index_select(0, moving)
+            response.relocate_value = store.data.index_select(0, leaving)
+            response.relocate_version = store.version.index_select(0, leaving)
+            response.relocate_intent = store.interested.index_select(0, leaving)
+            response.relocate_holders = store.holders.index_select(0, leaving)
+            response.relocate_moves = store.moves.index_select(0, leaving)
             moves = response.relocate_moves + 1
-            self.kind[moving] = ABSENT
-            self.interested[moving] = 0
-            self.holders[moving] = 0
-            self.hint[moving] = node
-            home = self.home.index_select(0, moving)
+            store.kind[leaving] = ABSENT
+            store.interested[leaving] = 0
+            store.holders[leaving] = 0
+            store.hint[leaving] = node
+            home = self._home(moving)
             here = home == self.index
             self._record_home(moving[here], torch.full_like(moving[here], node), moves[here])
             away = ~here & (home != node)
-            for target, slot, count in zip(home[away].tolist(), moving[away].tolist(), moves[away].tolist()):
-                self.home_updates[target][slot] = (node, count)
-        copies = slots[replicate]
+            for target, key, count in zip(home[away].tolist(), moving[away].tolist(), moves[away].tolist()):
+                self.home_updates[target][key] = (node, count)
+            self._release_dead(leaving)  # (gone: unless this node's own workers still intend to use it)
+        copies, copied = keys[replicate], entries[replicate]
         if copies.numel():
             response.replica = copies
-            response.replica_value = self.data.index_select(0, copies)
-            response.replica_version = self.version.index_select(0, copies)
+            response.replica_value = store.data.index_select(0, copied)
+            response.replica_version = store.version.index_select(0, copied)
             response.replica_owner = torch.full_like(copies, self.index)
-            current = self.holders.index_select(0, copies)
-            self.holders.index_copy_(0, copies, current | them)
+            current = store.holders.index_select(0, copied)
+            store.holders.index_copy_(0, copied, current | them)
 
     # ---- state --------------------------------------------------------------------------------------
     def quiet(self) -> bool:
-        """Nothing left to manage: no intent signalled or pending, no replica (but full replication's),
-        nothing waiting to be delivered."""
+        """Nothing left to manage: no key live (no intent signalled or acted, no replica but full
+        replication's), nothing pending or waiting to be delivered."""
         with self.lock:
-            live = self.live  # (every signalled slot and every replica is live)
-            replicas = self.technique != "full" and bool((self.kind.index_select(0, live) == REPLICA).any())
-            return not (replicas or bool(self.signalled.index_select(0, live).any()) or any(self.outbox)
-                        or any(self.home_updates) or any(self.pending))
+            return not (self.live.numel() or any(self.outbox) or any(self.home_updates) or any(self.pending))
+
+
+def _unique_first(keys: Tensor) -> tuple[Tensor, Tensor]:
+    """(unique keys, the position of each one's first occurrence in ``keys``)."""
+    unique, inverse = torch.unique(keys, return_inverse=True)
+    first = torch.full((unique.shape[0],), keys.shape[0], dtype=torch.int64)
+    first.scatter_reduce_(0, inverse, torch.arange(keys.shape[0]), reduce="amin")
+    return unique, first
