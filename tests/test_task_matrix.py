@@ -84,7 +84,9 @@ def check_trains(task_data, tmp_path: Path, task: str, strategy: str, *overrides
                                   else "adapm" if strategy == "adapm" else "parameter_server")
     assert math.isfinite(summary[metric]) and math.isfinite(summary[f"best_valid_{metric}"])
     assert summary["examples_per_second"] > 0
-    assert [r["epoch"] for r in result.metrics if r["split"] == "valid"] == [1, 2]
+    valid = [r for r in result.metrics if r["split"] == "valid"]
+    assert [r["epoch"] for r in valid] == [1, 2]
+    assert summary["train_loss"] == valid[-1]["loss"]  # the last epoch's loss, also without evaluation
     return result
 
 

@@ -4,7 +4,7 @@
 - ``metrics.jsonl``: one JSON object per evaluation: ``epoch``, ``split``, ``wall_seconds``
   (training time so far, evaluation excluded), ``examples_seen``, and the metrics;
 - ``summary.json``: ``strategy``, ``dataset``, ``model``, ``epochs``, ``train_seconds``,
-  ``examples_per_second`` and the final test metrics (``mrr``, ``hits@1``, ``hits@3``, ``hits@10``);
+  ``examples_per_second``, ``train_loss`` and the final test metrics (``mrr``, ``hits@1``, ``hits@3``, ``hits@10``);
 - ``entity_ids.tsv`` / ``relation_ids.tsv``: id maps of named datasets;
 - ``checkpoints/``: see ``cadence.core.checkpoint``.
 """

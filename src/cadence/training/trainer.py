@@ -203,6 +203,8 @@ class Trainer:
             "train_seconds": round(seconds, 4),
             "examples_seen": self.examples_seen,
             "examples_per_second": self.examples_seen / seconds if seconds > 0 else 0.0,
+            # the last epoch's mean training loss (None where this process trained no epoch: resumed at the end)
+            "train_loss": self.last_loss if math.isfinite(self.last_loss) else None,
             "primary_metric": metric,
             f"best_valid_{metric}": best,
             "best_epoch": self.progress.best_epoch or None,
