@@ -1,5 +1,5 @@
-"""A Ray cluster of two nodes on this machine for benchmarks: two ``ray start --block`` processes on
-loopback (a head and a second node), each in its own process group and temp dir, torn down by
+"""A Ray cluster on this machine for benchmarks: ``ray start --block`` processes on loopback (a head
+and further nodes, each optionally inside a cgroup), each in its own process group and temp dir, torn down by
 group id afterwards (never ``ray stop``, which ends every Ray process of the user)."""
 
 from __future__ import annotations
@@ -25,6 +25,17 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def two_nodes(cpus_per_node: int = 1) -> Iterator[str]:
     """Yield the head's address once both nodes are alive (the caller runs ``ray.init`` with it)."""
+    with nodes([[]], cpus_per_node, head_cpus=cpus_per_node) as address:
+        yield address
+
+
+@contextlib.contextmanager
+def nodes(workers: list[list[str]], cpus_per_node: int = 1, head_cpus: int = 0,
+          extra: tuple[str, ...] = ()) -> Iterator[str]:
+    """A head (``head_cpus`` CPUs: 0 keeps actors off it) and one node per entry of ``workers``, each
+    started through that entry's command prefix (e.g. ``["sh", "-c", "echo $$ > CGROUP/cgroup.procs
+    && exec \"$0\" \"$@\""]``: the node's raylet and every worker it starts live in that cgroup);
+    yield the head's address once every node is alive."""
     import ray
 
     ray_bin = str(Path(sys.executable).with_name("ray"))
@@ -34,25 +45,27 @@ def two_nodes(cpus_per_node: int = 1) -> Iterator[str]:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     started: list[subprocess.Popen] = []
 
-    def start(*args: str) -> None:
-        started.append(subprocess.Popen([ray_bin, "start", "--block", f"--num-cpus={cpus_per_node}",
-                                         "--node-ip-address=127.0.0.1", *args], env=env, start_new_session=True,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    def start(prefix: list[str], cpus: int, *args: str) -> None:
+        started.append(subprocess.Popen([*prefix, ray_bin, "start", "--block", f"--num-cpus={cpus}",
+                                         "--node-ip-address=127.0.0.1", *extra, *args], env=env,
+                                        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     def wait_until(condition, what: str, seconds: float = 120) -> None:
         deadline = time.monotonic() + seconds
         while not condition():
             if time.monotonic() > deadline or any(p.poll() is not None for p in started):
-                raise RuntimeError(f"two-node Ray cluster: {what}")
+                raise RuntimeError(f"Ray cluster on this machine: {what}")
             time.sleep(0.5)
 
     try:
-        start("--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}")
+        start([], head_cpus, "--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}")
         wait_until(lambda: subprocess.run([ray_bin, "status", f"--address={address}"], env=env,
                                           capture_output=True).returncode == 0, "the head did not come up")
-        start(f"--address={address}")
+        for prefix in workers:
+            start(prefix, cpus_per_node, f"--address={address}")
         ray.init(address=address, log_to_driver=False)
-        wait_until(lambda: sum(1 for node in ray.nodes() if node["Alive"]) == 2, "the second node did not join")
+        wait_until(lambda: sum(1 for node in ray.nodes() if node["Alive"]) == len(workers) + 1,
+                   "a node did not join")
         yield address
     finally:
         if ray.is_initialized():

@@ -1,0 +1,305 @@
+#!/usr/bin/env python
+"""AdaPM with a model larger than any node, for real (issue 25, seed 001 section 1).
+
+Four AdaPM nodes are four Ray nodes on this machine, each a ``ray start`` whose raylet and every
+process it starts (the node actor) live in a cgroup-v1 memory cgroup of ``--node-memory`` bytes
+(swap included where the kernel accounts it). The model, its rows and their optimizer state, is at
+least twice that (checked before anything runs): no node can hold it, and a node that tries is
+killed by the kernel. Per task (``--tasks``: the synthetic Zipf MF, ``synthetic-zipf``; the synthetic
+power-law KG, ``synthetic``), in one invocation and on the same data:
+
+- ``single``: the single node given enough memory (``strategy=sync`` in its own process, uncapped,
+  using the machine's cores): the quality and time reference;
+- ``threads``: the four AdaPM nodes (adaptive) as threads of one uncapped process: its peak RSS
+  against the single node's (bar: <= 1.5x);
+- on the four capped Ray nodes, the same node count for every contender: ``adaptive`` (AdaPM),
+  ``static`` (a classic parameter server: every key at its home, each non-local access remote),
+  ``replication`` (AdaPM without relocation) and ``relocation`` (without replication).
+
+Each run is a ``cadence train`` process. Reported per run: per-node peak RSS of the node actor
+(VmHWM) and the cgroup's peak usage against the model size, OOM kills, bytes per epoch per node,
+remote access share, relocations, replicas, epoch seconds, and quality (MF: test RMSE; KG: the
+last epoch's training loss: a power-law graph of random edges has nothing to rank) against the
+single node (bar: within 1%). A contender killed for memory is reported as such.
+
+Needs root (cgroups): otherwise it prints why and exits 0. Refuses a tree with uncommitted changes to
+``src/`` or ``benchmarks/`` unless ``--allow-dirty``.
+
+    .venv/bin/python benchmarks/adapm_memory.py [--node-memory 1.5G] [--tasks mf,kge] [--quick]
+
+Writes benchmarks/results/adapm_memory.json (``--quick``: adapm_memory_quick.json: a 256M limit,
+to check the harness).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kge_throughput import machine_info  # same folder: the shared machine record
+from peer_stats import OthersMeter, write_report
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+CONTENDERS = ("adaptive", "static", "replication", "relocation")
+SUMMARY = ("train_seconds", "epoch_seconds", "bytes_per_epoch", "bytes_per_node", "remote_access_share",
+           "remote_accesses", "accesses", "relocations", "replicas_created", "rounds", "node_hosts", "engine")
+
+
+def units(text: str) -> int:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMG]?)", text.strip().upper())
+    if not match:
+        raise SystemExit(f"adapm_memory: error: --node-memory {text!r}: a size like 1.5G, 800M")
+    return int(float(match.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[match.group(2)])
+
+
+def task_overrides(task: str, limit: int, quick: bool) -> list[str]:
+    """A task whose rows (and Adagrad state) take at least twice ``limit``: 128-wide rows of 1 KiB with
+    their state, so rows = 2.1 x limit / 1 KiB."""
+    keys = int(2.1 * limit / 1024)
+    common = ["model.dim=127" if task == "mf" else "model.dim=128", "optimizer.entity=adagrad", "train.epochs=2",
+              "checkpoint.every=0", "progress=false", "adapm.lookahead=32", "mf.row_blocks=4"]
+    if task == "mf":  # (MF rows: dim + a bias)
+        users, items = int(keys * 0.9), keys - int(keys * 0.9)
+        ratings = 150_000 if quick else 1_000_000
+        return ["task=mf", "data.dataset=synthetic-zipf", f"mf.synthetic.users={users}",
+                f"mf.synthetic.items={items}", f"mf.synthetic.ratings={ratings}", "train.batch_size=1000",
+                "optimizer.lr=0.05", "mf.reg=0.02", "model.init_std=0.1", "eval.every=0",
+                *[c for c in common if c != "mf.row_blocks=4"], "mf.row_blocks=4"]
+    edges = 40_000 if quick else 200_000
+    return ["task=kge", "data.dataset=synthetic", f"data.synthetic.num_entities={keys}",
+            "data.synthetic.num_relations=20", f"data.synthetic.num_edges={edges}", "data.synthetic.holdout=100",
+            "model.name=distmult", "train.batch_size=500", "optimizer.lr=0.1", "eval.every=0", "eval.test=false",
+            *[c for c in common if c != "mf.row_blocks=4"]]
+
+
+def model_bytes(overrides: list[str]) -> int:
+    """Rows x (width + Adagrad state) x 4 bytes, from the task as cadence builds it."""
+    from cadence import api
+    from cadence.config import load_config
+    from cadence.tasks import TASKS
+
+    config = api.prepare_config(load_config(None, overrides))
+    spec = TASKS.get(config.task)(config).table()
+    return spec.rows * 2 * spec.width * 4
+
+
+class Cgroups:
+    """One memory cgroup per node under /sys/fs/cgroup/memory/cadence-adapm-bench/."""
+
+    def __init__(self, count: int, limit: int):
+        self.base = CGROUP_ROOT / f"cadence-adapm-bench-{os.getpid()}"
+        self.paths = [self.base / f"node-{index}" for index in range(count)]
+        self.base.mkdir(exist_ok=True)
+        for path in self.paths:
+            path.mkdir(exist_ok=True)
+            (path / "memory.limit_in_bytes").write_text(str(limit))
+            swap = path / "memory.memsw.limit_in_bytes"
+            if swap.exists():  # (no swap escape where the kernel accounts it)
+                swap.write_text(str(limit))
+
+    def prefixes(self) -> list[list[str]]:
+        """A command prefix per node that joins its cgroup before it execs the node."""
+        return [["sh", "-c", f'echo $$ > {path}/cgroup.procs && exec "$0" "$@"'] for path in self.paths]
+
+    def reset(self) -> None:
+        for path in self.paths:
+            (path / "memory.max_usage_in_bytes").write_text("0")
+            (path / "memory.failcnt").write_text("0")
+
+    def peaks(self) -> list[dict[str, int]]:
+        out = []
+        for path in self.paths:
+            control = dict(line.split() for line in (path / "memory.oom_control").read_text().splitlines())
+            out.append({"cgroup_peak_bytes": int((path / "memory.max_usage_in_bytes").read_text()),
+                        "limit_hits": int((path / "memory.failcnt").read_text()),
+                        "oom_kills": int(control.get("oom_kill", 0))})
+        return out
+
+    def pids(self, index: int) -> list[int]:
+        try:
+            return [int(p) for p in (self.paths[index] / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
+
+    def remove(self) -> None:
+        for path in [*self.paths, self.base]:
+            for _ in range(50):
+                try:
+                    path.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.2)
+
+
+def status(pid: int) -> dict[str, str]:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return {"cmd": cmdline, "hwm": fields.get("VmHWM", "0 kB"), "rss": fields.get("VmRSS", "0 kB")}
+
+
+class ActorSampler:
+    """Polls each cgroup's processes: the peak RSS (VmHWM) of its node actor (``ray::RoleActor``)."""
+
+    def __init__(self, cgroups: Cgroups):
+        self.cgroups, self.stop = cgroups, threading.Event()
+        self.peak = [0] * len(cgroups.paths)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "ActorSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.2):
+            for index in range(len(self.peak)):
+                for pid in self.cgroups.pids(index):
+                    info = status(pid)
+                    if "RoleActor" in info.get("cmd", ""):
+                        kib = int(info["hwm"].split()[0])
+                        self.peak[index] = max(self.peak[index], kib * 1024)
+
+
+def train(overrides: list[str], name: str) -> dict[str, Any]:
+    """One ``cadence train`` process: its summary's fields, wall seconds, peak RSS, the load."""
+    record: dict[str, Any] = {"name": name, "overrides": overrides}
+    with tempfile.TemporaryDirectory(prefix="adapm-memory-") as out:
+        command = [str(Path(sys.executable).with_name("cadence")), "train", "--out", out, "--overwrite"]
+        for item in overrides:
+            command += ["--set", item]
+        started = time.perf_counter()
+        with OthersMeter() as meter:
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            _, status_code, usage = os.wait4(process.pid, 0)
+            stderr = process.stderr.read()
+            process.returncode = os.waitstatus_to_exitcode(status_code)
+        record.update(wall_seconds=round(time.perf_counter() - started, 2), others_cpu_share=round(meter.share, 3),
+                      driver_peak_rss_bytes=usage.ru_maxrss * 1024, returncode=process.returncode)
+        summary_path = Path(out) / "summary.json"
+        if process.returncode != 0 or not summary_path.exists():
+            record["error"] = (stderr.strip().splitlines() or ["(no output)"])[-1][:500]
+            return record
+        summary = json.loads(summary_path.read_text())
+    record.update({key: summary[key] for key in SUMMARY if key in summary})
+    record["rmse"], record["train_loss"] = summary.get("rmse"), summary.get("train_loss")
+    return record
+
+
+def quality(record: dict[str, Any], task: str) -> float | None:
+    return record.get("rmse") if task == "mf" else record.get("train_loss")
+
+
+def part(task: str, limit: int, quick: bool, contenders: list[str]) -> dict[str, Any]:
+    from ray_cluster import nodes
+
+    overrides = task_overrides(task, limit, quick)
+    size = model_bytes(overrides)
+    print(f"{task}: model {size / 2**30:.2f} GiB (rows and optimizer state), node limit {limit / 2**30:.2f} GiB: "
+          f"{size / limit:.2f}x", flush=True)
+    if size < 2 * limit:
+        raise SystemExit(f"adapm_memory: error: the {task} model ({size} bytes) is not 2x --node-memory")
+    out: dict[str, Any] = {"overrides": overrides, "model_bytes": size, "node_limit_bytes": limit, "runs": {}}
+    runs = out["runs"]
+    print("  single (sync, uncapped) ...", flush=True)
+    runs["single"] = train([*overrides, "strategy=sync"], "single")
+    print("  threads (4 AdaPM nodes in one uncapped process) ...", flush=True)
+    runs["threads"] = train([*overrides, "strategy=adapm", "ps.workers=4", "ps.engine=threads"], "threads")
+    cgroups = Cgroups(4, limit)
+    try:
+        with nodes(cgroups.prefixes(), cpus_per_node=1, head_cpus=0, extra=("--object-store-memory=78643200",)) as address:
+            for technique in contenders:
+                print(f"  {technique} (4 Ray nodes, {limit / 2**30:.2f} GiB each) ...", flush=True)
+                cgroups.reset()
+                with ActorSampler(cgroups) as sampler:
+                    record = train([*overrides, "strategy=adapm", "ps.workers=4", "ps.engine=ray",
+                                    f"ps.ray_address={address}", f"adapm.technique={technique}"], technique)
+                record["nodes"] = [{"actor_peak_rss_bytes": peak, **cg} for peak, cg in zip(sampler.peak, cgroups.peaks())]
+                runs[technique] = record
+                time.sleep(2)  # (the killed actors' memory returns before the next contender starts)
+    finally:
+        cgroups.remove()
+    single = runs["single"]
+    for name, record in runs.items():
+        ours, theirs = quality(record, task), quality(single, task)
+        if ours is not None and theirs:
+            record["quality_vs_single"] = round(ours / theirs - 1, 5)
+        if record.get("train_seconds") and single.get("train_seconds"):
+            record["time_vs_single"] = round(record["train_seconds"] / single["train_seconds"], 3)
+        peaks = [n["actor_peak_rss_bytes"] for n in record.get("nodes", [])]
+        if peaks:
+            record["max_node_rss_vs_model"] = round(max(peaks) / size, 4)
+        print(f"    {name:<12} " + ("ERROR " + record["error"] if "error" in record else
+              f"quality {quality(record, task)} ({record.get('quality_vs_single', 0):+.2%}), "
+              f"train {record.get('train_seconds')} s, remote {record.get('remote_access_share', 0):.4%}, "
+              f"bytes/epoch/node {record.get('bytes_per_epoch', 0) / 2**20:.1f} MiB, "
+              f"node RSS peaks {[round(p / 2**30, 2) for p in peaks]} GiB, driver {record['driver_peak_rss_bytes'] / 2**30:.2f} GiB"),
+              flush=True)
+    return out
+
+
+def bars(report: dict[str, Any]) -> dict[str, Any]:
+    result = {}
+    for task, out in report["tasks"].items():
+        runs = out["runs"]
+        adaptive, single, threads = runs.get("adaptive", {}), runs["single"], runs["threads"]
+        peaks = [n["actor_peak_rss_bytes"] for n in adaptive.get("nodes", [])]
+        result[f"{task}: every capped node's peak RSS < the model / 2"] = bool(peaks) and max(peaks) < out["model_bytes"] / 2
+        result[f"{task}: adaptive quality within 1% of the single node"] = (
+            "quality_vs_single" in adaptive and abs(adaptive["quality_vs_single"]) <= 0.01)
+        result[f"{task}: threads engine peak RSS <= 1.5x the single node's"] = (
+            "error" not in threads and threads["driver_peak_rss_bytes"] <= 1.5 * single["driver_peak_rss_bytes"])
+    for name, ok in result.items():
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--node-memory", default=None, help="each node's memory cgroup limit (default 1.5G; --quick 384M)")
+    parser.add_argument("--tasks", default="mf,kge")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--allow-dirty", action="store_true", help="measure even with uncommitted changes")
+    args = parser.parse_args()
+    if os.geteuid() != 0 or not CGROUP_ROOT.is_dir():
+        print("adapm_memory: skipped: needs root and cgroup v1's memory controller at /sys/fs/cgroup/memory")
+        return
+    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    dirty = git("status", "--porcelain", "--", "src", "benchmarks", ":!benchmarks/results")
+    if dirty and not args.allow_dirty:
+        raise SystemExit("adapm_memory: uncommitted changes to src/ or benchmarks/ (commit them, or --allow-dirty):\n" + dirty)
+    limit = units(args.node_memory or ("384M" if args.quick else "1.5G"))
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/adapm_memory.py", *sys.argv[1:]]),
+        "machine": machine_info(), "measured_from": {"commit": git("rev-parse", "HEAD"), "dirty": bool(dirty)},
+        "tasks": {}}
+    for task in args.tasks.split(","):
+        report["tasks"][task] = part(task, limit, args.quick, args.contenders.split(","))
+    report["bars"] = bars(report)
+    out = Path(args.out) if args.out else RESULTS / ("adapm_memory_quick.json" if args.quick else "adapm_memory.json")
+    print(write_report(report, out, started, 0.0))
+
+
+if __name__ == "__main__":
+    main()
