@@ -44,33 +44,38 @@ def nodes(workers: list[list[str]], cpus_per_node: int = 1, head_cpus: int = 0,
     temp_dir = Path(f"/tmp/cdn-bench-ray-{os.getpid()}")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     started: list[subprocess.Popen] = []
+    log_path = temp_dir.with_suffix(".log")  # every node's stderr (shown if the cluster does not come up)
+    log = open(log_path, "ab")
 
     def start(prefix: list[str], cpus: int, *args: str) -> None:
         started.append(subprocess.Popen([*prefix, ray_bin, "start", "--block", f"--num-cpus={cpus}",
                                          "--node-ip-address=127.0.0.1", *extra, *args], env=env,
-                                        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                                        start_new_session=True, stdout=subprocess.DEVNULL, stderr=log))
 
     def wait_until(condition, what: str, seconds: float = 120) -> None:
         deadline = time.monotonic() + seconds
         while not condition():
             if time.monotonic() > deadline or any(p.poll() is not None for p in started):
-                raise RuntimeError(f"Ray cluster on this machine: {what}")
+                log.flush()
+                tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+                raise RuntimeError(f"Ray cluster on this machine: {what}: " + " | ".join(tail))
             time.sleep(0.5)
 
     try:
         start([], head_cpus, "--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}")
         wait_until(lambda: subprocess.run([ray_bin, "status", f"--address={address}"], env=env,
                                           capture_output=True).returncode == 0, "the head did not come up")
-        for prefix in workers:
-            start(prefix, cpus_per_node, f"--address={address}")
         ray.init(address=address, log_to_driver=False)
-        wait_until(lambda: sum(1 for node in ray.nodes() if node["Alive"]) == len(workers) + 1,
-                   "a node did not join")
+        for count, prefix in enumerate(workers, start=2):  # one at a time: 2 cores start one raylet in time
+            start(prefix, cpus_per_node, f"--address={address}")
+            wait_until(lambda: sum(1 for node in ray.nodes() if node["Alive"]) == count, "a node did not join")
         yield address
     finally:
         if ray.is_initialized():
             ray.shutdown()
         stop_nodes(started, temp_dir)
+        log.close()
+        log_path.unlink(missing_ok=True)
 
 
 def stop_nodes(started: list[subprocess.Popen], temp_dir: Path, grace: float = 20) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -68,11 +68,38 @@ class Ratings:
         return Ratings(**{item.name: getattr(self, item.name)[index] for item in fields(self)})
 
 
+class NumberedIds(Sequence[str]):
+    """The raw ids "0" .. "n-1" of a generated data set, without holding n strings (a model of
+    millions of users would spend hundreds of MB on them, in every process that builds the task)."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [str(i) for i in range(*index.indices(self.count))]
+        if not -self.count <= index < self.count:
+            raise IndexError(index)
+        return str(index % self.count)
+
+    def __iter__(self) -> Iterator[str]:
+        return map(str, range(self.count))
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"NumberedIds({self.count})"
+
+
 @dataclass
 class RatingDataset:
     name: str
-    user_ids: list[str]  # raw id of user index u
-    item_ids: list[str]  # raw id of item index i
+    user_ids: Sequence[str]  # raw id of user index u
+    item_ids: Sequence[str]  # raw id of item index i
     ratings: Ratings     # everything, in source order
     notes: dict[str, int] = field(default_factory=dict)  # counts of filtered input, for the run log
 
@@ -239,7 +266,7 @@ def synthetic_zipf(users: int, items: int, ratings: int, exponent: float, seed: 
     values = _planted_ratings(user_index, item_index, users, items, seed)
     table = Ratings(torch.from_numpy(user_index), torch.from_numpy(item_index), torch.from_numpy(values),
                     torch.arange(ratings, dtype=torch.int64))
-    return RatingDataset("synthetic-zipf", [str(u) for u in range(users)], [str(i) for i in range(items)], table)
+    return RatingDataset("synthetic-zipf", NumberedIds(users), NumberedIds(items), table)
 
 
 def synthetic_zipf_from_config(config: Any, seed: int) -> RatingDataset:

@@ -1,8 +1,11 @@
 """Sparse per-key storage for an AdaPM node: entries made when a key arrives and freed when it leaves.
 
 ``Pool`` is a set of columns (tensors whose first dimension is the entry) with a free list: an
-entry freed is reused by the next one made, and the columns grow by half when none is free, so a
-node's memory follows the number of entries it holds, not the size of the key space. ``Entries`` is
+entry freed is reused by the next one made, so a node's memory follows the number of entries it
+holds, not the size of the key space. The columns are reserved for ``capacity`` entries with
+``torch.empty``: the kernel commits a page when it is first written, so a reserve costs address
+space, not memory (a pool touches entries 0..used-1 only), and holding more entries than that
+needs no copy of the columns while it lasts; beyond it they grow by half. ``Entries`` is
 a pool indexed by int64 key (``store.hash_index.HashIndex``): a node's rows and their metadata, its
 home records, its cache of where keys it does not hold live.
 """
@@ -31,7 +34,7 @@ class Pool:
     """Columns of entries, with a free list; entry numbers are stable while the entry lives."""
 
     def __init__(self, columns: dict[str, Column], capacity: int = 64):
-        self.spec = columns
+        self.spec = columns  # (``capacity``: entries reserved, see above)
         self.capacity = max(16, capacity)
         self.columns = {name: torch.empty((self.capacity, *column.shape), dtype=column.dtype)
                         for name, column in columns.items()}
@@ -66,8 +69,9 @@ class Pool:
             self.free = torch.cat([self.free, entries])
 
     def nbytes(self) -> int:
-        """Bytes the columns take (the capacity, not only the entries in use)."""
-        return sum(column.numel() * column.element_size() for column in self.columns.values())
+        """Bytes of the columns' entries handed out so far (the pages written; the rest of the reserve
+        is address space only)."""
+        return sum(column[:self.used].numel() * column.element_size() for column in self.columns.values())
 
     def _grow(self, needed: int) -> None:
         capacity = self.capacity
@@ -84,9 +88,10 @@ class Entries(Pool):
     """A pool indexed by int64 key: ``find`` the entries of keys (-1: none), ``add`` entries for keys
     that have none, ``remove`` entries (their numbers are reused)."""
 
-    def __init__(self, columns: dict[str, Column], capacity: int = 64):
+    def __init__(self, columns: dict[str, Column], capacity: int = 64, expected: int | None = None):
         super().__init__({"key": Column((), torch.int64, None), **columns}, capacity)
-        self.index = HashIndex(capacity)
+        self.index = HashIndex(capacity if expected is None else expected)  # (written whole: sized for the
+        # entries expected, it grows if they are more)
 
     def find(self, keys: Tensor) -> Tensor:
         return self.index.lookup(keys) if keys.numel() else torch.empty(0, dtype=torch.int64)

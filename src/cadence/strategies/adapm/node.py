@@ -224,7 +224,7 @@ class Node:
             "active_end": Column((workers,), torch.int64, 0),  # acted intents: end clock per worker
             "sync": Column((), torch.int64, -1),  # replica: its row in ``syncs``
             "data": Column((space.width,), torch.float32, None),
-        }, capacity=share + share // 8 + 64)
+        }, capacity=2 * share + 1024, expected=share + share // 8)  # (a reserve: see entries.Pool)
         self.syncs = Pool({"row": Column((space.width,), torch.float32, None)})  # replicas' values at the last sync
         self.records = Entries({"owner": Column((), torch.int16, index), "moves": Column((), torch.int64, 0)})
         self.away = Entries({"owner": Column((), torch.int16, None)})
