@@ -234,3 +234,21 @@ def test_synthetic_through_the_registry_and_its_config() -> None:
     with pytest.raises(ConfigError, match="mf.synthetic.ratings"):
         synthetic_zipf(users=10, items=10, ratings=60, exponent=1.1, seed=0)
     assert set(RATING_DATASETS.names()) >= {"ml-100k", "synthetic-zipf"}
+
+
+def test_generated_ids_are_the_numbers_without_holding_them(tmp_path: Path) -> None:
+    """A generated set's raw ids read, slice, iterate, fingerprint and write exactly like the list
+    of strings "0" .. "n-1" (the reference), without holding n strings."""
+    from cadence.data.fingerprint import digest
+    from cadence.data.ratings import NumberedIds
+
+    data = synthetic_zipf(users=300, items=40, ratings=1000, exponent=1.1, seed=0)
+    for ids, count in ((data.user_ids, 300), (data.item_ids, 40)):
+        reference = [str(i) for i in range(count)]
+        assert isinstance(ids, NumberedIds) and len(ids) == count
+        assert list(ids) == reference and ids[7] == "7" and ids[-1] == reference[-1] and ids[3:9:2] == reference[3:9:2]
+        assert digest(ids) == digest(reference)
+        with pytest.raises(IndexError):
+            ids[count]
+    data.write_id_maps(tmp_path)
+    assert (tmp_path / "item_ids.tsv").read_text() == "".join(f"{i}\t{i}\n" for i in range(40))

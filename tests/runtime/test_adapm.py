@@ -572,6 +572,12 @@ def test_evaluation_reads_each_row_from_its_owner_without_gathering_the_table(ta
     got = runtime.parameters().values(probe)
     assert torch.equal(got, reference.values(probe))
     assert not torch.equal(got[:5], spec.initial_values(probe[:5]))  # trained rows, not initial ones
+    # the dense parameters' share of the bytes: node 1 sends its one dense replica's delta and version
+    # to node 0 every round (4 bytes a parameter, 8 for the version), nothing where there is no parameter
+    node = runtime.cluster.nodes[1].instance.node
+    size = sum(p.numel() for p in runtime.dense().parameters())
+    assert node.dense_bytes == (node.rounds * (4 * size + 8) if size else 0)
+    assert (runtime.stats()["dense_bytes_per_epoch"] > 0) == (size > 0) and (size > 0) == (task == "ctr")
     runtime.close()
 
 

@@ -333,7 +333,7 @@ class NodeRunner:
         return self.node.quiet()
 
     COUNTERS = ("accesses", "remote_accesses", "remote_reads", "bytes_sent", "relocations_in", "replicas_created",
-                "staleness_total", "staleness_count", "rounds")
+                "staleness_total", "staleness_count", "rounds", "dense_bytes")
 
     def counters(self) -> dict[str, Any]:
         node = self.node
@@ -364,6 +364,8 @@ def summarize(settings, counters: list[dict[str, Any]], epochs: int, seconds: fl
         # forwarded parts, dense deltas), per node and epoch
         "bytes_per_epoch": round(total["bytes_sent"] / nodes / max(1, epochs), 1),
         "bytes_per_node": [c["bytes_sent"] for c in counters],
+        # of which the dense parameters' (replica deltas to node 0, the main copy's values back)
+        "dense_bytes_per_epoch": round(total["dense_bytes"] / nodes / max(1, epochs), 1),
         "accesses": total["accesses"],
         "remote_accesses": total["remote_accesses"],
         "remote_reads": total["remote_reads"],

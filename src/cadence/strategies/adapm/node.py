@@ -253,6 +253,7 @@ class Node:
         self.staleness_total = 0.0
         self.staleness_count = 0
         self.rounds = 0
+        self.dense_bytes = 0  # (of bytes_sent: the dense replicas' deltas and the main copy's values)
         self.peak_entries = 0
         # every key homed here starts here, from the task's seeded initial rows (with ``full``: every
         # key, a replica unless homed here)
@@ -760,6 +761,7 @@ class Node:
                             versions_dense.append(copy.version)
                     request.dense_delta = torch.stack(deltas)
                     request.dense_version = torch.tensor(versions_dense, dtype=torch.int64)
+                    self.dense_bytes += nbytes(request.dense_delta, request.dense_version)
                 self.bytes_sent += request.nbytes()
                 requests.append(request)
             self.rounds += 1
@@ -908,6 +910,7 @@ class Node:
             several = request.dense_delta.shape[0] > 1
             response.dense_value = [value if several or held < before else None
                                     for held in request.dense_version.tolist()]
+            self.dense_bytes += nbytes(*response.dense_value)
         self.bytes_sent += response.nbytes()
         if forward is not None and response.not_mine.numel():
             self._forward(request, response, forward)
