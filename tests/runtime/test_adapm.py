@@ -316,7 +316,7 @@ def test_a_round_visits_only_the_keys_with_something_to_manage() -> None:
     for _ in range(2):
         rounds(nodes, transport)
         for node in nodes:
-            live = set(node.live.tolist())
+            live = set(node.live_keys().tolist())
             entries = node.store.live()
             signalled = node.store.key[entries[node.store.signalled[entries]]]
             assert set(signalled.tolist()) <= live

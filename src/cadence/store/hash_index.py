@@ -47,10 +47,13 @@ class HashIndex:
         """The row of each key, -1 where the key is absent."""
         wanted = _int64(keys)
         slot_keys, slot_rows = self.slot_keys.numpy(), self.slot_rows.numpy()
-        result = np.full(wanted.shape[0], -1, dtype=np.int64)
         slots = self._slots(wanted)
-        pending = np.arange(wanted.shape[0])
+        probed = slot_keys[slots]  # the first probe, for every key at once (most end here)
+        hit = probed == wanted
+        result = np.where(hit, slot_rows[slots], -1)
+        pending = np.flatnonzero(~(hit | (probed == EMPTY)))
         mask = self.capacity - 1
+        slots[pending] = (slots[pending] + 1) & mask
         while pending.size:
             probing = slots[pending]
             probed = slot_keys[probing]

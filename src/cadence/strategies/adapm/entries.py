@@ -112,8 +112,10 @@ class Entries(Pool):
         return entries
 
     def remove(self, entries: Tensor) -> None:
+        """Free ``entries``; a freed entry's key reads -1 until it is handed out again."""
         if entries.numel():
             self.index.remove(self.columns["key"].index_select(0, entries))
+            self.columns["key"].index_fill_(0, entries, -1)
             self.release(entries)
 
     def nbytes(self) -> int:

@@ -230,7 +230,8 @@ class Node:
         self.away = Entries({"owner": Column((), torch.int16, None)})
         self.away_limit = max(1 << 16, share)
         self.tick = 0
-        # the keys a round has to look at (sorted): acted intents, signalled ones, replicas; a round
+        self._pulled = threading.local()  # each worker's last pull: (keys, entries), for its commit
+        # the entries a round has to look at (sorted): acted intents, signalled ones, replicas; a round
         # visits these, not the key space, and drops those with nothing left to manage
         self.live = torch.empty(0, dtype=torch.int64)
         self.clocks = [0] * workers
@@ -287,21 +288,38 @@ class Node:
 
     def _kind(self, entries: Tensor) -> Tensor:
         """The kind of each entry (ABSENT for -1: no entry)."""
+        found = entries >= 0
+        if bool(found.all()):
+            return self.store.kind.index_select(0, entries)
         kind = self.store.kind.index_select(0, entries.clamp(min=0))
-        return torch.where(entries >= 0, kind, torch.tensor(ABSENT, dtype=torch.int8))
+        return torch.where(found, kind, torch.tensor(ABSENT, dtype=torch.int8))
+
+    def _entries_of(self, keys: Tensor) -> Tensor:
+        """The entries of a batch's keys: the worker's pull looked them up (this thread, the same
+        tensor); reused if every one still holds its key (a freed entry holds none), else looked up."""
+        pulled = getattr(self._pulled, "batch", None)
+        if pulled is not None and pulled[0] is keys:
+            entries = pulled[1]
+            if bool((entries >= 0).all()) and torch.equal(self.store.key.index_select(0, entries), keys):
+                return entries
+        return self.store.find(keys)
 
     def _entries(self, keys: Tensor) -> Tensor:
         """The entries of ``keys``, made where missing (ABSENT, knowing what the cache knew)."""
         entries = self.store.find(keys)
-        missing = entries < 0
-        if bool(missing.any()):
-            new = torch.unique(keys[missing])
-            hints = self._cached(new)
-            self._forget(new)
+        missing = (entries < 0).nonzero().squeeze(1)
+        if missing.numel():
+            new, inverse = torch.unique(keys.index_select(0, missing), return_inverse=True)
+            hints = self._home(new)  # (what the cache knows moves into the entry)
+            if len(self.away):
+                away = self.away.find(new)
+                known = (away >= 0).nonzero().squeeze(1)
+                hints[known] = self.away.owner.index_select(0, away[known]).long()
+                self.away.remove(away[known])
             made = self.store.add(new)
             self.store.hint.index_copy_(0, made, hints.to(torch.int16))
             self.peak_entries = max(self.peak_entries, len(self.store))
-            entries = self.store.find(keys)
+            entries[missing] = made[inverse]
         return entries
 
     def _active(self, entries: Tensor) -> Tensor:
@@ -317,6 +335,8 @@ class Node:
         self.syncs.release(rows[rows >= 0])
         keys, hints = store.key.index_select(0, entries), store.hint.index_select(0, entries).long()
         store.remove(entries)
+        if self.live.numel():  # (a freed entry is never live: its number may be handed out again)
+            self.live = self.live[~torch.isin(self.live, entries)]
         self._remember(keys, hints)
 
     def _release_dead(self, entries: Tensor) -> None:
@@ -332,10 +352,11 @@ class Node:
         self.tick += 1
         self.store.stamp.index_fill_(0, entries, self.tick)
 
-    def _cached(self, keys: Tensor) -> Tensor:
-        """The last known owner of each key: its entry's, the cache's, or its home."""
+    def _cached(self, keys: Tensor, entries: Tensor | None = None) -> Tensor:
+        """The last known owner of each key: its entry's, the cache's, or its home (``entries``: the
+        keys' entries, where the caller looked them up already)."""
         hints = self._home(keys)
-        entries = self.store.find(keys)
+        entries = self.store.find(keys) if entries is None else entries
         has = (entries >= 0).nonzero().squeeze(1)
         if has.numel():
             hints[has] = self.store.hint.index_select(0, entries.index_select(0, has)).long()
@@ -362,11 +383,6 @@ class Node:
             entries = self.away.find_or_add(keys[keep])
             self.away.owner.index_copy_(0, entries, owners[keep].to(torch.int16))
 
-    def _forget(self, keys: Tensor) -> None:
-        if len(self.away):
-            found = self.away.find(keys)
-            self.away.remove(found[found >= 0])
-
     # ---- what a node holds (tests, counters) -------------------------------------------------------
     def kind_of(self, keys: Tensor) -> Tensor:
         with self.lock:
@@ -391,6 +407,11 @@ class Node:
     def entries(self) -> int:
         """Entries in use (keys held, and keys with intent not yet held)."""
         return len(self.store)
+
+    def live_keys(self) -> Tensor:
+        """The keys a round looks at (sorted)."""
+        with self.lock:
+            return self.store.key.index_select(0, self.live).sort().values
 
     def hint_of(self, keys: Tensor) -> Tensor:
         with self.lock:
@@ -475,18 +496,24 @@ class Node:
         """(values, local mask, stamps) of ``keys``: local ones read here, the others from their
         owners (``remote(node, keys) -> (values, not_mine, hints)``, synchronously)."""
         self._check(keys)
-        values = torch.empty(keys.shape[0], self.space.width)
-        stamps = torch.zeros(keys.shape[0], dtype=torch.int64)
         with self.lock:
             store = self.store
             entries = store.find(keys)
+            self._pulled.batch = (keys, entries)
             kind = self._kind(entries)
             local = kind != ABSENT
-            here = local.nonzero().squeeze(1)
-            held = entries.index_select(0, here)
-            values[here] = store.data.index_select(0, held)
-            stamps[here] = store.stamp.index_select(0, held)
-            replica = held[kind.index_select(0, here) == REPLICA]
+            if bool(local.all()):  # (the common case: one gather, no scatter)
+                values, stamps = store.data.index_select(0, entries), store.stamp.index_select(0, entries)
+                held = entries
+            else:
+                values = torch.empty(keys.shape[0], self.space.width)
+                stamps = torch.zeros(keys.shape[0], dtype=torch.int64)
+                here = local.nonzero().squeeze(1)
+                held = entries.index_select(0, here)
+                values[here] = store.data.index_select(0, held)
+                stamps[here] = store.stamp.index_select(0, held)
+                kind = kind.index_select(0, here)
+            replica = held[kind == REPLICA]
             if replica.numel():
                 now = time.perf_counter()
                 self.staleness_total += float((now - store.refreshed.index_select(0, replica)).sum())
@@ -503,11 +530,14 @@ class Node:
         here and changed meanwhile (a merge, another worker, a relocation) takes the delta, any other
         key's delta is pushed to its owner."""
         with self.lock:
-            entries = self.store.find(keys)
+            entries = self._entries_of(keys)
             here = self._kind(entries) != ABSENT
             clean = here & local & (self.store.stamp.index_select(0, entries.clamp(min=0)) == stamps)
-            dirty = here & ~clean
             self.accesses += keys.shape[0]
+            if bool(clean.all()):  # (the common case: one write)
+                self._write(entries, after, add=False)
+                return
+            dirty = here & ~clean
             if bool(clean.any()):
                 chosen = clean.nonzero().squeeze(1)
                 self._write(entries[chosen], after[chosen], add=False)
@@ -622,10 +652,10 @@ class Node:
         none = entries < 0
         self._remember(keys[none], hints[none])
 
-    def _route(self, keys: Tensor) -> Tensor:
+    def _route(self, keys: Tensor, entries: Tensor | None = None) -> Tensor:
         """Where to send a message about keys not held here: the cached owner, unless the cache
         names this node (a stale answer): then the home node's record, or the home node."""
-        hints = self._cached(keys)
+        hints = self._cached(keys, entries)
         stale = hints == self.index
         if bool(stale.any()):
             hints[stale] = self._answer_hint(keys[stale])
@@ -668,21 +698,19 @@ class Node:
                     entries = self._entries(keys)
                     ends = self.store.active_end
                     ends[entries, worker] = torch.clamp(ends[entries, worker], min=end)
-                    self._track(keys)
+                    self._track(entries)
 
-    def _track(self, keys: Tensor) -> None:
-        """Rounds look at ``keys`` from now on (until nothing is left to manage for them)."""
-        if keys.numel():
-            self.live = torch.unique(torch.cat([self.live, keys]))
+    def _track(self, entries: Tensor) -> None:
+        """Rounds look at ``entries`` from now on (until nothing is left to manage for them)."""
+        if entries.numel():
+            self.live = torch.unique(torch.cat([self.live, entries]))
 
     def requests(self) -> list[Request | None]:
         """This round's message to every other node (None for this node itself)."""
         with self.lock:
             store = self.store
-            live = self.live  # (every signalled key and every replica is live: no scan of the key space)
-            entries = store.find(live)
-            exists = entries >= 0
-            live, entries = live[exists], entries[exists]
+            entries = self.live  # (every signalled key and every replica is live: no scan of the key space)
+            live = store.key.index_select(0, entries)
             active = self._active(entries)
             signalled = store.signalled.index_select(0, entries)
             kind = store.kind.index_select(0, entries)
@@ -700,11 +728,12 @@ class Node:
                     store.interested.index_copy_(0, mine, current | me if on else current & ~me)
                     store.signalled[mine] = on
                     self._changed(live[owned], mine)
-            send_new, expire = live[new & (kind == ABSENT)], live[gone & (kind == ABSENT)]
+            sending, expiring = new & (kind == ABSENT), gone & (kind == ABSENT)
+            send_new, expire = live[sending], live[expiring]
             store.signalled[entries[new & (kind == REPLICA)]] = True
-            target_new, target_expire = self._route(send_new), self._route(expire)
-            store.signalled[entries[new & (kind == ABSENT)]] = True  # (undone if the destination is not the owner)
-            store.signalled[entries[gone & (kind == ABSENT)]] = False  # (redone if the destination is not the owner)
+            target_new, target_expire = self._route(send_new, entries[sending]), self._route(expire, entries[expiring])
+            store.signalled[entries[sending]] = True  # (undone if the destination is not the owner)
+            store.signalled[entries[expiring]] = False  # (redone if the destination is not the owner)
             dropping = gone & (kind == REPLICA)
             drop = live[dropping]
             if drop.numel():  # the replica goes with its last delta; its entry is freed
@@ -716,7 +745,7 @@ class Node:
                 store.signalled[gone_entries] = False
                 self._free(gone_entries)
                 live, entries, kind = live[~dropping], entries[~dropping], kind[~dropping]
-            self.live = live
+            self.live = entries
             if self.technique == "full":  # (every key not owned here: a replica from the start)
                 every = store.live()
                 held = every[store.kind.index_select(0, every) == REPLICA]
@@ -780,7 +809,7 @@ class Node:
                 exists = entries >= 0
                 store.signalled[entries[intended & exists]] = False
                 store.signalled[entries[~intended & exists]] = True
-                self._track(keys[~intended & exists])
+                self._track(entries[~intended & exists])
             if response.relocate.numel():
                 keys = response.relocate
                 entries = self._entries(keys)
@@ -816,7 +845,7 @@ class Node:
                 self._touch(entries)
                 store.version.index_copy_(0, entries, response.replica_version[absent])
                 store.kind[entries] = REPLICA
-                self._track(keys)
+                self._track(entries)
                 store.hint[entries] = response.replica_owner[absent].to(torch.int16)
                 store.refreshed[entries] = now
                 self.replicas_created += keys.shape[0]
