@@ -45,12 +45,16 @@ class HashIndex:
 
     def lookup(self, keys: Tensor) -> Tensor:
         """The row of each key, -1 where the key is absent."""
-        wanted = _int64(keys)
-        slot_keys, slot_rows = self.slot_keys.numpy(), self.slot_rows.numpy()
+        found = self._find(_int64(keys))
+        return torch.from_numpy(np.where(found >= 0, self.slot_rows.numpy()[found], -1))
+
+    def _find(self, wanted: np.ndarray) -> np.ndarray:
+        """The slot of each key, -1 where the key is absent."""
+        slot_keys = self.slot_keys.numpy()
         slots = self._slots(wanted)
         probed = slot_keys[slots]  # the first probe, for every key at once (most end here)
         hit = probed == wanted
-        result = np.where(hit, slot_rows[slots], -1)
+        result = np.where(hit, slots, -1)
         pending = np.flatnonzero(~(hit | (probed == EMPTY)))
         mask = self.capacity - 1
         slots[pending] = (slots[pending] + 1) & mask
@@ -58,11 +62,11 @@ class HashIndex:
             probing = slots[pending]
             probed = slot_keys[probing]
             hit = probed == wanted[pending]
-            result[pending[hit]] = slot_rows[probing[hit]]
+            result[pending[hit]] = probing[hit]
             going_on = ~(hit | (probed == EMPTY))
             pending = pending[going_on]
             slots[pending] = (probing[going_on] + 1) & mask
-        return torch.from_numpy(result)
+        return result
 
     def insert(self, keys: Tensor, rows: Tensor) -> None:
         """Add ``keys`` (unique, none present) with their ``rows``."""
@@ -77,22 +81,12 @@ class HashIndex:
         """Remove ``keys`` (unique, all present)."""
         if not keys.numel():
             return
-        wanted = _int64(keys)
-        slot_keys = self.slot_keys.numpy()
-        slots = self._slots(wanted)
-        pending = np.arange(wanted.shape[0])
-        mask = self.capacity - 1
-        while pending.size:
-            probing = slots[pending]
-            probed = slot_keys[probing]
-            hit = probed == wanted[pending]
-            if bool((probed[~hit] == EMPTY).any()):
-                raise KeyError("remove: a key that is not in the index")
-            slot_keys[probing[hit]] = REMOVED
-            pending = pending[~hit]
-            slots[pending] = (probing[~hit] + 1) & mask
-        self.size -= wanted.shape[0]
-        self.tombstones += wanted.shape[0]
+        found = self._find(_int64(keys))
+        if bool((found < 0).any()):
+            raise KeyError("remove: a key that is not in the index")
+        self.slot_keys.numpy()[found] = REMOVED
+        self.size -= found.shape[0]
+        self.tombstones += found.shape[0]
 
     def keys(self) -> Tensor:
         """Every key held (in no particular order)."""
