@@ -84,6 +84,47 @@ class FilteredRankingMetric:
                  progress: Callable[[Iterable], Iterable] = iter) -> dict[str, float]:
         return summarize_ranks(self.ranks(model, entities, triples, progress))
 
+    def ranks_in_blocks(self, model: KgeModel, rows: Callable[[Tensor], Tensor], num_entities: int,
+                        triples: Tensor, block: int, progress: Callable[[Iterable], Iterable] = iter) -> Tensor:
+        """``ranks``, with the entity table read ``block`` rows at a time through ``rows(ids)``: the
+        table is never whole in this process (a model larger than it may hold, read from where the
+        rows live). Each query's true score is scored against its own target's row; every block
+        counts the entities that score above it or level with it, the known answers left out, as
+        ``filtered_ranks`` does on the whole table. (Entities whose rows are identical tie exactly
+        within one matrix product; products of other shapes may differ in the last bit, so such a
+        tie may count as one better or worse instead: the rank moves by half.)"""
+        step = max(1, min(1024, SCORE_BUDGET // max(1, block)))
+        tail_ranks, head_ranks = [], []
+        for start in progress(range(0, triples.shape[0], step)):
+            h, r, t = triples[start:start + step].unbind(1)
+            head_rows, tail_rows = rows(h), rows(t)
+            if self.reciprocal:
+                r_inverse = r + self.num_relations
+                head_side = lambda candidates: model.score_tails_against(tail_rows, r_inverse, candidates)  # noqa: E731
+            else:
+                head_side = lambda candidates: model.score_heads_against(candidates, r, tail_rows)  # noqa: E731
+            sides = ((lambda candidates: model.score_tails_against(head_rows, r, candidates), t, tail_rows,  # noqa: E731
+                      self.tail_filter.lookup(h, r)), (head_side, h, head_rows, self.head_filter.lookup(t, r)))
+            counts = []
+            for score, targets, target_rows, known in sides:
+                true = score(target_rows).diagonal().unsqueeze(1)  # [B, 1]: each query against its own target
+                better = torch.zeros(targets.shape[0], dtype=torch.float64)
+                equal = torch.zeros_like(better)
+                counts.append((score, true, better, equal, known))
+            for first in range(0, num_entities, block):
+                ids = torch.arange(first, min(first + block, num_entities))
+                candidates = rows(ids)
+                for score, true, better, equal, known in counts:
+                    scores = score(candidates)
+                    inside = (known[1] >= first) & (known[1] < first + ids.shape[0])
+                    scores[known[0][inside], known[1][inside] - first] = float("-inf")  # (the target too)
+                    better += (scores > true).sum(1)
+                    equal += (scores == true).sum(1)
+            for (score, true, better, equal, known), out in zip(counts, (tail_ranks, head_ranks)):
+                ranks = 1.0 + better + equal / 2.0
+                out.append(torch.where(torch.isfinite(true.squeeze(1)), ranks, torch.full_like(ranks, float(num_entities))))
+        return torch.cat(tail_ranks + head_ranks)
+
 
 def summarize_ranks(ranks: Tensor) -> dict[str, float]:
     metrics = {"mrr": float((1.0 / ranks).mean())}

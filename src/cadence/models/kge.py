@@ -75,8 +75,18 @@ class KgeModel(nn.Module):
     @torch.no_grad()
     def score_all_tails(self, entities: Tensor, heads: Tensor, relations: Tensor) -> Tensor:
         """[B] head ids, [B] relation ids -> [B, E] scores against the entity table."""
-        return self.scorer.score_tails(entities[heads], self.relations[relations], entities)
+        return self.score_tails_against(entities[heads], relations, entities)
 
     @torch.no_grad()
     def score_all_heads(self, entities: Tensor, relations: Tensor, tails: Tensor) -> Tensor:
-        return self.scorer.score_heads(entities, self.relations[relations], entities[tails])
+        return self.score_heads_against(entities, relations, entities[tails])
+
+    @torch.no_grad()
+    def score_tails_against(self, head_rows: Tensor, relations: Tensor, candidates: Tensor) -> Tensor:
+        """[B, D] head rows, [B] relation ids, [C, D] candidate rows -> [B, C] scores."""
+        return self.scorer.score_tails(head_rows, self.relations[relations], candidates)
+
+    @torch.no_grad()
+    def score_heads_against(self, candidates: Tensor, relations: Tensor, tail_rows: Tensor) -> Tensor:
+        """[C, D] candidate rows, [B] relation ids, [B, D] tail rows -> [B, C] scores."""
+        return self.scorer.score_heads(candidates, self.relations[relations], tail_rows)

@@ -19,12 +19,15 @@ from cadence.config import Config
 from cadence.data.datasets import load_graph
 from cadence.data.triples import KnowledgeGraph, with_reciprocals, write_id_maps
 from cadence.errors import ConfigError
-from cadence.evaluation.ranking import FilteredRankingMetric
+from cadence.evaluation.ranking import FilteredRankingMetric, summarize_ranks
 from cadence.models.kge import KgeModel
 from cadence.models.scorers import SCORERS
 from cadence.core.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task
+
+WHOLE_TABLE_FLOATS = 1 << 26  # evaluation reads an entity table of up to 256 MiB whole ...
+ENTITY_BLOCK_FLOATS = 1 << 24  # ... a larger one 64 MiB of rows at a time
 
 
 @TASKS.register("kge")
@@ -98,10 +101,17 @@ class KgeTask(Task):
             triples = triples[torch.randperm(triples.shape[0], generator=generator)[:limit]]
         if not hasattr(self, "_cache_metric"):
             self._cache_metric = FilteredRankingMetric(self.graph, self.config.train.reciprocal)
-        entities = params.values(torch.arange(self.graph.num_entities)).to(device)
+        metric, count = self._cache_metric, self.graph.num_entities
         dense.eval()
         try:
-            return self._cache_metric(dense, entities, triples.to(device), progress)
+            if count * self.table().width <= WHOLE_TABLE_FLOATS:  # the entity table, whole, in this process
+                return metric(dense, params.values(torch.arange(count)).to(device), triples.to(device), progress)
+            # a larger table is read a block at a time from wherever its rows live (an AdaPM run's
+            # nodes, a parameter server's shards): this process never holds it whole
+            ranks = metric.ranks_in_blocks(dense, lambda ids: params.values(ids).to(device), count,
+                                           triples.to(device), max(1, ENTITY_BLOCK_FLOATS // self.table().width),
+                                           progress)
+            return summarize_ranks(ranks)
         finally:
             dense.train()
 
