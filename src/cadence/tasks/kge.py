@@ -27,7 +27,8 @@ from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task
 
 WHOLE_TABLE_FLOATS = 1 << 26  # evaluation reads an entity table of up to 256 MiB whole ...
-ENTITY_BLOCK_FLOATS = 1 << 24  # ... a larger one 64 MiB of rows at a time
+ENTITY_BLOCK_FLOATS = 1 << 22  # ... a larger one 16 MiB of rows at a time (where the rows live, a
+# block's reads are a passing allocation: small ones fit beside a node's rows under a memory cap)
 
 
 @TASKS.register("kge")

@@ -281,11 +281,11 @@ class NodeRunner:
         """(positions in ``keys``, rows) of the keys whose main copy is held here: a read of the
         trained rows by key (evaluation) that moves only the rows asked for."""
         node = self.node
-        with node.lock:
+        with node.lock:  # (one lookup; the rows without their optimizer state, gathered once)
             entries = node.store.find(keys)
-            positions = (node.kind_of(keys) == OWNER).nonzero().squeeze(1)
+            positions = (node.kind_of_entries(entries) == OWNER).nonzero().squeeze(1)
             chosen = entries.index_select(0, positions)
-            return positions, node.store.data.index_select(0, chosen)[:, :self.width].clone()
+            return positions, node.store.data[:, :self.width].index_select(0, chosen)
 
     def save_part(self, path: str) -> str:
         """Write the main copies held here (``table.keys/values/state``, a checkpoint part) to

@@ -388,6 +388,10 @@ class Node:
         with self.lock:
             return self._kind(self.store.find(keys))
 
+    def kind_of_entries(self, entries: Tensor) -> Tensor:
+        """The kind of each entry (ABSENT for -1)."""
+        return self._kind(entries)
+
     def value_of(self, keys: Tensor) -> Tensor:
         """The values held here of ``keys`` (each held: main copy or replica)."""
         with self.lock:
