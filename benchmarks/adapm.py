@@ -51,6 +51,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import add_flag, check  # same folder: every result traces to a commit
+
 from kge_throughput import machine_info  # same folder: the shared machine record
 from peer_stats import mean_ci, train_measured, write_report
 
@@ -253,7 +255,9 @@ def main() -> None:
     parser.add_argument("--tasks", default=",".join(TASK_RUNS), help="tasks of the tasks part (default all)")
     parser.add_argument("--mf-partition", choices=sorted(PARTITIONS), default="rows",
                         help="Table 2's partitioning: rows (the paper's App. C, default) or strata (DSGD's)")
+    add_flag(parser)
     args = parser.parse_args()
+    check(args)
     started = time.perf_counter()
     out = Path(args.out) if args.out else RESULTS / f"adapm{'_quick' if args.quick else ''}.json"
     report: dict[str, Any] = {

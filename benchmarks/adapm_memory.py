@@ -24,7 +24,7 @@ training loss) against the single node (bar: within 1%). A contender killed for 
 as such.
 
 Needs root (cgroups): otherwise it prints why and exits 0. Refuses a tree with uncommitted changes to
-``src/`` or ``benchmarks/`` unless ``--allow-dirty``.
+``src/`` or ``benchmarks/`` unless ``--dirty`` (then the result file says so).
 
     .venv/bin/python benchmarks/adapm_memory.py [--node-memory 2.5G] [--tasks mf,kge] [--quick]
 
@@ -49,6 +49,7 @@ from typing import Any
 
 from kge_throughput import machine_info  # same folder: the shared machine record
 from peer_stats import OthersMeter, write_report
+from provenance import add_flag, check
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -288,20 +289,17 @@ def main() -> None:
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--allow-dirty", action="store_true", help="measure even with uncommitted changes")
+    add_flag(parser)
     args = parser.parse_args()
     if os.geteuid() != 0 or not CGROUP_ROOT.is_dir():
         print("adapm_memory: skipped: needs root and cgroup v1's memory controller at /sys/fs/cgroup/memory")
         return
-    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    dirty = git("status", "--porcelain", "--", "src", "benchmarks", ":!benchmarks/results")
-    if dirty and not args.allow_dirty:
-        raise SystemExit("adapm_memory: uncommitted changes to src/ or benchmarks/ (commit them, or --allow-dirty):\n" + dirty)
+    found = check(args, "adapm_memory")
     limit = units(args.node_memory or ("2G" if args.quick else "2.5G"))
     started = time.perf_counter()
     report: dict[str, Any] = {
         "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/adapm_memory.py", *sys.argv[1:]]),
-        "machine": machine_info(), "measured_from": {"commit": git("rev-parse", "HEAD"), "dirty": bool(dirty)},
+        "machine": machine_info(), "measured_from": {"commit": found["commit"], "dirty": found["dirty"]},
         "tasks": {}}
     for task in args.tasks.split(","):
         report["tasks"][task] = part(task, limit, args.quick, args.contenders.split(","))

@@ -49,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from provenance import check  # same folder: every result traces to a commit
+
 from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
 from peer_stats import OthersMeter, mean_ci, peer_parser, peer_run, write_report
 
@@ -256,6 +258,7 @@ def print_table(report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = peer_parser(__doc__, f"1 seed, {QUICK_EPOCHS} epochs", 3, "total seconds to wait for other processes "
                        "to go idle before runs (default 300, 0 with --quick)").parse_args(argv)
+    check(args)
     seeds, out_path, command = peer_run(args, "ctr_vs_deepctr", 3)
     if not DEEPCTR_PYTHON.exists():
         raise SystemExit(f"{DEEPCTR_PYTHON} is missing: see benchmarks/requirements-deepctr.txt")

@@ -60,6 +60,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import add_flag, check, stamp  # same folder: every result traces to a commit
+
 from kge_throughput import loadavg, machine_info  # same folder: the shared machine record
 from peer_stats import _machine_jiffies, mean_ci
 
@@ -295,14 +297,16 @@ def main() -> None:
                              "replacing any with the same seed, severity and mode")
     parser.add_argument("--reaggregate", action="store_true",
                         help="train nothing: recompute targets, aggregates and bars from the runs in the JSON")
+    add_flag(parser)
     args = parser.parse_args()
+    check(args)
     path = RESULTS / ("gba_stragglers_quick.json" if args.quick else "gba_stragglers.json")
     command = " ".join([".venv/bin/python", "benchmarks/gba_stragglers.py", *sys.argv[1:]])
     if args.reaggregate:
         results = json.loads(path.read_text())
         results["reaggregated"] = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
         finish(results)
-        path.write_text(json.dumps(results, indent=1) + "\n")
+        path.write_text(json.dumps(stamp(results), indent=1) + "\n")
         report(results, path)
         return
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
@@ -342,7 +346,7 @@ def main() -> None:
         for index, (seed, severity, mode) in enumerate(plan, 1):
             record = run_once(Path(scratch), mode, severity, seed, common)
             results["runs"].append(record)
-            path.write_text(json.dumps(results, indent=1) + "\n")
+            path.write_text(json.dumps(stamp(results), indent=1) + "\n")
             s = record["summary"]
             say(f"[{index}/{len(plan)} {time.perf_counter() - began:.0f}s] seed {seed} {severity:6} {mode:6}: "
                 f"train {s['train_seconds']:.1f}s, valid AUC {[round(v['auc'], 4) for v in record['valid']]}, "
@@ -351,7 +355,7 @@ def main() -> None:
                 f"{s['token_staleness_max']}, others' CPU {record['others_cpu_share']:.2f}")
     results.update(complete=True, total_wall_seconds=round(time.perf_counter() - began, 1))
     finish(results)
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    path.write_text(json.dumps(stamp(results), indent=1) + "\n")
     report(results, path)
 
 

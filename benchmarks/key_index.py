@@ -23,6 +23,8 @@ import statistics
 import time
 from pathlib import Path
 
+from provenance import add_flag, check, stamp  # same folder: every result traces to a commit
+
 import torch
 
 from cadence.store.embedding_table import DynamicEmbeddingTable
@@ -84,8 +86,7 @@ def measure(size: int, repeats: int, generator: torch.Generator) -> dict:
         if name == "hash":
             copies = []
             for _ in range(min(repeats, 5)):
-                copy = HashIndex.__new__(HashIndex)
-                copy.slot_keys, copy.slot_rows, copy.size = hashed.slot_keys.clone(), hashed.slot_rows.clone(), hashed.size
+                copy = hashed.copy()
                 copies.append(copy)
         else:
             copies = [SortedIndex(keys, rows) for _ in range(min(repeats, 5))]
@@ -104,7 +105,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000000,10000000")
     parser.add_argument("--repeats", type=int, default=20)
+    add_flag(parser)
     args = parser.parse_args()
+    check(args)
     torch.set_num_threads(1)
     generator = torch.Generator().manual_seed(0)
     results = [measure(int(size), args.repeats, generator) for size in args.sizes.split(",")]
@@ -112,8 +115,8 @@ def main() -> None:
         print(json.dumps(row))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "key_index.json"
-    out.write_text(json.dumps({"command": "benchmarks/key_index.py --sizes " + args.sizes,
-                               "machine": platform.platform(), "torch_threads": 1, "results": results}, indent=1))
+    out.write_text(json.dumps(stamp({"command": "benchmarks/key_index.py --sizes " + args.sizes,
+                               "machine": platform.platform(), "torch_threads": 1, "results": results}), indent=1))
     print(f"wrote {out}")
 
 

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from provenance import add_flag, check, stamp  # same folder: every result traces to a commit
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -826,7 +828,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(default 150, 0 with --quick)")
     parser.add_argument("--mmap-dir", default=None, help="where the mmap table goes (default: the temp dir)")
     parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/...)")
+    add_flag(parser)
     args = parser.parse_args(argv)
+    check(args)
     logging.getLogger("cadence").setLevel(logging.WARNING)
     GATE.budget_s = args.max_wait if args.max_wait is not None else (0.0 if args.quick else 150.0)
 
@@ -861,7 +865,7 @@ def main(argv: list[str] | None = None) -> int:
         "parts": {k: parts[k] for k in PARTS if k in parts},
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(report, indent=2) + "\n")
+    out_path.write_text(json.dumps(stamp(report), indent=2) + "\n")
     say(f"wrote {out_path.relative_to(REPO) if out_path.is_relative_to(REPO) else out_path}")
     say(json.dumps(report["headline"], indent=2))
     return 0

@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import check  # same folder: every result traces to a commit
+
 from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
 from peer_stats import OthersMeter, mean_ci, peer_parser, peer_run, write_report
 
@@ -200,6 +202,7 @@ def print_summary(summary: dict[str, Any], names: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = peer_parser(__doc__, "1 seed, a few epochs, no tuning search", 3, "total seconds to wait for other "
                        "processes to go idle before runs (default 300, 0 with --quick)").parse_args(argv)
+    check(args)
     seeds, out_path, command = peer_run(args, "mf_vs_surprise", 3)
     if not SURPRISE_PYTHON.exists():
         raise SystemExit(f"{SURPRISE_PYTHON} is missing: see benchmarks/requirements-surprise.txt")

@@ -51,6 +51,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import add_flag, check, stamp  # same folder: every result traces to a commit
+
 from peer_stats import mean_ci  # same folder: the shared 95% t-interval
 
 RESULTS = Path(__file__).parent / "results"
@@ -178,7 +180,9 @@ def main() -> None:
                         help="one more config override for every strategy (repeatable)")
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
                         help="a subset (diagnosis; the bars need all three)")
+    add_flag(parser)
     args = parser.parse_args()
+    check(args)
     if args.child:
         child(args.child[0], args.child[1:])
         return
@@ -242,7 +246,7 @@ def main() -> None:
                         say(f"oac vs its sync replay: {'bit-identical' if same else 'DIFFERENT'}")
                         shutil.rmtree(replay_store, ignore_errors=True)
                     shutil.rmtree(store, ignore_errors=True)
-                    path.write_text(json.dumps(results, indent=1) + "\n")
+                    path.write_text(json.dumps(stamp(results), indent=1) + "\n")
     finally:
         remove_cgroup(group)
     if subset:
@@ -268,7 +272,7 @@ def main() -> None:
         "oac_bit_identical_to_replay": {"passed": bool(results.get("oac_replay", {}).get("bit_identical"))},
     }
     results.update(strategies=table, ratios=ratios, bars=bars, complete=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    path.write_text(json.dumps(stamp(results), indent=1) + "\n")
     for name, row in table.items():
         print(f"{name:5} {row['edges_per_second_median']:>9,.0f} edges/s  test MRR {row['test_mrr']['mean']:.4f}"
               + (f" ± {row['test_mrr']['half_width']:.4f}" if row["test_mrr"]["half_width"] else ""))

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from provenance import check  # same folder: every result traces to a commit
+
 import torch
 
 from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
@@ -283,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="mlp,cnn", help="mlp, cnn or both (default)")
     parser.add_argument("--cnn-all", action="store_true", help="hogwild and sync-1core on every seed for the CNN")
     args = parser.parse_args(argv)
+    check(args)
     seeds, out, command = peer_run(args, "pdasgd", 3)
     started, gate = time.perf_counter(), QuietGate(args.max_wait or 0.0)
     parts = args.parts.split(",")

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from provenance import add_flag, stamp
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -23,6 +25,7 @@ def peer_parser(doc: str, quick_help: str, seeds: int, max_wait_help: str,
     parser.add_argument("--seeds", type=int, default=None, help=f"seeds 0 .. N-1 (default {seeds}, 1 with --quick)")
     parser.add_argument("--max-wait", type=float, default=max_wait, help=max_wait_help)
     parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/...)")
+    add_flag(parser)
     return parser
 
 
@@ -34,7 +37,7 @@ def write_report(report: dict[str, Any], out: Path, started: float, waited_s: fl
     report["wall_seconds"] = time.perf_counter() - started
     report["waited_for_quiet_seconds"] = round(waited_s, 1)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out.write_text(json.dumps(stamp(report), indent=2) + "\n")
     return out
 
 

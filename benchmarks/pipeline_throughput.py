@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import add_flag, check, stamp  # same folder: every result traces to a commit
+
 import torch
 
 from cadence import api
@@ -103,7 +105,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the harness")
     parser.add_argument("--only", choices=["umls", "synthetic"])
+    add_flag(parser)
     args = parser.parse_args()
+    check(args)
     results: dict = {
         "command": " ".join([".venv/bin/python", "benchmarks/pipeline_throughput.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -128,7 +132,7 @@ def main() -> None:
         for key, value in kept.items():
             value.setdefault("measured", {"command": previous.get("command"), "date": previous.get("date")})
         results.update(kept)
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    path.write_text(json.dumps(stamp(results), indent=2) + "\n")
     print(json.dumps({k: v.get("ratios") for k, v in results.items() if isinstance(v, dict) and "ratios" in v},
                      indent=2))
 

@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import add_flag, check, stamp  # same folder: every result traces to a commit
+
 from cadence import api
 from cadence.config import load_config
 from cadence.training.trainer import TrainerHook
@@ -144,7 +146,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=["memory", "throughput", "dense"])
     parser.add_argument("--repeats", type=int, default=3)
+    add_flag(parser)
     args = parser.parse_args()
+    check(args)
     out = RESULTS / "ps_cluster.json"
     results = json.loads(out.read_text()) if out.exists() else {}
     with tempfile.TemporaryDirectory(prefix="cadence-ps-cluster-") as tmp:
@@ -159,7 +163,7 @@ def main() -> None:
     results.update(command=" ".join(["benchmarks/ps_cluster.py", *sys.argv[1:]]), machine=platform.platform(),
                    cpus=os.cpu_count())
     RESULTS.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    out.write_text(json.dumps(stamp(results), indent=1))
     print(json.dumps({k: v for k, v in results.items() if k in ("throughput", "memory", "dense")}, indent=1))
 
 

@@ -39,6 +39,8 @@ import threading
 import time
 from pathlib import Path
 
+from provenance import add_flag, check, stamp  # same folder: every result traces to a commit
+
 from ray_cluster import stop_nodes  # same folder
 
 RESULTS = Path(__file__).parent / "results"
@@ -104,7 +106,9 @@ def main() -> None:
     parser.add_argument("--strategy", default="gba")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more config items")
     parser.add_argument("--name", default="ps_scale", help="the result file's name")
+    add_flag(parser)
     args = parser.parse_args()
+    check(args)
     port, temp = free_port(), Path(f"/tmp/cdn-scale-{os.getpid()}")
     address = f"127.0.0.1:{port}"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
@@ -166,7 +170,7 @@ def main() -> None:
               "summary": {k: summary.get(k) for k in keep}, "peak_rss_gib_per_process": peaks}
     shutil.rmtree(run_dir, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1))
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(stamp(result), indent=1))
     print(json.dumps(result, indent=1))
 
 

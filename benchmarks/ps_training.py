@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import add_flag, check, stamp  # same folder: every result traces to a commit
+
 import torch
 
 from cadence import api
@@ -104,7 +106,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", choices=["quality", "stragglers", "kill", "switch"])
     parser.add_argument("--latency", type=float, default=0.02)
+    add_flag(parser)
     args = parser.parse_args()
+    check(args)
     results: dict = {"command": " ".join([".venv/bin/python", "benchmarks/ps_training.py", *sys.argv[1:]]),
                      "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                      "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__}}
@@ -124,7 +128,7 @@ def main() -> None:
         previous = json.loads(path.read_text())
         results = {**previous, **{k: v for k, v in results.items() if k not in ("command", "date")},
                    f"{args.only}_measured": {"command": results["command"], "date": results["date"]}}
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    path.write_text(json.dumps(stamp(results), indent=2) + "\n")
     print(json.dumps({k: v for k, v in results.items() if k not in ("machine",)}, indent=1)[:3000])
 
 

@@ -67,6 +67,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from provenance import check  # same folder: every result traces to a commit
+
 from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
 from peer_stats import mean_ci, peer_parser, peer_run, train_measured, write_report
 
@@ -364,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eps-only", action="store_true",
                         help="bar (a) alone: hogwild and the shadow-* contenders (uncapped and capped), no sweep")
     args = parser.parse_args(argv)
+    check(args)
     seeds, out_path, command = peer_run(args, "shadowsync", 3)
     logging.getLogger("cadence").setLevel(logging.WARNING)
     gate = QuietGate(args.max_wait if args.max_wait is not None else (0.0 if args.quick else 300.0))

@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from provenance import check, stamp  # same folder: every result traces to a commit
+
 from kge_throughput import loadavg, machine_info, others_busy  # same folder: the shared machine record
 from peer_stats import OthersMeter, peer_parser, peer_run
 
@@ -188,6 +190,7 @@ def file_sha256(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = peer_parser(__doc__, "enwiki-excerpt, 1 seed, 1 epoch", 2, "seconds to wait, before each run, for the "
                        "load average to drop (default 120)", max_wait=120.0).parse_args(argv)
+    check(args)
     seeds, out_path, command = peer_run(args, "w2v_vs_gensim", 2)
     dataset, epochs = ("enwiki-excerpt", 1) if args.quick else ("gcide", GENSIM_SETTING["epochs"])
     if not GENSIM_PYTHON.exists():
@@ -231,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_seconds"] = round(time.perf_counter() - started_all, 1)
     report["waited_for_load_seconds"] = round(gate.waited_s, 1)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(report, indent=2) + "\n")
+    out_path.write_text(json.dumps(stamp(report), indent=2) + "\n")
     say(f"wrote {out_path}")
     print_table(report["summary"])
     return 0

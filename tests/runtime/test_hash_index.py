@@ -52,6 +52,9 @@ def test_keys_come_and_go_and_the_index_agrees_with_a_dict_without_growing(seed:
         assert sorted(index.keys().tolist()) == sorted(reference)
         capacity = capacity or index.capacity
     assert index.capacity <= 2 * capacity  # (at most 400 keys at a time: no growth with the churn)
+    twin = index.copy()  # an independent copy: what one does the other does not see
+    twin.remove(index.keys()[:3])
+    assert len(twin) == len(index) - 3 and sorted(index.keys().tolist()) == sorted(reference)
     with pytest.raises(KeyError):
         index.remove(torch.tensor([10 ** 9]))
 

@@ -88,6 +88,13 @@ class HashIndex:
         self.size -= found.shape[0]
         self.tombstones += found.shape[0]
 
+    def copy(self) -> "HashIndex":
+        """An independent index with the same keys and rows."""
+        twin = HashIndex.__new__(HashIndex)
+        twin.slot_keys, twin.slot_rows = self.slot_keys.clone(), self.slot_rows.clone()
+        twin.size, twin.tombstones = self.size, self.tombstones
+        return twin
+
     def keys(self) -> Tensor:
         """Every key held (in no particular order)."""
         return self.slot_keys[self.slot_keys > REMOVED]

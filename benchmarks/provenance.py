@@ -1,0 +1,60 @@
+"""Every result traces to a commit (issue 26): the commit a benchmark measured, and whether ``src/``
+or ``benchmarks/`` had uncommitted changes then.
+
+A benchmark calls ``check(args)`` before it measures anything: with uncommitted changes to ``src/``
+or ``benchmarks/`` (results files aside) it stops with a message, unless ``--dirty`` was given; then
+it goes on and the record it returns, which the benchmark writes into its result file under
+``provenance``, says ``dirty: true`` and lists the changed files. ``add_flag(parser)`` adds
+``--dirty`` (and the older spelling ``--allow-dirty``) to a benchmark's parser; ``stamp(report)``
+adds the record to what it writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+WATCHED = ("src", "benchmarks", ":!benchmarks/results")
+
+
+def add_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dirty", "--allow-dirty", dest="dirty", action="store_true",
+                        help="measure even with uncommitted changes to src/ or benchmarks/ (the result file says so)")
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def record() -> dict[str, Any]:
+    """The commit checked out and the uncommitted changes to what a result depends on."""
+    changed = [line[3:] for line in _git("status", "--porcelain", "--", *WATCHED).splitlines() if line.strip()]
+    return {"commit": _git("rev-parse", "HEAD").strip() or None, "dirty": bool(changed), "dirty_files": changed}
+
+
+_CHECKED: list[dict[str, Any]] = []
+
+
+def check(args: argparse.Namespace, script: str | None = None) -> dict[str, Any]:
+    """``record()``, or a stop where the tree is dirty and ``--dirty`` was not given; ``stamp`` writes
+    it into the result."""
+    found = record()
+    _CHECKED[:] = [found]
+    if found["dirty"] and not getattr(args, "dirty", False):
+        name = script or Path(sys.argv[0]).name
+        raise SystemExit(f"{name}: uncommitted changes to src/ or benchmarks/ ({', '.join(found['dirty_files'][:8])}): "
+                         "commit them first, so the numbers trace to a commit, or pass --dirty (the result file "
+                         "is then marked dirty)")
+    return found
+
+
+def stamp(report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` with the record ``check`` took before measuring (or one taken now) as ``provenance``."""
+    return {**report, "provenance": _CHECKED[0] if _CHECKED else record()}
