@@ -186,3 +186,51 @@ def test_each_epoch_the_central_copy_on_shard_0_starts_from_the_runs_dense_param
         central = ShardCentralCopy(shard).exchange([torch.zeros(8)], 0.0)  # alpha 0: reads w_ps unchanged
         assert torch.equal(torch.cat([c.reshape(-1) for c in central]), torch.full((8,), value))
     assert list(shard.services) == [CENTRAL]
+
+
+@pytest.mark.parametrize("mode", ["shadow-easgd", "shadow-ma", "fr-easgd", "fr-ma"])
+def test_a_shadow_round_runs_while_its_trainers_batches_are_in_flight(tmp_path: Path, mode: str,
+                                                                      monkeypatch) -> None:
+    """ShadowSync's claim, in time: a trainer's sync rounds run while its own worker threads are in
+    the middle of batches (wall-clock intervals that intersect), and the foreground baseline's never
+    do (it pauses the trainer's threads and drains their batches first)."""
+    import time
+
+    from cadence.strategies.parameter_server import dense_sync
+    from cadence.strategies.parameter_server.shadow import HogwildWorker
+
+    steps: list[tuple[int, float, float]] = []
+    rounds: list[tuple[int, float, float]] = []
+    lock = threading.Lock()
+    original_step = HogwildWorker.step
+
+    def step(self, *args):
+        began = time.perf_counter()
+        try:
+            return original_step(self, *args)
+        finally:
+            with lock:
+                steps.append((self.trainer.index, began, time.perf_counter()))
+
+    def timed_round(original):
+        def run(self, params, training):
+            began = time.perf_counter()
+            try:
+                return original(self, params, training)
+            finally:  # (the shadow thread of trainer i is named cadence-shadow-i)
+                with lock:
+                    rounds.append((int(threading.current_thread().name.rsplit("-", 1)[1]), began, time.perf_counter()))
+        return run
+
+    monkeypatch.setattr(HogwildWorker, "step", step)
+    for rule in (dense_sync.Easgd, dense_sync.ModelAverage):
+        monkeypatch.setattr(rule, "round", timed_round(rule.round))
+    trainer, _, _ = make_trainer(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.threads=2",
+                                 "shadow.every=2", "train.epochs=2")
+    trainer.fit()
+    assert len(rounds) > 2 and len(steps) > 20
+    overlapping = sum(1 for t, r0, r1 in rounds for u, s0, s1 in steps if t == u and r0 < s1 and s0 < r1)
+    if mode.startswith("shadow"):
+        assert overlapping > 0, "no round of a trainer ran while one of its batches was in flight"
+    else:
+        assert overlapping == 0

@@ -5,6 +5,7 @@ threads under real concurrency lose no batch and count their staleness."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -89,3 +90,33 @@ def test_a_failing_backward_pass_stops_the_epoch_with_its_error(task_data, tmp_p
         train(task_data, tmp_path, "image", "broken", "strategy=pdasgd")
     alive = [t.name for t in threading.enumerate() if t.name.startswith("cadence-pdasgd")]
     assert not alive
+
+
+@pytest.mark.parametrize("barrier", [False, True])
+def test_a_forward_runs_while_another_batchs_backward_is_running(barrier, task_data, tmp_path, monkeypatch) -> None:
+    """The claim pdASGD rests on, in time: the forward pass of a later batch runs while an earlier
+    batch's backward pass is still running (intervals of wall-clock time that intersect), and the
+    sequential twin (``pdasgd.barrier``) never lets them meet."""
+    intervals: dict[str, list[tuple[float, float]]] = {"forward": [], "backward": []}
+    lock = threading.Lock()
+
+    def timed(name, original):
+        def run(self, *args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                with lock:
+                    intervals[name].append((began, time.perf_counter()))
+        return run
+
+    monkeypatch.setattr(pdasgd_module.Pdasgd, "_forward", timed("forward", pdasgd_module.Pdasgd._forward))
+    monkeypatch.setattr(pdasgd_module.Pdasgd, "_backward", timed("backward", pdasgd_module.Pdasgd._backward))
+    train(task_data, tmp_path, "image", f"overlap-{barrier}", "strategy=pdasgd", "pdasgd.backward_threads=2",
+          f"pdasgd.barrier={str(barrier).lower()}", "image.hidden=[256,256]", "train.epochs=3")
+    overlaps = sum(1 for f0, f1 in intervals["forward"] for b0, b1 in intervals["backward"] if f0 < b1 and b0 < f1)
+    assert len(intervals["forward"]) == len(intervals["backward"]) > 10
+    if barrier:
+        assert overlaps == 0  # (the guard works: no overlap is counted where none can happen)
+    else:
+        assert overlaps > 0, "no forward ever ran during a backward"
