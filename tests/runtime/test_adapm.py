@@ -217,6 +217,25 @@ def test_a_node_holds_only_what_it_owns_or_replicates() -> None:
     assert torch.equal(torch.cat([node.held() for node in nodes]).sort().values, torch.arange(KEYS))
 
 
+def test_a_commit_after_its_key_left_goes_to_the_new_owner_not_to_a_reused_entry() -> None:
+    """A worker pulls key 0 (held here), the key is relocated away before the worker commits, and its
+    freed entry is handed to key 1 arriving: the commit's delta must reach key 0 on its new owner and
+    leave key 1 alone (the pull's lookup is reused only while each entry still holds its key)."""
+    nodes, transport = cluster(2)
+    node = nodes[0]
+    keys = one(0)  # home: node 0
+    before, local, stamps = node.pull(keys, remote_of(node, transport))
+    nodes[1].intent(0, keys, 0, 2)
+    rounds(nodes, transport)  # key 0 moves to node 1; node 0 frees its entry
+    assert owners(nodes, 0) == [1]
+    node.intent(0, one(1), node.clocks[0], node.clocks[0] + 2)
+    rounds(nodes, transport)  # key 1 moves here, into the freed entry
+    assert owners(nodes, 1) == [0]
+    key1 = node.value_of(one(1)).clone()
+    node.commit(keys, before, before + 5.0, local, stamps, remote_of(node, transport))
+    assert torch.equal(node.value_of(one(1)), key1)
+    assert torch.equal(nodes[1].value_of(keys), initial_table()[:1] + 5.0)
+
 def test_a_nodes_memory_follows_its_home_share_not_the_model() -> None:
     """Four nodes over a table of 64-wide rows: each node's store (rows, metadata, index) is its
     quarter of the model plus bounded overhead, for a model 4x larger too; and keys relocated to
