@@ -46,11 +46,13 @@ def filtered_ranks(scores: Tensor, targets: Tensor, known: tuple[Tensor, Tensor]
     scores = scores.clone()
     true = scores.gather(1, targets.unsqueeze(1))  # [B, 1]
     scores[known[0], known[1]] = float("-inf")  # removes the target too: ties below exclude it
-    better = (scores > true).sum(1)
-    equal = (scores == true).sum(1)
+    return realistic_ranks((scores > true).sum(1), (scores == true).sum(1), true, scores.shape[1])
+
+
+def realistic_ranks(better: Tensor, equal: Tensor, true: Tensor, entities: int) -> Tensor:
+    """1 + #better + #equal / 2 per query; a query whose true score is not finite ranks last."""
     ranks = 1.0 + better.double() + equal.double() / 2.0
-    worst = float(scores.shape[1])
-    return torch.where(torch.isfinite(true.squeeze(1)), ranks, torch.full_like(ranks, worst))
+    return torch.where(torch.isfinite(true.squeeze(1)), ranks, torch.full_like(ranks, float(entities)))
 
 
 class FilteredRankingMetric:
@@ -121,8 +123,7 @@ class FilteredRankingMetric:
                     better += (scores > true).sum(1)
                     equal += (scores == true).sum(1)
             for (score, true, better, equal, known), out in zip(counts, (tail_ranks, head_ranks)):
-                ranks = 1.0 + better + equal / 2.0
-                out.append(torch.where(torch.isfinite(true.squeeze(1)), ranks, torch.full_like(ranks, float(num_entities))))
+                out.append(realistic_ranks(better, equal, true, num_entities))
         return torch.cat(tail_ranks + head_ranks)
 
 
