@@ -68,3 +68,58 @@ def test_a_dynamic_table_exports_sorted_keys_whatever_the_order_they_arrived_in(
     assert torch.equal(values, table.peek(keys)) and table.added == 4
     with pytest.raises(KeyError):
         table.rows(torch.tensor([99]), create=False)
+
+
+def test_threads_add_and_read_keys_of_a_dynamic_table_without_a_lock_on_reads() -> None:
+    """Hogwild access (module docstring of ``store.embedding_table``): two threads add overlapping
+    keys while two others read keys already added, through index rehashes and store growths.
+    Every key gets exactly one row, the row holding that key; a reader never misses a key once it
+    was added, nor reads another key's row; rows keep their initial values (nobody wrote them)."""
+    import threading
+
+    from cadence.core.initial import hashed_normal
+
+    table = DynamicEmbeddingTable(4, 4, 0.1, 7, capacity=4)
+    added: list[int] = []  # keys known to be in the table (appended after their add returned)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def adder(seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        try:
+            for _ in range(120):
+                keys = torch.unique(torch.randint(0, 8_000, (64,), generator=generator))
+                rows = table.rows(keys)
+                assert torch.equal(table.keys_of_rows[rows], keys)
+                added.extend(keys.tolist())
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+            errors.append(err)
+
+    def reader(seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        try:
+            while not stop.is_set():
+                if len(added) < 10:
+                    continue
+                picks = torch.randint(0, len(added), (32,), generator=generator)
+                keys = torch.unique(torch.tensor([added[i] for i in picks.tolist()]))
+                rows = table.rows(keys, create=False)  # KeyError: a key added before was missed
+                assert torch.equal(table.keys_of_rows[rows], keys), "a reader got another key's row"
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+
+    readers = [threading.Thread(target=reader, args=(s,)) for s in (10, 11)]
+    adders = [threading.Thread(target=adder, args=(s,)) for s in (0, 1)]
+    for thread in readers + adders:
+        thread.start()
+    for thread in adders:
+        thread.join()
+    stop.set()
+    for thread in readers:
+        thread.join()
+    assert not errors, errors[0]
+    distinct = torch.unique(torch.tensor(added))
+    assert len(table) == distinct.shape[0] == table.added  # no key added twice
+    keys, values, _ = table.export_rows()
+    assert torch.equal(keys, distinct)
+    assert torch.equal(values, hashed_normal(keys, 4, 0.1, 7))

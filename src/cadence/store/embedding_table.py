@@ -5,9 +5,19 @@ Keys are int64 and need not be dense. A ``HashIndex`` maps keys to rows of an ``
 O(1) (``benchmarks/key_index.py``). A new key's row is initialised from a hash of (seed, key): the
 table's contents never depend on the order in which workers first see keys, which keeps runs
 reproducible across engines and worker counts.
+
+Hogwild access (``DynamicEmbeddingTable`` under ``hogwild``, ``shadow-*``, ``fr-*``): reading and
+writing rows of known keys takes no lock; adding keys takes the table's ``adding`` lock (one writer
+of the index at a time; readers never wait for it: ``HashIndex``). What a reader may see: a row
+half-written by another thread (some columns new, some old), and an update lost when two threads
+update one row at once (each reads, steps and writes the row back), or when an update lands in the
+old store while the table grows (the store doubles, copied under the lock; a write to the old copy
+during the copy is lost). A growth happens log2(rows) times in a run.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 from torch import Tensor
@@ -28,6 +38,7 @@ class DynamicEmbeddingTable:
         self.store = create_store(capacity, width, state_width)
         self.size = 0
         self.added = 0  # keys added since creation (the vocabulary growth a run reports)
+        self.adding = threading.Lock()  # held while keys are added (never by a read or write of known keys)
 
     def __len__(self) -> int:
         return self.size
@@ -38,14 +49,21 @@ class DynamicEmbeddingTable:
         self.size = 0
 
     def rows(self, keys: Tensor, create: bool = True) -> Tensor:
-        """Row indices of ``keys`` (unique), creating rows for unseen keys."""
+        """Row indices of ``keys`` (unique), creating rows for unseen keys (under ``adding``: another
+        thread may have added some of them since this one looked)."""
         rows = self.index.lookup(keys)
         missing = rows < 0
         if not bool(missing.any()):
             return rows
         if not create:
             raise KeyError("unknown keys")
-        rows[missing] = self._add(keys[missing])
+        absent = keys[missing]
+        with self.adding:
+            found = self.index.lookup(absent)
+            new = found < 0
+            if bool(new.any()):
+                found[new] = self._add(absent[new])
+        rows[missing] = found
         return rows
 
     def peek(self, keys: Tensor) -> Tensor:
@@ -80,14 +98,16 @@ class DynamicEmbeddingTable:
         return rows
 
     def _grow(self, needed: int) -> None:
+        """A store of twice the rows (or ``needed``), filled, then published (readers never see an
+        empty one)."""
         capacity = max(needed, 2 * self.store.num_rows)
         old = self.store
-        self.store = create_store(capacity, old.dim, old.state_width)
-        self.store.values[: self.size] = old.values[: self.size]
-        self.store.state[: self.size] = old.state[: self.size]
-        keys = self.keys_of_rows
-        self.keys_of_rows = torch.empty(capacity, dtype=torch.int64)
-        self.keys_of_rows[: self.size] = keys[: self.size]
+        store = create_store(capacity, old.dim, old.state_width)
+        store.values[: self.size] = old.values[: self.size]
+        store.state[: self.size] = old.state[: self.size]
+        keys = torch.empty(capacity, dtype=torch.int64)
+        keys[: self.size] = self.keys_of_rows[: self.size]
+        self.store, self.keys_of_rows = store, keys
 
     def export_rows(self) -> tuple[Tensor, Tensor, Tensor]:
         """(keys sorted, their values, their optimizer state): the table independent of its layout."""
