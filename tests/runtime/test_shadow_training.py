@@ -234,3 +234,38 @@ def test_a_shadow_round_runs_while_its_trainers_batches_are_in_flight(tmp_path: 
         assert overlapping > 0, "no round of a trainer ran while one of its batches was in flight"
     else:
         assert overlapping == 0
+
+
+@pytest.mark.parametrize("mode", ["hogwild", "shadow-easgd", "fr-easgd"])
+def test_hogwild_tables_train_while_another_thread_holds_the_shards_lock(tmp_path: Path, mode: str) -> None:
+    """The seed: "there is no lock involved in the accesses of the tables". A thread takes every
+    shard's lock (the one a pull or push took before) and holds it while the whole run trains: the
+    run finishes, every gradient applied. Under a locking shard the run would wait for the lock."""
+    trainer, _, splits = make_trainer(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.threads=2",
+                                      "shadow.every=2", "train.epochs=1", "ps.shards=2")
+    shards = trainer.runtime.engine.shards
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        for shard in shards:
+            shard.changed.acquire()
+        held.set()
+        release.wait()
+        for shard in shards:
+            shard.changed.release()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    held.wait()
+    outcome: dict = {}
+    run = threading.Thread(target=lambda: outcome.update(trainer.runtime.run_epoch(
+        trainer.task.plan(0), lambda finished: None) or {"done": True}), daemon=True)
+    try:
+        run.start()
+        run.join(20)
+        assert not run.is_alive(), "training waited for the shards' lock"
+    finally:
+        release.set()
+        run.join()
+    applied = sum(shard.applied_gradients for shard in shards)
+    assert applied == 2 * (len(splits["train"]) // BATCH)  # each batch's gradient on both shards

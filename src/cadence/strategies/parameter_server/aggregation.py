@@ -11,6 +11,7 @@ Every mode of the parameter-server family is one ``Aggregation`` over the same s
 | ``hop_bw``| per step, apply the first N - b gradients of that step; later ones are dropped     |
 |           | (tokens are handed out fresh: a late worker's next batch belongs to the current step) |
 | ``sync``  | per step, apply exactly the gradients of that step's batches (a barrier)          |
+| ``hogwild``, ``shadow-*``, ``fr-*`` | apply every gradient at once, without the shard's lock (``Hogwild``) |
 
 Buffered gradients are aggregated in batch order, not arrival order, so a step's result does not
 depend on which worker was faster. ``decay`` and ``normalizer`` are pluggable (SPEC: eq. 1 of the
@@ -59,6 +60,9 @@ class StepTarget(Protocol):
 
     def record_dropped(self, count: int) -> None: ...
 
+    def apply_unlocked(self, gradient: Gradient) -> None:
+        """One gradient's rows stepped without the shard's lock (Hogwild), then counted as a step."""
+
 
 # decay f(staleness, tolerance) -> weight; 0 drops the gradient
 DECAYS: Registry[Callable[[int, float], float]] = Registry("gba decay", "ps.decay")
@@ -71,6 +75,10 @@ NORMALIZERS.register("kept")(lambda capacity, kept: float(max(kept, 1)))
 
 
 class Aggregation(ABC):
+    # pushes and pulls reach the rows without the shard's lock (Hogwild: per-row races allowed,
+    # ``store.embedding_table``); nothing waits for this shard's step, and no push is buffered
+    lock_free = False
+
     @abstractmethod
     def push(self, shard: StepTarget, gradient: Gradient) -> None: ...
 
@@ -91,6 +99,17 @@ class ApplyEach(Aggregation):
     def push(self, shard, gradient):
         shard.record_applied(gradient)
         shard.apply([gradient], 1.0)
+
+
+class Hogwild(Aggregation):
+    """ShadowSync's embedding tables (``hogwild``, ``shadow-*``, ``fr-*``): one step per gradient,
+    as ``ApplyEach``, with no lock on the rows (the seed: "there is no lock involved in the
+    accesses of the tables")."""
+
+    lock_free = True
+
+    def push(self, shard, gradient):
+        shard.apply_unlocked(gradient)
 
 
 class Buffered(Aggregation):

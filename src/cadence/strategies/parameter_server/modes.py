@@ -15,7 +15,7 @@ from typing import Any, Callable
 from cadence.config import ParameterServerConfig
 from cadence.core.runtime import OnBatch
 from cadence.registry import Registry
-from cadence.strategies.parameter_server.aggregation import Aggregation, ApplyEach, Buffered, PerStep
+from cadence.strategies.parameter_server.aggregation import Aggregation, ApplyEach, Buffered, Hogwild, PerStep
 from cadence.strategies.parameter_server.gates import BoundedStaleness, NoGate, StepBarrier
 from cadence.strategies.parameter_server.epoch import EpochPlan, ServerSettings, new_data_list
 from cadence.strategies.parameter_server.server import DataList, DenseReducer, ServerShard
@@ -92,6 +92,7 @@ def _register(name: str, aggregation, gate, tokens_per_step, description: str, p
 no_gate = lambda config, shards: NoGate()  # noqa: E731
 one_batch = lambda config: 1  # noqa: E731  every gradient is a step of its own
 apply_each = lambda config: ApplyEach()  # noqa: E731
+hogwild_rows = lambda config: Hogwild()  # noqa: E731  ShadowSync's tables: no lock on the rows
 _workers = lambda config: config.workers  # noqa: E731  global batch = workers x local batch
 _buffer = lambda config: config.buffer or config.workers  # noqa: E731  global batch = M x local batch
 

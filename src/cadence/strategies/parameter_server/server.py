@@ -1,11 +1,15 @@
 """A parameter-server shard: embedding rows (a dynamic vocabulary), optionally the dense
 parameters, their optimizers, and the aggregation rule of the mode being trained (GBA, SPEC
 section 3). Every push, drop and token event happens under the shard's lock; ``apply`` is the one
-place where gradients become an optimizer step, and it advances the shard's global step.
+place where gradients become an optimizer step, and it advances the shard's global step. Under a
+lock-free aggregation (``Hogwild``: ShadowSync's modes) pulls and pushes reach the rows without
+that lock (what a reader may see: ``store.embedding_table``); only the counters take a lock of their
+own, ``counting``, held for a few additions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -62,6 +66,8 @@ class ServerShard:
         self.dense = dense
         self.dense_optimizer = dense_optimizer
         self.changed = threading.Condition()  # guards everything below; notified on every step
+        self.lock_free = aggregation.lock_free  # Hogwild rows: pulls and pushes never take ``changed``
+        self.counting = threading.Lock()  # the counters of a lock-free push
         self.global_step = 0
         self.applied_gradients = 0
         self.dropped_gradients = 0
@@ -72,6 +78,10 @@ class ServerShard:
         self.aborted: str | None = None  # why the epoch was abandoned (a worker failed): nobody waits
         self.services: dict[str, Any] = {}  # what a mode attaches here (ShadowSync: EASGD's central copy on shard 0)
 
+    def _guard(self):
+        """The shard's lock, or none for a lock-free aggregation (its token events change nothing)."""
+        return contextlib.nullcontext() if self.lock_free else self.changed
+
     # ---- worker verbs ---------------------------------------------------------------------------
     def submit(self, verb: Callable, *args: Any) -> Done:
         """Call ``verb`` (a method of ``ServerShard``, never a string) now (a remote shard's
@@ -79,6 +89,8 @@ class ServerShard:
         return Done(getattr(self, verb_of(ServerShard, verb))(*args))
 
     def pull_rows(self, keys: Tensor) -> Tensor:
+        if self.lock_free:
+            return self.table.pull(keys).values
         with self.changed:
             return self.table.pull(keys).values
 
@@ -89,11 +101,16 @@ class ServerShard:
 
     def push_then_pull(self, gradient: Gradient, keys: Tensor, with_dense: bool):
         """A worker's deferred push and its next pull, in that order, in one call."""
+        if self.lock_free:
+            self.push(gradient)
+            return self.pull_with_dense(keys) if with_dense else self.pull_rows(keys)
         with self.changed:
             self.push(gradient)
             return self.pull_with_dense(keys) if with_dense else self.pull_rows(keys)
 
     def peek_rows(self, keys: Tensor) -> Tensor:
+        if self.lock_free:
+            return self.table.peek(keys)
         with self.changed:
             return self.table.peek(keys)
 
@@ -105,19 +122,22 @@ class ServerShard:
             return state, self.global_step
 
     def push(self, gradient: Gradient) -> None:
+        if self.lock_free:
+            self.aggregation.push(self, gradient)
+            return
         with self.changed:
             self.aggregation.push(self, gradient)
 
     def drop(self, token: int, batch: int | None = None) -> None:
-        with self.changed:
+        with self._guard():
             self.aggregation.drop(self, token, batch)
 
     def close_token(self, token: int, handed_out: int) -> None:
-        with self.changed:
+        with self._guard():
             self.aggregation.close_token(self, token, handed_out)
 
     def flush(self) -> None:
-        with self.changed:
+        with self._guard():
             self.aggregation.flush(self)
 
     def wait_for_step(self, step: int) -> None:
@@ -137,7 +157,7 @@ class ServerShard:
         """Every verb sent so far is applied: at once, here (a remote shard's one-way verbs may not be)."""
 
     def resume(self) -> None:
-        with self.changed:
+        with self._guard():
             self.aborted = None
 
     def set_dense_lr(self, lr: float) -> None:
@@ -158,7 +178,7 @@ class ServerShard:
         return getattr(service, verb_of(type(service), verb))(*args)
 
     def stats(self) -> dict[str, float]:
-        with self.changed:
+        with self.counting if self.lock_free else self.changed:
             kept = max(self.applied_gradients, 1)
             return {"global_steps": self.global_step, "gradients_applied": self.applied_gradients,
                     "gradients_dropped": self.dropped_gradients,
@@ -219,6 +239,19 @@ class ServerShard:
             self.applied_gradients += len(gradients)
         self.global_step += 1
         self.changed.notify_all()
+
+    def apply_unlocked(self, gradient: Gradient) -> None:
+        """Hogwild: the gradient's rows stepped with no lock (racing pushes of one row may lose one
+        of them), then counted as one step under ``counting``. A dense part (never under ShadowSync:
+        the replicas are the trainers') is stepped under the shard's lock."""
+        self._apply_rows([gradient], 1.0)
+        if self.dense is not None and gradient.dense is not None:
+            with self.changed:
+                self._apply_dense([gradient], 1.0)
+        with self.counting:
+            self.record_applied(gradient)
+            self.applied_gradients += 1
+            self.global_step += 1
 
     def record_applied(self, gradient: Gradient) -> None:
         token_staleness = self.global_step - gradient.token

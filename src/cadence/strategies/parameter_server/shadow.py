@@ -1,7 +1,7 @@
 """Trainers of ShadowSync and its baselines (SPEC section 5) on the parameter-server runtime.
 
 The embeddings stay on the server shards, one copy, updated Hogwild: every gradient is applied on
-arrival (``ApplyEach``). The dense parameters are one replica per **trainer** (``ps.workers``
+arrival, and no pull or push of rows takes a lock (``aggregation.Hogwild``). The dense parameters are one replica per **trainer** (``ps.workers``
 trainers), trained Hogwild by its ``shadow.threads`` worker threads (``HogwildWorker``: pull the
 batch's rows, compute, apply the dense gradient to the replica at once, push the rows' gradient)
 and pulled towards the other replicas by the mode's ``DenseSync``: on a shadow thread in the
@@ -44,7 +44,7 @@ from cadence.strategies.parameter_server.aggregation import Gradient
 from cadence.strategies.parameter_server.dense_sync import (RULES, Averager, CentralCopy, DenseSync, ForegroundGate,
                                                             HogwildReplica, ShadowThread, ThreadAverager, sync_layout)
 from cadence.strategies.parameter_server.epoch import EpochPlan, ServerSettings, WorkerReport, run_guarded
-from cadence.strategies.parameter_server.modes import PS_MODES, ParameterServerMode, apply_each, no_gate, one_batch
+from cadence.strategies.parameter_server.modes import PS_MODES, ParameterServerMode, hogwild_rows, no_gate, one_batch
 from cadence.strategies.parameter_server.gates import NoGate
 from cadence.strategies.parameter_server.server import DataList, DenseReducer, ServerShard
 from cadence.strategies.parameter_server.worker import Worker, nbytes
@@ -418,12 +418,12 @@ _RULE_TEXT = {
 }
 for _rule, _text in _RULE_TEXT.items():
     PS_MODES.register(f"shadow-{_rule}")(ShadowSyncMode(
-        f"shadow-{_rule}", apply_each, no_gate, one_batch,
+        f"shadow-{_rule}", hogwild_rows, no_gate, one_batch,
         f"ShadowSync: {_text}, on a shadow thread in the background; embeddings Hogwild", dense_sync=_rule))
     PS_MODES.register(f"fr-{_rule}")(ShadowSyncMode(
-        f"fr-{_rule}", apply_each, no_gate, one_batch,
+        f"fr-{_rule}", hogwild_rows, no_gate, one_batch,
         f"{_text} in the foreground every shadow.every batches of a trainer; embeddings Hogwild",
         dense_sync=_rule, foreground=True))
 PS_MODES.register("hogwild")(ShadowSyncMode(
-    "hogwild", apply_each, no_gate, one_batch,
+    "hogwild", hogwild_rows, no_gate, one_batch,
     "trainers' dense replicas never synced (averaged at the end of each epoch); embeddings Hogwild"))
