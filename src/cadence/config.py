@@ -140,7 +140,13 @@ class ShadowConfig:
     # elastic parameter a of w_i <- (1 - a) w_i + a w; None: 0.9 / trainers (reconstructed, TF's
     # EASGD moving rate 0.9 / workers with period 1; the paper gives no value)
     alpha: float | None = None
-    every: int = 5  # fr-*: a sync every k batches of a trainer (the paper: 5, 10, 30, 100)
+    every: int = 5  # fr-*: a sync every k iterations (the paper: 5, 10, 30, 100)
+    # fr-*: who syncs every k iterations. thread: each worker thread, inside its own loop, every k
+    # of its own iterations (the paper's FR-EASGD: sync traffic grows with the threads); trainer:
+    # the trainer's threads pause, drain, and one round runs every k batches of the trainer (the
+    # trainer-wide variant). None: thread for EASGD; trainer for MA and BMUF, whose all-reduce needs
+    # one member per trainer (thread is an error there)
+    fr_sync: Literal["thread", "trainer"] | None = None
     block_lr: float = 1.0  # BMUF's block learning rate eta (fairseq's default)
     block_momentum: float = 0.875  # BMUF's block momentum (fairseq's default; 0 = plain averaging)
     nesterov: bool = False  # BMUF: interpolate towards w_g + momentum (Nesterov)

@@ -44,10 +44,10 @@ def test_one_pass_sees_each_example_once_and_reports_the_sync_metrics(tmp_path: 
 
 
 @pytest.mark.parametrize("rule", ["easgd", "ma", "bmuf"])
-def test_the_foreground_baseline_syncs_every_k_batches_of_a_trainer(tmp_path: Path, rule: str) -> None:
+def test_the_trainer_wide_foreground_baseline_syncs_every_k_batches_of_a_trainer(tmp_path: Path, rule: str) -> None:
     every = 3
     trainer, _, splits = make_trainer(tmp_path, f"strategy=fr-{rule}", "ps.workers=2", "shadow.threads=2",
-                                      f"shadow.every={every}", "train.epochs=1")
+                                      f"shadow.every={every}", "train.epochs=1", "shadow.fr_sync=trainer")
     summary = trainer.fit()
     batches = [examples // BATCH for examples in trainer.runtime.worker_examples]
     due = sum(b // every for b in batches)  # the rounds every k-th batch of each trainer triggers
@@ -226,7 +226,7 @@ def test_a_shadow_round_runs_while_its_trainers_batches_are_in_flight(tmp_path: 
     for rule in (dense_sync.Easgd, dense_sync.ModelAverage):
         monkeypatch.setattr(rule, "round", timed_round(rule.round))
     trainer, _, _ = make_trainer(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.threads=2",
-                                 "shadow.every=2", "train.epochs=2")
+                                 "shadow.every=2", "train.epochs=2", "shadow.fr_sync=trainer")
     trainer.fit()
     assert len(rounds) > 2 and len(steps) > 20
     overlapping = sum(1 for t, r0, r1 in rounds for u, s0, s1 in steps if t == u and r0 < s1 and s0 < r1)
@@ -258,8 +258,12 @@ def test_hogwild_tables_train_while_another_thread_holds_the_shards_lock(tmp_pat
     holder.start()
     held.wait()
     outcome: dict = {}
-    run = threading.Thread(target=lambda: outcome.update(trainer.runtime.run_epoch(
-        trainer.task.plan(0), lambda finished: None) or {"done": True}), daemon=True)
+
+    def train() -> None:
+        trainer.runtime.run_epoch(trainer.task.plan(0), lambda finished: None)
+        outcome["done"] = True
+
+    run = threading.Thread(target=train, daemon=True)
     try:
         run.start()
         run.join(20)
@@ -267,5 +271,54 @@ def test_hogwild_tables_train_while_another_thread_holds_the_shards_lock(tmp_pat
     finally:
         release.set()
         run.join()
+    assert outcome.get("done"), "the epoch failed"
     applied = sum(shard.applied_gradients for shard in shards)
     assert applied == 2 * (len(splits["train"]) // BATCH)  # each batch's gradient on both shards
+
+
+def test_the_foreground_baseline_syncs_in_each_threads_own_loop_every_k_of_its_iterations(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    """The paper's FR-EASGD: every worker thread syncs inside its own loop, after every k-th of its
+    own iterations, so the sync traffic grows with the threads. Each thread's events in time order:
+    k batches begun, its own round, k more, ... ; no round from any other thread (no shadow thread,
+    no trainer-wide round)."""
+    from cadence.strategies.parameter_server import dense_sync
+    from cadence.strategies.parameter_server.shadow import HogwildWorker
+
+    every = 3
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    original_step, original_round = HogwildWorker.step, dense_sync.Easgd.round
+
+    def step(self, *args):
+        with lock:
+            events.append((threading.current_thread().name, "batch"))
+        return original_step(self, *args)
+
+    def round_(self, params, training):
+        with lock:
+            events.append((threading.current_thread().name, "sync"))
+        return original_round(self, params, training)
+
+    monkeypatch.setattr(HogwildWorker, "step", step)
+    monkeypatch.setattr(dense_sync.Easgd, "round", round_)
+    trainer, _, _ = make_trainer(tmp_path, "strategy=fr-easgd", "ps.workers=2", "shadow.threads=2",
+                                 f"shadow.every={every}", "train.epochs=1")
+    summary = trainer.fit()
+    threads = {name for name, _ in events}
+    assert len(threads) == 4  # 2 trainers x 2 threads, every round from one of them
+    total = 0
+    for name in threads:
+        mine = [kind for who, kind in events if who == name]
+        batches = mine.count("batch")
+        expected = [kind for b in range(1, batches + 1) for kind in (("batch", "sync") if b % every == 0 else ("batch",))]
+        assert mine == expected, name
+        total += batches // every
+    assert summary["dense_syncs"] == total > 0
+
+
+def test_a_per_thread_all_reduce_is_refused(tmp_path: Path) -> None:
+    from cadence.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="shadow.fr_sync"):
+        make_trainer(tmp_path, "strategy=fr-ma", "ps.workers=2", "shadow.fr_sync=thread")

@@ -39,6 +39,7 @@ class ServerStrategy(Strategy):
     def check(self, config: Config) -> None:
         ENGINES.get(config.ps.engine)
         Faults.parse(config.ps.stragglers, config.ps.kill_workers, config.ps.workers)
+        self.mode.check(config.shadow)
 
     def build(self, config: Config, task, context: BuildContext) -> Runtime:
         runtime = ParameterServerRuntime(config, task, self.mode)

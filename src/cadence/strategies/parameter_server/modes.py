@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cadence.config import ParameterServerConfig
+from cadence.config import ParameterServerConfig, ShadowConfig
 from cadence.core.runtime import OnBatch
 from cadence.registry import Registry
 from cadence.strategies.parameter_server.aggregation import Aggregation, ApplyEach, Buffered, Hogwild, PerStep
@@ -35,6 +35,9 @@ class ParameterServerMode:
     description: str
     per_worker_batches: bool = False  # each worker computes exactly one local batch per step
     fresh_tokens: bool = False  # a batch's token is the current step when it is taken (backup workers)
+
+    def check(self, shadow: ShadowConfig) -> None:
+        """A ``ConfigError`` for a setting this mode cannot honour (ShadowSync's modes read ``shadow``)."""
 
     # ---- where the dense parameters live ----------------------------------------------------------
     def dense_on_workers(self, ps: ParameterServerConfig) -> bool:

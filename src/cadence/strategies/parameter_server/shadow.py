@@ -5,8 +5,9 @@ arrival, and no pull or push of rows takes a lock (``aggregation.Hogwild``). The
 trainers), trained Hogwild by its ``shadow.threads`` worker threads (``HogwildWorker``: pull the
 batch's rows, compute, apply the dense gradient to the replica at once, push the rows' gradient)
 and pulled towards the other replicas by the mode's ``DenseSync``: on a shadow thread in the
-background (``shadow-*``), in the foreground every ``shadow.every`` batches (``fr-*``), or never
-(``hogwild``).
+background (``shadow-*``), in the foreground every ``shadow.every`` iterations (``fr-*``: by each
+worker thread inside its own loop, the paper's FR-EASGD, or with ``shadow.fr_sync: trainer`` once
+per k batches of the trainer with its threads paused), or never (``hogwild``).
 
 EASGD's central copy lives on server shard 0 (a service ShadowSync attaches there: the paper's sync
 parameter server), reached through the shard's handle, so trainers in threads and trainers in Ray
@@ -38,6 +39,7 @@ from typing import Any
 from cadence.config import OptimizerConfig, ParameterServerConfig, ShadowConfig
 from cadence.core.batch import on_device
 from cadence.core.runtime import OnBatch, WorkerFailed
+from cadence.errors import ConfigError
 from cadence.engines.threads import intra_op_share
 from cadence.optim import module_optimizer
 from cadence.strategies.parameter_server.aggregation import Gradient
@@ -63,6 +65,14 @@ def make_rule(shadow: ShadowConfig, trainers: int, rule: str, params: list[Tenso
 
 
 CENTRAL = "central"  # the name EASGD's central copy is attached under on shard 0
+
+
+def syncs_per_thread(shadow: ShadowConfig, rule: str) -> bool:
+    """``fr-*``: whether each worker thread syncs inside its own loop (``shadow.fr_sync``: thread,
+    the default for a rule without a collective) rather than the trainer pausing for one round."""
+    if shadow.fr_sync is not None:
+        return shadow.fr_sync == "thread"
+    return not RULES.get(rule).collective
 
 
 class ShardCentralCopy:
@@ -151,6 +161,8 @@ class HogwildWorker(Worker):
         super().__init__(index, router, module, task, slowdown, None, emulated_latency, device=device)
         self.replica = replica  # None: the task has no dense parameters
         self.trainer = trainer
+        self.iterations = 0  # batches this thread computed (fr-* per thread: a sync every k of them)
+        self.syncs = 0  # rounds this thread ran itself (fr-* per thread)
 
     def fated(self) -> bool:
         return self.trainer.fated()
@@ -173,6 +185,11 @@ class HogwildWorker(Worker):
         self.delay(time.perf_counter() - started)
         self.router.push(Gradient(self.index, position, token, plan.size, ids, row_grad.cpu()))
         self.done(batch, loss)
+        self.iterations += 1
+        rule = self.trainer.thread_rule
+        if rule is not None and self.iterations % self.trainer.every == 0:  # fr-* per thread: in its own loop
+            rule.round(self.replica.flat, True)
+            self.syncs += 1
 
 
 class ShadowTrainer:
@@ -190,12 +207,19 @@ class ShadowTrainer:
         self.optimizer = module_optimizer(optimizer_settings, module, optimizer_state)
         self.replica = HogwildReplica(module, self.optimizer) if self.optimizer is not None else None
         synced = mode.dense_sync is not None and self.replica is not None  # (a task may have no dense part)
-        foreground = ForegroundGate(shadow.every) if mode.foreground and synced else None
+        per_thread = synced and mode.foreground and syncs_per_thread(shadow, mode.dense_sync)
+        foreground = ForegroundGate(shadow.every) if mode.foreground and synced and not per_thread else None
         self.gate = TrainerGate(shadow.threads, foreground, self._all_left)
         self.workers: list[HogwildWorker] = []
         self.kill_after: int | None = None  # fault injection: batches it pushes before it dies
         self.shadow: ShadowThread | None = None
-        if synced:
+        self.every = shadow.every
+        # fr-* per thread: the rule each worker thread runs every k of its own iterations (no shadow thread)
+        self.thread_rule: DenseSync | None = None
+        if per_thread:
+            self.thread_rule = make_rule(shadow, trainers, mode.dense_sync, self.replica.flat, central, averager,
+                                         training_count)
+        elif synced:
             rule = make_rule(shadow, trainers, mode.dense_sync, self.replica.flat, central, averager,
                              training_count)
             cap = 0.0 if mode.foreground else shadow.max_syncs_per_second
@@ -205,7 +229,9 @@ class ShadowTrainer:
 
     @property
     def syncs(self) -> int:
-        return self.shadow.syncs if self.shadow is not None else 0
+        if self.shadow is not None:
+            return self.shadow.syncs
+        return sum(worker.syncs for worker in self.workers)  # fr-* per thread (0 under hogwild)
 
     def stop(self) -> None:
         if self.shadow is not None:
@@ -351,7 +377,8 @@ class ShadowSyncMode(ParameterServerMode):
     """ShadowSync and its baselines: each of ``ps.workers`` trainers holds a dense replica trained
     Hogwild by ``shadow.threads`` worker threads, rows applied on arrival; ``dense_sync`` (a rule of
     ``RULES``; None: never synced) keeps the replicas in step on a shadow thread, or with
-    ``foreground`` every ``shadow.every`` batches with the workers paused. Its hooks: the dense
+    ``foreground`` every ``shadow.every`` iterations: in each worker thread's own loop
+    (``shadow.fr_sync: thread``) or for the trainer with its threads paused. Its hooks: the dense
     parameters on the trainers, one data list for every trainer's threads, trainers for an epoch,
     the mean of the replicas kept at its end, ShadowSync's metrics."""
 
@@ -367,6 +394,11 @@ class ShadowSyncMode(ParameterServerMode):
     def collective(self) -> bool:
         """Whether the rule's rounds are a collective of the trainers (an all-reduce: MA, BMUF)."""
         return self.dense_sync is not None and RULES.get(self.dense_sync).collective
+
+    def check(self, shadow: ShadowConfig) -> None:
+        if self.foreground and shadow.fr_sync == "thread" and self.collective:
+            raise ConfigError(f"shadow.fr_sync: thread: {self.name}'s all-reduce needs one member per trainer, "
+                              "not per worker thread; use shadow.fr_sync: trainer (the default for it)")
 
     def dense_on_workers(self, ps: ParameterServerConfig) -> bool:
         return True  # a replica per trainer
@@ -422,7 +454,8 @@ for _rule, _text in _RULE_TEXT.items():
         f"ShadowSync: {_text}, on a shadow thread in the background; embeddings Hogwild", dense_sync=_rule))
     PS_MODES.register(f"fr-{_rule}")(ShadowSyncMode(
         f"fr-{_rule}", hogwild_rows, no_gate, one_batch,
-        f"{_text} in the foreground every shadow.every batches of a trainer; embeddings Hogwild",
+        f"{_text} in the foreground every shadow.every iterations (of each worker thread, or of the trainer: "
+        "shadow.fr_sync); embeddings Hogwild",
         dense_sync=_rule, foreground=True))
 PS_MODES.register("hogwild")(ShadowSyncMode(
     "hogwild", hogwild_rows, no_gate, one_batch,
