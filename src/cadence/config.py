@@ -147,14 +147,20 @@ class ShadowConfig:
     # trainer-wide variant). None: thread for EASGD; trainer for MA and BMUF, whose all-reduce needs
     # one member per trainer (thread is an error there)
     fr_sync: Literal["thread", "trainer"] | None = None
+    # EASGD: sync parameter servers holding the central copy, each a slice of the dense vector (the
+    # paper: 2 to 6 sync PSs; more relieve FR's saturated sync servers, Fig. 5). Processes of their
+    # own on the Ray engine, objects of this process on threads
+    sync_servers: int = 1
     block_lr: float = 1.0  # BMUF's block learning rate eta (fairseq's default)
     block_momentum: float = 0.875  # BMUF's block momentum (fairseq's default; 0 = plain averaging)
     nesterov: bool = False  # BMUF: interpolate towards w_g + momentum (Nesterov)
     max_syncs_per_second: float = 0.0  # shadow-*: a cap on each shadow thread's rounds; 0 = none
-    # shadow-*: a round waits until the replica took an update since the last one (reconstructed:
-    # the paper's shadow thread loops freely, as one of 25 threads on 20 cores; on a few cores a
-    # round with nothing new only takes CPU and the interpreter from the worker threads)
-    wait_for_update: bool = True
+    # shadow-*: a round waits until the replica took an update since the last one. Off by default:
+    # the paper's shadow thread loops freely (Algorithm 1, one of 25 threads on 20 cores) and its
+    # sync gap comes from the sync servers' capacity; on a few cores with sync servers in this
+    # process a round with nothing new only takes CPU and the interpreter from the worker threads,
+    # and this option (or max_syncs_per_second) gives them back
+    wait_for_update: bool = False
 
 
 @dataclass

@@ -333,12 +333,18 @@ def test_dense_on_the_workers_on_ray_equals_the_thread_engine(tmp_path: Path, lo
 
 # ---- ShadowSync: each worker actor is a trainer of Hogwild threads ----------------------------------
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", ["shadow-easgd", "shadow-ma", "fr-bmuf"])
+@pytest.mark.parametrize("mode", ["shadow-easgd", "shadow-ma", "fr-bmuf", "fr-easgd"])
 def test_shadow_trainers_as_actors_train_one_pass_and_sync(tmp_path: Path, local_cluster, mode: str) -> None:
     """Two trainer processes of two threads each: every example once, the replicas synced (EASGD with
-    the central copy on shard 0, MA and BMUF over the trainers' gloo group), the run evaluable."""
+    the central copy on two sync servers, processes of their own; MA and BMUF over the trainers'
+    gloo group), the run evaluable."""
+    import os
+
     trainer = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.threads=2", "shadow.every=2",
-                          "ps.engine=ray", "train.epochs=1")
+                          "ps.engine=ray", "train.epochs=1", "shadow.sync_servers=2")
+    if mode.endswith("easgd"):
+        pids = trainer.runtime.engine.sync_server_pids()
+        assert len(set(pids)) == 2 and os.getpid() not in pids
     summary, _ = fit(trainer)
     assert summary["examples_seen"] == 768 and summary["gradients_applied"] == 12
     assert summary["dense_syncs"] > 0 and summary["sync_gap"] > 0

@@ -166,26 +166,56 @@ def test_alpha_zero_equals_independent_trainers(rule: str) -> None:
     assert not all(torch.equal(a, b) for a, b in zip(pulled[0], alone[0]))
 
 
-def test_each_epoch_the_central_copy_on_shard_0_starts_from_the_runs_dense_parameters() -> None:
-    """EASGD's central copy is a service attached to shard 0 anew at every epoch's start; a shard
-    that kept the old one would start epoch 2 from epoch 1's central copy."""
-    from cadence.config import OptimizerConfig, ParameterServerConfig
-    from cadence.optim import ENTITY_OPTIMIZERS
-    from cadence.core.rows import TableSpec
-    from cadence.strategies.parameter_server.server import build_shard
-    from cadence.strategies.parameter_server.shadow import CENTRAL, ShardCentralCopy, reset_central
+@pytest.mark.parametrize("servers", [1, 3])
+def test_each_epoch_the_central_copy_on_the_sync_servers_starts_from_the_runs_dense_parameters(servers: int) -> None:
+    """EASGD's central copy is reset on every sync server at each epoch's start; a server that kept
+    the old slice would start epoch 2 from epoch 1's central copy."""
+    from cadence.config import ShadowConfig
+    from cadence.engines.placement import InProcess
+    from cadence.strategies.parameter_server.dense_sync import CentralSlices
+    from cadence.strategies.parameter_server.shadow import reset_central
 
-    mode = PS_MODES.get("shadow-easgd")
-    shard = build_shard(OptimizerConfig(entity="sgd"), ParameterServerConfig(), ENTITY_OPTIMIZERS.get("sgd"),
-                        TableSpec(4, 2, 0.1, 0), mode, 0, None)
+    sync_servers = PS_MODES.get("shadow-easgd").sync_servers(ShadowConfig(sync_servers=servers), InProcess())
+    assert len(sync_servers) == servers
     for value in (1.0, 5.0):  # two epochs, each from the run's dense parameters of that moment
         dense = torch.nn.Linear(3, 2)
         torch.nn.init.constant_(dense.weight, value)
         torch.nn.init.constant_(dense.bias, value)
-        reset_central(mode, [shard], dense)
-        central = ShardCentralCopy(shard).exchange([torch.zeros(8)], 0.0)  # alpha 0: reads w_ps unchanged
+        reset_central(sync_servers, dense)
+        central = CentralSlices(sync_servers).exchange([torch.zeros(8)], 0.0)  # alpha 0: reads w_ps unchanged
         assert torch.equal(torch.cat([c.reshape(-1) for c in central]), torch.full((8,), value))
-    assert list(shard.services) == [CENTRAL]
+
+
+@pytest.mark.parametrize("servers", [2, 3, 7])
+def test_the_central_copy_sliced_over_sync_servers_exchanges_as_one_copy(servers: int) -> None:
+    """Slices of the flat vector on several sync servers give exactly one central copy's exchanges
+    (the reference: ``CentralCopy`` whole), for parameters of several shapes and a vector that does
+    not divide evenly; each server holds only its slice."""
+    from cadence.config import ShadowConfig
+    from cadence.engines.placement import InProcess
+    from cadence.strategies.parameter_server.dense_sync import CentralSlices
+
+    generator = torch.Generator().manual_seed(servers)
+    initial = [torch.randn(5, 3, generator=generator), torch.randn(4, generator=generator)]
+    sync_servers = PS_MODES.get("fr-easgd").sync_servers(ShadowConfig(sync_servers=servers), InProcess())
+    from cadence.strategies.parameter_server.dense_sync import reset_sync_servers
+
+    reset_sync_servers(sync_servers, initial)
+    sliced, whole = CentralSlices(sync_servers), CentralCopy(initial)
+    for _ in range(4):
+        local = [torch.randn(5, 3, generator=generator), torch.randn(4, generator=generator)]
+        for mine, reference in zip(sliced.exchange(local, 0.3), whole.exchange(local, 0.3)):
+            assert torch.allclose(mine, reference, atol=1e-6)
+    held = [server.instance.copy.values[0].numel() for server in sync_servers]
+    assert sum(held) == 19 and max(held) - min(held) <= 1
+
+
+def test_easgd_trains_with_several_sync_servers(tmp_path: Path) -> None:
+    trainer, _, splits = make_trainer(tmp_path, "strategy=shadow-easgd", "ps.workers=2", "shadow.sync_servers=3",
+                                      "train.epochs=1")
+    summary = trainer.fit()
+    assert summary["examples_seen"] == len(splits["train"]) and summary["dense_syncs"] > 0
+    assert len(trainer.runtime.engine.sync_servers) == 3
 
 
 @pytest.mark.parametrize("mode", ["shadow-easgd", "shadow-ma", "fr-easgd", "fr-ma"])

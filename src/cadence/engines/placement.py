@@ -58,6 +58,8 @@ def finish(pending: Pending) -> None:
 class Handle(ABC):
     """A role started by a ``Placement``: ``call`` and ``start`` its verbs."""
 
+    concurrent = False  # whether verbs started on several handles run at once (roles in other processes)
+
     def __init__(self, role: type, index: int):
         self.role = role  # the role's class
         self.index = index

@@ -180,6 +180,8 @@ def completed(pendings: Iterable[RayPending]) -> Iterator[RayPending]:
 class RayHandle(Handle):
     """A role in a ``RoleActor``; picklable, so roles hold their peers' handles."""
 
+    concurrent = True
+
     def __init__(self, role: type, index: int, actor: Any):
         super().__init__(role, index)
         self.actor = actor

@@ -194,6 +194,54 @@ class CentralCopy:
             return [value.clone() for value in self.values]
 
 
+class SyncServer:
+    """One sync parameter server (the paper's sync PS): the slice of EASGD's central copy it holds,
+    exchanged one trainer at a time. A role (``engines.placement``): an object of this process on
+    the thread engine, a Ray actor of its own on the Ray engine (a process a CPU quota can slow)."""
+
+    def __init__(self) -> None:
+        self.copy: CentralCopy | None = None
+
+    def reset(self, initial: Tensor) -> None:
+        """The slice starts from ``initial`` (the run's dense parameters, each epoch)."""
+        self.copy = CentralCopy([initial])
+
+    def exchange(self, local: Tensor, alpha: float) -> Tensor:
+        """EASGD's exchange of this slice: the new w_ps slice."""
+        return self.copy.exchange([local], alpha)[0]
+
+
+def slices(params: Params, servers: int) -> list[Tensor]:
+    """The replica's parameters as one flat vector cut into ``servers`` near-equal slices, in order
+    (server i holds slice i)."""
+    flat = torch.cat([p.detach().reshape(-1) for p in params]) if len(params) != 1 else params[0].detach().reshape(-1)
+    return list(torch.tensor_split(flat, servers))
+
+
+class CentralSlices:
+    """EASGD's central copy as a trainer sees it: sliced over ``shadow.sync_servers`` sync servers
+    (``Handle``s of ``SyncServer``), each exchanging its slice; remote servers in parallel."""
+
+    def __init__(self, servers: list):
+        self.servers = servers
+
+    def exchange(self, local: list[Tensor], alpha: float) -> list[Tensor]:
+        parts = slices(local, len(self.servers))
+        if len(self.servers) > 1 and self.servers[0].concurrent:
+            pendings = [server.start(SyncServer.exchange, part, alpha) for server, part in zip(self.servers, parts)]
+            central = [pending.result() for pending in pendings]
+        else:
+            central = [server.call(SyncServer.exchange, part, alpha) for server, part in zip(self.servers, parts)]
+        flat = torch.cat(central)
+        return [piece.view_as(mine) for piece, mine in zip(torch.split(flat, [t.numel() for t in local]), local)]
+
+
+def reset_sync_servers(servers: list, params: Params) -> None:
+    """Every sync server's slice starts from ``params`` (the run's dense parameters)."""
+    for server, part in zip(servers, slices(params, len(servers))):
+        server.call(SyncServer.reset, part.clone())
+
+
 # ---- the rules ---------------------------------------------------------------------------------
 class DenseSync(ABC):
     """One sync of a trainer's replica; ``round`` says whether this trainer still trains and returns
@@ -213,7 +261,7 @@ class DenseSync(ABC):
         return self.averager is None or self.averager.can_leave
 
     @classmethod
-    def from_settings(cls, alpha: float, shadow: ShadowConfig, params: Params, central: CentralCopy | None,
+    def from_settings(cls, alpha: float, shadow: ShadowConfig, params: Params, central: CentralSlices | None,
                       averager: Averager | None, training: Callable[[], int]) -> "DenseSync":
         """A trainer's rule from the ``shadow`` settings (``RULES.get(name).from_settings(...)``); every
         registered rule has one."""
@@ -229,7 +277,7 @@ class DenseSync(ABC):
 class Easgd(DenseSync):
     central = True
 
-    def __init__(self, alpha: float, central: CentralCopy, training: Callable[[], int]):
+    def __init__(self, alpha: float, central: CentralCopy | CentralSlices, training: Callable[[], int]):
         super().__init__(alpha)
         self.central = central
         self.training = training  # how many trainers still train (no collective: a shared count)

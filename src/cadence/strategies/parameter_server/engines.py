@@ -53,6 +53,7 @@ class ThreadEngine(Engine):
         self.dense_optimizer = module_optimizer(settings.optimizer, dense) if mode.dense_on_workers(settings.ps) else None
         self.syncs = 0  # dense syncs of every trainer's replica (ShadowSync)
         self.threads = InProcess()  # the workers' (or trainers') threads
+        self.sync_servers = mode.sync_servers(settings.shadow, self.threads)  # (EASGD's: objects of this process)
 
     # ---- one epoch: the protocol is ``Engine.run_workers``; here, how the roles start ----------------
     def start_workers(self, plan: EpochPlan, plans: list[BatchPlan], on_batch: OnBatch) -> dict:

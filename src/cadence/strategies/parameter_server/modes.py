@@ -39,6 +39,11 @@ class ParameterServerMode:
     def check(self, shadow: ShadowConfig) -> None:
         """A ``ConfigError`` for a setting this mode cannot honour (ShadowSync's modes read ``shadow``)."""
 
+    def sync_servers(self, shadow: ShadowConfig, placement) -> list:
+        """The sync servers this mode's trainers exchange with (handles placed by ``placement``, started
+        once per run; ShadowSync's EASGD: ``shadow.sync_servers``); none by default."""
+        return []
+
     # ---- where the dense parameters live ----------------------------------------------------------
     def dense_on_workers(self, ps: ParameterServerConfig) -> bool:
         """Whether the dense parameters live on the workers (``ps.dense: workers``: PERSIA's split)

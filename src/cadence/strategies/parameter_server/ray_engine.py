@@ -42,8 +42,8 @@ from torch import Tensor, nn
 from cadence.device import resolve_device
 from cadence.core.runtime import OnBatch, ShardLost
 from cadence.engines import ray as ray_support
-from cadence.engines.ray import (RayPending, completed, Actor, cluster_nodes, connect, node_host, on_node, pack, ray,
-                                ray_get, unpack)
+from cadence.engines.ray import (RayPending, RayPlacement, completed, Actor, cluster_nodes, connect, node_host, on_node,
+                                pack, ray, ray_get, unpack)
 from cadence.engines.placement import verb_of
 from cadence.engines.channel import Channel, ChannelClosed, ChannelServer, Reply
 from cadence.optim import module_optimizer
@@ -53,7 +53,8 @@ from cadence.strategies.parameter_server.gates import NoGate
 from cadence.strategies.parameter_server.coordinator import Coordinator
 from cadence.strategies.parameter_server.modes import PS_MODES
 from cadence.strategies.parameter_server.server import ServerShard, build_shard
-from cadence.strategies.parameter_server.shadow import (ShadowTrainer, ShardCentralCopy, reset_central)
+from cadence.strategies.parameter_server.dense_sync import CentralSlices
+from cadence.strategies.parameter_server.shadow import ShadowTrainer, reset_central
 from cadence.strategies.parameter_server.worker import ShardRouter, Worker
 
 def shutdown() -> None:
@@ -344,18 +345,20 @@ class TaskWorker(Actor):
             probe.bind((node_host(), 0))
             return node_host(), probe.getsockname()[1]
 
-    def run_trainer(self, plan: EpochPlan, rng_state: Tensor, dense: Any, rendezvous: tuple | None) -> Any:
+    def run_trainer(self, plan: EpochPlan, rng_state: Tensor, dense: Any, rendezvous: tuple | None,
+                    sync_servers: list) -> Any:
         """One epoch of this trainer (``cadence.strategies.parameter_server.shadow``): its dense replica starts from
         ``dense`` (the run's state and optimizer state), ``shadow.threads`` worker threads train it,
         each with its own channels to the shards and the coordinator, and its shadow thread syncs it:
-        EASGD with the central copy on shard 0, MA and BMUF over a gloo group of the trainers
+        EASGD with the central copy on the sync servers (``sync_servers``: their handles, actors of
+        their own), MA and BMUF over a gloo group of the trainers
         (``rendezvous``: host, port, rank, size), made for the epoch and destroyed after it."""
         torch.set_rng_state(rng_state)
         if self.plans is None or self.plans[0] != plan.epoch:
             self.plans = (plan.epoch, self.task.plan(plan.epoch))
         model_state, optimizer_state = unpack(dense)
         self.model.load_state_dict(model_state)
-        central = ShardCentralCopy(_own_copy(self.router.shards[0])) if self.mode.central else None
+        central = CentralSlices(sync_servers) if self.mode.central else None
         averager = _join_gloo(*rendezvous) if rendezvous is not None else None
         def abandon_epoch(reason: str) -> None:
             ray_get(self.coordinator.stop.remote(reason))
@@ -476,6 +479,9 @@ class RayEngine(Engine):
         self.coordinator = self._new(CoordinatorActor, self.settings, self.mode.name, self.shards, self.secret)
         self.coordinator_address = ray_get(self.coordinator.endpoint.remote())
         self.workers = {index: self._worker(index) for index in range(self.settings.ps.workers)}
+        # EASGD's sync servers: actors of their own (a process each: what a CPU quota or a slow link limits)
+        self.sync_placement = RayPlacement(self.settings.ps.ray_address, self.threads)
+        self.sync_servers = self.mode.sync_servers(self.settings.shadow, self.sync_placement)
         # every actor is built (torch imported, the task and its data read) before training starts:
         # setup, as the thread engine's is, not the first epoch's time
         started = time.perf_counter()
@@ -514,15 +520,16 @@ class RayEngine(Engine):
                 for index, state in zip(plan.workers, states)}
 
     def start_trainers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
-        """ShadowSync: each live worker actor runs one trainer's epoch; EASGD's central copy on shard
-        0 starts from the run's dense parameters, MA and BMUF meet at a gloo rendezvous on the first
-        trainer's node."""
+        """ShadowSync: each live worker actor runs one trainer's epoch; EASGD's central copy on the
+        sync servers starts from the run's dense parameters, MA and BMUF meet at a gloo rendezvous on
+        the first trainer's node."""
         _, dense, states = self._begin(plan)
-        reset_central(self.mode, self.shards, self.dense)
+        reset_central(self.sync_servers, self.dense)
         collective = self.mode.collective and any(True for _ in self.dense.parameters())
         host, port = ray_get(self.workers[plan.workers[0]].free_port.remote()) if collective else (None, None)
         return {RayPending(self.workers[index].run_trainer.remote(
-                    plan, state, dense, (host, port, rank, len(plan.workers)) if collective else None)): index
+                    plan, state, dense, (host, port, rank, len(plan.workers)) if collective else None,
+                    self.sync_servers)): index
                 for rank, (index, state) in enumerate(zip(plan.workers, states))}
 
     def as_completed(self, pendings: list) -> Iterator:
@@ -578,7 +585,13 @@ class RayEngine(Engine):
         self._kill()
         _ENGINES.discard(self)
 
+    def sync_server_pids(self) -> list[int]:
+        """The process ids of the sync servers' actors (a benchmark puts them under a CPU quota)."""
+        return ray_get([server.actor.pid.remote() for server in self.sync_servers])
+
     def _kill(self) -> None:
+        if getattr(self, "sync_placement", None) is not None:
+            self.sync_placement.close()
         for actor in self.actors:
             try:
                 ray.kill(actor, no_restart=True)

@@ -76,7 +76,6 @@ class ServerShard:
         self.token_staleness_total = 0  # step at aggregation - token: what GBA's decay sees
         self.token_staleness_max = 0
         self.aborted: str | None = None  # why the epoch was abandoned (a worker failed): nobody waits
-        self.services: dict[str, Any] = {}  # what a mode attaches here (ShadowSync: EASGD's central copy on shard 0)
 
     def _guard(self):
         """The shard's lock, or none for a lock-free aggregation (its token events change nothing)."""
@@ -164,18 +163,6 @@ class ServerShard:
         """The dense optimizer's rate for the coming epoch (``optimizer.schedule``)."""
         with self.changed:
             set_lr(self.dense_optimizer, lr)
-
-    # ---- services a mode attaches to a shard (ShadowSync: EASGD's central copy on shard 0) ---------
-    def attach(self, name: str, make: Callable[..., Any], *args: Any) -> None:
-        """Hold ``make(*args)`` under ``name`` (replacing one held before), made in this shard's process
-        (a service need not travel: ``make`` is a class or function, ``args`` plain values and tensors)."""
-        self.services[name] = make(*args)
-
-    def service(self, name: str, verb: Callable, *args: Any) -> Any:
-        """Call ``verb`` (a method of its class) of the service held under ``name`` (from any process,
-        like every verb)."""
-        service = self.services[name]
-        return getattr(service, verb_of(type(service), verb))(*args)
 
     def stats(self) -> dict[str, float]:
         with self.counting if self.lock_free else self.changed:

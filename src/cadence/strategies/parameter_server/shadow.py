@@ -9,9 +9,10 @@ background (``shadow-*``), in the foreground every ``shadow.every`` iterations (
 worker thread inside its own loop, the paper's FR-EASGD, or with ``shadow.fr_sync: trainer`` once
 per k batches of the trainer with its threads paused), or never (``hogwild``).
 
-EASGD's central copy lives on server shard 0 (a service ShadowSync attaches there: the paper's sync
-parameter server), reached through the shard's handle, so trainers in threads and trainers in Ray
-actors exchange with it alike. MA and BMUF all-reduce among the trainers: a ``ThreadAverager`` for
+EASGD's central copy lives on sync servers of its own (``shadow.sync_servers``, the paper's sync
+PSs), each holding a slice of the flat dense vector: ``SyncServer`` roles placed in this process
+or as Ray actors (processes of their own), reached through their handles, so trainers in threads
+and trainers in Ray actors exchange with them alike. MA and BMUF all-reduce among the trainers: a ``ThreadAverager`` for
 threads of one process, a gloo group of the shadow thread's own for processes (``GlooAverager``).
 
 Each epoch starts every replica from the run's dense parameters and dense optimizer state, and
@@ -43,12 +44,13 @@ from cadence.errors import ConfigError
 from cadence.engines.threads import intra_op_share
 from cadence.optim import module_optimizer
 from cadence.strategies.parameter_server.aggregation import Gradient
-from cadence.strategies.parameter_server.dense_sync import (RULES, Averager, CentralCopy, DenseSync, ForegroundGate,
-                                                            HogwildReplica, ShadowThread, ThreadAverager, sync_layout)
+from cadence.strategies.parameter_server.dense_sync import (RULES, Averager, CentralSlices, DenseSync, ForegroundGate,
+                                                            HogwildReplica, ShadowThread, SyncServer, ThreadAverager,
+                                                            reset_sync_servers, sync_layout)
 from cadence.strategies.parameter_server.epoch import EpochPlan, ServerSettings, WorkerReport, run_guarded
 from cadence.strategies.parameter_server.modes import PS_MODES, ParameterServerMode, hogwild_rows, no_gate, one_batch
 from cadence.strategies.parameter_server.gates import NoGate
-from cadence.strategies.parameter_server.server import DataList, DenseReducer, ServerShard
+from cadence.strategies.parameter_server.server import DataList, DenseReducer
 from cadence.strategies.parameter_server.worker import Worker, nbytes
 
 
@@ -58,13 +60,10 @@ def shadow_alpha(shadow: ShadowConfig, trainers: int) -> float:
     return shadow.alpha if shadow.alpha is not None else 0.9 / trainers
 
 
-def make_rule(shadow: ShadowConfig, trainers: int, rule: str, params: list[Tensor], central: ShardCentralCopy | None,
+def make_rule(shadow: ShadowConfig, trainers: int, rule: str, params: list[Tensor], central: CentralSlices | None,
               averager: Averager | None, training: Callable[[], int]) -> DenseSync:
     """A trainer's ``DenseSync`` for rule ``rule`` (``RULES``: easgd, ma, bmuf) with the ``shadow`` settings."""
     return RULES.get(rule).from_settings(shadow_alpha(shadow, trainers), shadow, params, central, averager, training)
-
-
-CENTRAL = "central"  # the name EASGD's central copy is attached under on shard 0
 
 
 def syncs_per_thread(shadow: ShadowConfig, rule: str) -> bool:
@@ -73,16 +72,6 @@ def syncs_per_thread(shadow: ShadowConfig, rule: str) -> bool:
     if shadow.fr_sync is not None:
         return shadow.fr_sync == "thread"
     return not RULES.get(rule).collective
-
-
-class ShardCentralCopy:
-    """EASGD's central copy as a trainer sees it: on server shard 0, through its handle."""
-
-    def __init__(self, shard):
-        self.shard = shard
-
-    def exchange(self, local: list[Tensor], alpha: float) -> list[Tensor]:
-        return self.shard.submit(ServerShard.service, CENTRAL, CentralCopy.exchange, local, alpha).result()
 
 
 def shadow_data_list(threads: int, trainers: int, batches, first_token: int, shards: list,
@@ -101,11 +90,11 @@ def thread_indices(threads: int, trainer: int) -> range:
     return range(trainer * threads, (trainer + 1) * threads)
 
 
-def reset_central(mode, shards: list, dense: nn.Module) -> None:
-    """EASGD: the central copy on shard 0 starts the epoch from the run's dense parameters."""
+def reset_central(servers: list, dense: nn.Module) -> None:
+    """EASGD: the central copy on the sync servers starts the epoch from the run's dense parameters."""
     params = [p.detach().cpu() for p in dense.parameters()]
-    if mode.central and params:
-        shards[0].submit(ServerShard.attach, CENTRAL, CentralCopy, sync_layout(params)).result()  # (the replicas' flat layout)
+    if servers and params:
+        reset_sync_servers(servers, sync_layout(params))  # (the replicas' flat layout)
 
 
 class TrainerGate(NoGate):
@@ -197,7 +186,7 @@ class ShadowTrainer:
     of its worker threads, and its shadow thread (none for ``hogwild``)."""
 
     def __init__(self, index: int, shadow: ShadowConfig, trainers: int, optimizer_settings: OptimizerConfig, mode,
-                 dense: nn.Module, optimizer_state: dict | None, central: ShardCentralCopy | None,
+                 dense: nn.Module, optimizer_state: dict | None, central: CentralSlices | None,
                  averager: Averager | None, training_count: Callable[[], int],
                  device: torch.device = torch.device("cpu"),
                  on_error: Callable[[BaseException], None] = lambda err: None):
@@ -324,17 +313,17 @@ def mean_state(states: list[dict[str, Tensor]]) -> dict[str, Tensor]:
 
 class TrainerGroup:
     """The trainers of one epoch in this process (the thread engine): the sync rules' shared parts
-    (EASGD's central copy on shard 0, the MA/BMUF all-reduce), every trainer's threads and shadow
-    thread."""
+    (EASGD's central copy on the sync servers, the MA/BMUF all-reduce), every trainer's threads and
+    shadow thread."""
 
     def __init__(self, shadow: ShadowConfig, ps: ParameterServerConfig, optimizer_settings: OptimizerConfig, mode,
-                 dense: nn.Module, optimizer: torch.optim.Optimizer | None, live: list[int], shards: list,
+                 dense: nn.Module, optimizer: torch.optim.Optimizer | None, live: list[int], sync_servers: list,
                  device: torch.device = torch.device("cpu"),
                  on_error: Callable[[BaseException], None] = lambda err: None):
         self.emulated_latency, self.mode = ps.emulated_latency, mode
         state = optimizer.state_dict() if optimizer is not None else None
-        reset_central(mode, shards, dense)
-        central = ShardCentralCopy(shards[0]) if mode.central else None
+        reset_central(sync_servers, dense)
+        central = CentralSlices(sync_servers) if mode.central else None
         averager = ThreadAverager(len(live)) if mode.collective else None
         self.trainers = [ShadowTrainer(index, shadow, ps.workers, optimizer_settings, mode, dense, state, central,
                                        averager.member(n) if averager is not None else None, self.training_count,
@@ -358,7 +347,7 @@ def start_trainers_here(engine, plan: EpochPlan, plans: list, on_batch: OnBatch)
     coordinator.begin(plans, plan.first_token, plan.dead, plan.workers)  # (the trainers gate their own threads)
     data = coordinator.data
     group = TrainerGroup(settings.shadow, settings.ps, settings.optimizer, engine.mode, engine.dense,
-                         engine.dense_optimizer, plan.workers, engine.shards, engine.device,
+                         engine.dense_optimizer, plan.workers, engine.sync_servers, engine.device,
                          on_error=lambda err: coordinator.stop(f"a shadow thread failed: {err!r}"))
     for worker in group.workers(engine.router, engine.task, plan, engine.device):
         worker.on_batch = on_batch
@@ -387,7 +376,7 @@ class ShadowSyncMode(ParameterServerMode):
 
     @property
     def central(self) -> bool:
-        """Whether the rule syncs with a central copy (EASGD's, on shard 0)."""
+        """Whether the rule syncs with a central copy (EASGD's, on the sync servers)."""
         return self.dense_sync is not None and RULES.get(self.dense_sync).central
 
     @property
@@ -395,7 +384,17 @@ class ShadowSyncMode(ParameterServerMode):
         """Whether the rule's rounds are a collective of the trainers (an all-reduce: MA, BMUF)."""
         return self.dense_sync is not None and RULES.get(self.dense_sync).collective
 
+    def sync_servers(self, shadow: ShadowConfig, placement) -> list:
+        """EASGD's sync servers, ``shadow.sync_servers`` of them (none for MA, BMUF and hogwild)."""
+        if not self.central:
+            return []
+        servers = [placement.place(SyncServer, index) for index in range(shadow.sync_servers)]
+        placement.ready()
+        return servers
+
     def check(self, shadow: ShadowConfig) -> None:
+        if shadow.sync_servers < 1:
+            raise ConfigError(f"shadow.sync_servers must be at least 1; got {shadow.sync_servers}")
         if self.foreground and shadow.fr_sync == "thread" and self.collective:
             raise ConfigError(f"shadow.fr_sync: thread: {self.name}'s all-reduce needs one member per trainer, "
                               "not per worker thread; use shadow.fr_sync: trainer (the default for it)")
