@@ -283,7 +283,8 @@ def bars(runs: list[dict[str, Any]], table: dict[str, Any]) -> dict[str, Any]:
         for q in QUOTAS:
             pairs = {}
             for r in runs:
-                if r["trainers"] == t and r.get("quota_cores") == q and r["sync_servers"] == 1 and "error" not in r:
+                if (r["trainers"] == t and r["strategy"] != "hogwild" and r.get("quota_cores") == q
+                        and r["sync_servers"] == 1 and "error" not in r):
                     pairs.setdefault(r["seed"], {})[r["strategy"]] = r["eval_logloss"]
             diffs = [p["shadow-easgd"] - p["fr-easgd"] for p in pairs.values() if len(p) == 2]
             losses[f"{t} trainers @ {q}"] = mean_ci(diffs) if diffs else None
@@ -305,12 +306,36 @@ def print_table(table: dict[str, Any], found: dict[str, Any]) -> None:
         print(f"{'PASS' if bar['passed'] else 'FAIL'} {bar['bar']}")
 
 
+def reaggregate(path: Path) -> int:
+    """Ratios, summary and bars recomputed from the runs on record (the runs themselves untouched)."""
+    import json
+
+    from provenance import record as provenance_record
+
+    report = json.loads(path.read_text())
+    runs = report["runs"]
+    ratios(runs)
+    table = summarize(runs)
+    found = bars(runs, table)
+    report.update(summary=table, bars=found)
+    report.setdefault("reaggregated", []).append(
+        {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **provenance_record()})
+    path.write_text(json.dumps(report, indent=2) + "\n")  # (the runs' provenance stays the run's)
+    print_table(table, found)
+    print(f"reaggregated {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = peer_parser(__doc__, "1 seed, 2 trainers, fewer examples: a harness check", 3,
                          "total seconds to wait for other processes to go idle before runs (default 300, 0 with "
                          "--quick)")
+    parser.add_argument("--reaggregate", action="store_true",
+                        help="train nothing: recompute ratios, the summary and the bars from the runs in the JSON")
     args = parser.parse_args(argv)
     check(args)
+    if args.reaggregate:
+        return reaggregate(peer_run(args, "shadowsync_capacity", 3)[1])
     if os.geteuid() != 0 or not CPU_ROOT.exists():
         print("shadowsync_capacity: skipped: needs root and cgroup v1's cpu controller at /sys/fs/cgroup/cpu")
         return 0
