@@ -82,7 +82,7 @@ def test_four_backward_threads_lose_no_batch_and_count_staleness(task, task_data
 
 
 def test_a_failing_backward_pass_stops_the_epoch_with_its_error(task_data, tmp_path, monkeypatch) -> None:
-    def broken(self, item, stages, rule):
+    def broken(self, item, stages, rule, stream=None):
         raise RuntimeError("backward exploded")
 
     monkeypatch.setattr(pdasgd_module.Pdasgd, "_backward", broken)
@@ -120,3 +120,36 @@ def test_a_forward_runs_while_another_batchs_backward_is_running(barrier, task_d
         assert overlaps == 0  # (the guard works: no overlap is counted where none can happen)
     else:
         assert overlaps > 0, "no forward ever ran during a backward"
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_on_cuda_each_backward_thread_computes_on_its_own_stream(task_data, tmp_path, monkeypatch) -> None:
+    """Each backward thread owns a CUDA stream, none the pipeline's compute stream or the default;
+    the forward of every batch runs on the stream of the thread that takes its graph (autograd runs
+    a backward op on its forward op's stream), so forwards use every backward thread's stream."""
+    from cadence.pipeline.transfer import DeviceLink
+
+    used: list[tuple[str, object]] = []
+    lock = threading.Lock()
+    original = DeviceLink.computing
+
+    def computing(self, batch, stream=None):
+        with lock:
+            used.append((threading.current_thread().name, stream, self.compute_stream))
+        return original(self, batch, stream)
+
+    monkeypatch.setattr(DeviceLink, "computing", computing)
+    train(task_data, tmp_path, "image", "streams", "strategy=pdasgd", "pdasgd.backward_threads=2", "device=cuda")
+    backward = {}
+    for name, stream, compute in used:
+        assert stream is not None and stream != compute and stream != torch.cuda.default_stream()
+        if name.startswith("cadence-pdasgd-backward"):
+            backward.setdefault(name, set()).add(stream)
+    assert len(backward) == 2 and all(len(streams) == 1 for streams in backward.values())
+    theirs = {next(iter(streams)) for streams in backward.values()}
+    assert len(theirs) == 2
+    forward = {stream for name, stream, _ in used if not name.startswith("cadence-pdasgd-backward")}
+    assert forward == theirs

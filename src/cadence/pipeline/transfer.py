@@ -64,24 +64,31 @@ class DeviceLink:
         return batch
 
     # ---- the compute thread -----------------------------------------------------------------------
+    def new_stream(self):
+        """A compute stream of its own for a thread that computes beside the compute thread (pdASGD's
+        backward threads); None on the CPU."""
+        return torch.cuda.Stream(self.device) if self.accelerated else None
+
     @contextmanager
-    def computing(self, batch: Batch) -> Iterator[None]:
+    def computing(self, batch: Batch, stream=None) -> Iterator[None]:
         """Everything the compute thread does to a batch on the device (validation, compute, the
-        stamp into the validation cache) runs inside this, on the compute stream, after its upload."""
+        stamp into the validation cache) runs inside this, on the compute stream (or ``stream``: a
+        thread's own, ``new_stream``), after its upload."""
         if not self.accelerated:
             yield
             return
-        with torch.cuda.stream(self.compute_stream):
+        stream = stream if stream is not None else self.compute_stream
+        with torch.cuda.stream(stream):
             # after what the main thread queued on the default stream (the dense module moved to the
             # device, the validation cache allocated): PyTorch's side streams do not wait for it
-            self.compute_stream.wait_stream(torch.cuda.default_stream(self.device))
+            stream.wait_stream(torch.cuda.default_stream(self.device))
             if batch.uploaded is not None:
-                self.compute_stream.wait_event(batch.uploaded)
+                stream.wait_event(batch.uploaded)
             for tensor in _device_tensors(batch):
-                tensor.record_stream(self.compute_stream)
+                tensor.record_stream(stream)
             yield
             batch.computed = torch.cuda.Event()
-            batch.computed.record(self.compute_stream)
+            batch.computed.record(stream)
 
     # ---- writer threads ---------------------------------------------------------------------------
     def download(self, batch: Batch) -> Batch:

@@ -21,6 +21,14 @@ Staleness, per parameter: the number of updates it received between the forward 
 the update this batch makes to it (``layer_staleness`` in summary.json; 0 for every update of a
 sequential run).
 
+Streams (CUDA). Each backward thread owns a CUDA stream, and the forward of the batch handed to
+it runs on that stream too: autograd runs each backward op on the stream of its forward op, so a
+graph's forward and backward share one stream, and the next batch's forward, on another thread's
+stream, overlaps them on the device. The stream orders the hand-over (no event is needed between
+forward and backward); the upload's and the write's events order the rest (``pipeline.transfer``).
+Dense updates from one stream and reads from another race on the device as they do on the CPU
+(Hogwild).
+
 Threads and the interpreter. torch's kernels release the GIL, so a forward and K backward passes
 overlap where the time is in kernels (matrix products, convolutions); the Python between kernels
 (module calls, autograd's bookkeeping, the hooks) holds it and runs one thread at a time. Each
@@ -30,6 +38,7 @@ K + 1 threads do not start K + 1 teams of all cores each. docs/strategies/pdasgd
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -127,23 +136,27 @@ class Pdasgd(Schedule):
             self.staleness = Staleness(names)
         rule = InPlaceDense(compute.dense_optimizer, params) if compute.dense_optimizer is not None else None
         model = _LossOf(compute.task, compute.dense)
-        handoff: queue.Queue = queue.Queue()
-        free = threading.Semaphore(self.settings.backward_threads)  # backward threads without a graph
+        threads = self.settings.backward_threads
+        handoff: list[queue.Queue] = [queue.Queue() for _ in range(threads)]  # each backward thread's graphs
+        free: queue.Queue = queue.Queue()  # backward threads without a graph, by index
+        for index in range(threads):
+            free.put(index)
+        streams = [stages.link.new_stream() for _ in range(threads)]  # CUDA: one per backward thread
         stop, finished = threading.Event(), threading.Lock()
         group = ThreadGroup()
 
-        def backward_thread() -> None:
+        def backward_thread(index: int) -> None:
             with intra_op_threads(self.settings.intra_op_threads):
                 while not stop.is_set():
                     try:
-                        item = handoff.get(timeout=_POLL)
+                        item = handoff[index].get(timeout=_POLL)
                     except queue.Empty:
                         continue
                     if item is None:
                         return
                     try:
                         began = time.perf_counter()
-                        self._backward(item, stages, rule)
+                        self._backward(item, stages, rule, streams[index])
                         with finished:
                             self.busy["backward_busy_seconds"] += time.perf_counter() - began
                             on_batch(item.batch)
@@ -152,42 +165,55 @@ class Pdasgd(Schedule):
                         raise
                     finally:
                         item.done.set()
-                        free.release()
+                        free.put(index)
 
-        for index in range(self.settings.backward_threads):
-            group.spawn(backward_thread, f"cadence-pdasgd-backward-{index}")
+        for index in range(threads):
+            group.spawn(functools.partial(backward_thread, index), f"cadence-pdasgd-backward-{index}")
         try:
             with intra_op_threads(self.settings.intra_op_threads):
+                def free_thread() -> int | None:  # a backward thread without a graph (None: stopped)
+                    while not stop.is_set():
+                        try:
+                            return free.get(timeout=_POLL)
+                        except queue.Empty:
+                            pass
+                    return None
+
                 for plan in plans:
                     if stop.is_set():
                         break
+                    # CUDA: the taker is chosen first, the forward runs on its stream; on the CPU the
+                    # forward runs first and any thread free by then takes the graph
+                    taker = free_thread() if streams[0] is not None else None
+                    if streams[0] is not None and taker is None:
+                        break
                     began = time.perf_counter()
-                    item = self._forward(plan, stages, model, names, params)
+                    item = self._forward(plan, stages, model, names, params,
+                                         streams[taker] if taker is not None else None)
                     self.busy["forward_busy_seconds"] += time.perf_counter() - began
-                    while not free.acquire(timeout=_POLL):  # hand over to a free backward thread
-                        if stop.is_set():
-                            break
-                    else:
-                        handoff.put(item)
-                        if self.settings.barrier:  # the sequential twin: this batch ends before the next
-                            while not item.done.wait(timeout=_POLL) and not stop.is_set():
-                                pass
+                    if taker is None and (taker := free_thread()) is None:
+                        break
+                    handoff[taker].put(item)
+                    if self.settings.barrier:  # the sequential twin: this batch ends before the next
+                        while not item.done.wait(timeout=_POLL) and not stop.is_set():
+                            pass
         except BaseException:
             stop.set()  # Ctrl-C or an error in the forward pass: the backward threads leave after their pass
             raise
         finally:
-            for _ in range(self.settings.backward_threads):
-                handoff.put(None)  # after every handed-over graph: the queue is FIFO
+            for queue_ in handoff:
+                queue_.put(None)  # after every handed-over graph: each queue is FIFO
             group.join(timeout=STOP_GRACE)
         group.raise_first()
 
     # ---- the two passes ---------------------------------------------------------------------------
     def _forward(self, plan: BatchPlan, stages: Stages, model: _LossOf, names: list[str],
-                 params: list[Tensor]) -> _InFlight:
+                 params: list[Tensor], stream=None) -> _InFlight:
+        """The batch's forward, on ``stream``: the stream of the backward thread that takes its graph."""
         batch = stages.link.upload(stages.load(plan))
         batch.timestamp = self.next_timestamp  # the computation order is the order of the forwards
         self.next_timestamp += 1
-        with stages.link.computing(batch):
+        with stages.link.computing(batch, stream):
             rows = batch.rows.values.requires_grad_(True)
             seen = self.staleness.read()
             # this batch's leaves: aliases of the shared storage with version counters of their own
@@ -196,9 +222,9 @@ class Pdasgd(Schedule):
                                               (batch, rows), strict=False)
         return _InFlight(batch, rows, loss, leaves, seen)
 
-    def _backward(self, item: _InFlight, stages: Stages, rule: InPlaceDense | None) -> None:
+    def _backward(self, item: _InFlight, stages: Stages, rule: InPlaceDense | None, stream=None) -> None:
         batch, rows = item.batch, item.rows
-        with stages.link.computing(batch):
+        with stages.link.computing(batch, stream):  # (the stream its forward ran on)
             handles = []
             if rule is not None and self.layerwise:
                 for index, leaf in enumerate(item.leaves):
