@@ -8,7 +8,14 @@ What runs: configs/ml100k-deepfm.yaml as shipped (DeepFM, 4 parameter-server wor
 Severities: worker 0 none (1x), 1.5x, 2x, 4x, 8x slower for the whole run, and a transient 8x
 straggler in epochs 2-3 (``0:8@2-3``). Nothing is tuned per mode.
 
-How a straggler is made: the workers are threads of one process on a 2-core machine. Every batch
+How a straggler is made, ``--cause cpu_quota`` (the real cause): the workers are Ray actors
+(``ps.engine=ray``, a local cluster), and the straggler's process runs its slowed epochs in a
+cgroup-v1 CPU quota of 1 / s cores (``ps.straggler_cause=cpu_quota``): the kernel throttles
+everything it does, nothing sleeps, no latency is emulated (``--latency`` defaults to 0). The
+results go to gba_stragglers_quota.json. Needs root (otherwise it says so and exits 0).
+
+``--cause sleep`` (the fast emulation, the default for the file of record
+gba_stragglers.json): the workers are threads of one process on a 2-core machine. Every batch
 spends ``--latency`` seconds off-CPU (``ps.emulated_latency``), as if each worker had a machine of
 its own (the latency dominates the few milliseconds of compute, so 4 threads behave like 4
 machines rather than 4 threads fighting for 2 cores). A straggler with slowdown s takes s x
@@ -80,7 +87,7 @@ SEVERITIES = {"1x": None, "1.5x": "0:1.5", "2x": "0:2", "4x": "0:4", "8x": "0:8"
 QUICK_SEVERITIES = ("1x", "4x", "8x@2-3")
 SUMMARY_KEYS = ("auc", "train_seconds", "examples_seen", "examples_per_second", "global_steps",
                 "gradients_applied", "gradients_dropped", "token_staleness_mean", "token_staleness_max",
-                "staleness_mean", "staleness_max", "worker_examples_per_second")
+                "staleness_mean", "staleness_max", "worker_examples_per_second", "worker_throttled_seconds")
 
 
 def train(out: Path, *overrides: str) -> api.TrainResult:
@@ -288,7 +295,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="seed 0, severities 1x/4x/8x@2-3, 3 epochs")
     parser.add_argument("--seeds", type=int, nargs="+", help="default 0 1 2 (--quick: 0)")
     parser.add_argument("--epochs", type=int, help="default 6 (--quick: 3)")
-    parser.add_argument("--latency", type=float, default=0.02, help="ps.emulated_latency, seconds per batch")
+    parser.add_argument("--cause", choices=("sleep", "cpu_quota"), default="sleep",
+                        help="how a straggler is slowed: sleep (threads, emulated latency) or cpu_quota (a Ray "
+                             "worker process under a cgroup CPU quota)")
+    parser.add_argument("--latency", type=float, default=None,
+                        help="ps.emulated_latency, seconds per batch (default 0.02 with --cause sleep, 0 with "
+                             "cpu_quota)")
     parser.add_argument("--severities", nargs="+", choices=tuple(SEVERITIES),
                         help="run only these severities (1x is each seed's target: keep it)")
     parser.add_argument("--modes", nargs="+", choices=(*MODES, REFERENCE[0]), help="run only these modes")
@@ -300,7 +312,17 @@ def main() -> None:
     add_flag(parser)
     args = parser.parse_args()
     check(args)
-    path = RESULTS / ("gba_stragglers_quick.json" if args.quick else "gba_stragglers.json")
+    quota = args.cause == "cpu_quota"
+    if args.latency is None:
+        args.latency = 0.0 if quota else 0.02
+    if quota:
+        from cadence.engines import cgroups
+
+        if cgroups.unavailable() is not None:
+            print(f"gba_stragglers --cause cpu_quota: skipped: {cgroups.unavailable()}")
+            return
+    name = "gba_stragglers" + ("_quota" if quota else "")
+    path = RESULTS / (f"{name}_quick.json" if args.quick else f"{name}.json")
     command = " ".join([".venv/bin/python", "benchmarks/gba_stragglers.py", *sys.argv[1:]])
     if args.reaggregate:
         results = json.loads(path.read_text())
@@ -312,7 +334,8 @@ def main() -> None:
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     epochs = args.epochs or (3 if args.quick else 6)
     severities = args.severities or (QUICK_SEVERITIES if args.quick else tuple(SEVERITIES))
-    common = [f"train.epochs={epochs}", "eval.every=1", f"ps.emulated_latency={args.latency}", "ps.workers=4"]
+    common = [f"train.epochs={epochs}", "eval.every=1", f"ps.emulated_latency={args.latency}", "ps.workers=4",
+              *(["ps.engine=ray", "ps.straggler_cause=cpu_quota"] if quota else [])]
     plan = [(seed, severity, mode) for seed in seeds for severity in severities
             for mode in (*MODES, *((REFERENCE[0],) if severity == REFERENCE[1] else ()))
             if args.modes is None or mode in args.modes]
@@ -332,7 +355,7 @@ def main() -> None:
         "command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "complete": False,
         "config": str(CONFIG.relative_to(REPO)), "common_overrides": common,
         "severities": {s: SEVERITIES[s] for s in severities}, "seeds": seeds, "epochs": epochs,
-        "latency_seconds": args.latency, "local_batch": LOCAL_BATCH, "target_margin": TARGET_MARGIN,
+        "latency_seconds": args.latency, "straggler_cause": args.cause, "local_batch": LOCAL_BATCH, "target_margin": TARGET_MARGIN,
         "machine": machine_info(), "git": git_state(), "runs": earlier,
     }
     if args.append:

@@ -122,6 +122,10 @@ class ParameterServerConfig:
     staleness: int = 2  # hop_bs: a worker may run at most this many batches ahead of the slowest
     backup_workers: int = 1  # hop_bw: aggregate the first workers - backup_workers gradients of a step
     stragglers: list[str] = field(default_factory=list)  # "WORKER:SLOWDOWN[@FIRST-LAST epochs]": fault injection
+    # how a straggler is slowed: sleep (its batch takes SLOWDOWN x its compute time: a sleep in the
+    # worker loop, for tests and any engine) or cpu_quota (its Ray worker process runs in a cgroup-v1
+    # CPU quota of threads / SLOWDOWN cores for its slowed epochs: a really slow process; root, ps.engine: ray)
+    straggler_cause: Literal["sleep", "cpu_quota"] = "sleep"
     kill_workers: list[str] = field(default_factory=list)  # "WORKER:AFTER_STEPS": fault injection
     emulated_latency: float = 0.0  # seconds each batch spends off this machine (emulates one machine per worker)
     ray_address: str | None = None  # engine ray: the cluster to join ("HOST:PORT"); None = ray.init()'s default

@@ -144,6 +144,13 @@ def test_fault_specs_are_validated(tmp_path: Path) -> None:
         trainer_for(tmp_path, "strategy=gba", "ps.workers=2", 'ps.kill_workers=["x"]')
 
 
+def test_a_cpu_quota_straggler_needs_the_ray_engine(tmp_path: Path) -> None:
+    from cadence.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="ps.straggler_cause: cpu_quota .* ps.engine: ray"):
+        trainer_for(tmp_path, "strategy=gba", "ps.workers=2", 'ps.stragglers=["1:4"]', "ps.straggler_cause=cpu_quota")
+
+
 def test_switching_modes_from_a_checkpoint_continues_the_same_model(tmp_path: Path) -> None:
     sync, _, _ = trainer_for(tmp_path / "sync", "strategy=sync", "ps.workers=2")
     sync.fit()  # writes checkpoints/final

@@ -432,3 +432,24 @@ def test_on_batch_fires_once_per_finished_batch_on_ray(settings: list[str], task
 
     log, plans = batches_reported(make_config(tmp_path / "run", *task_data["mf"], "ps.engine=ray", *settings))
     assert_each_batch_once(log, plans)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["async", "shadow-easgd"])
+def test_a_straggler_is_a_worker_process_under_a_cpu_quota(tmp_path: Path, local_cluster, mode: str) -> None:
+    """``ps.straggler_cause: cpu_quota``: worker 1's process runs its epoch in a cgroup-v1 CPU quota
+    of an eighth of a core (slowdown 8), nothing sleeps: the kernel throttles it (its throttled seconds
+    come back in the summary, the fast worker's are 0), it computes fewer batches than the fast
+    one, which takes more from the shared data list, and its cgroup is gone afterwards."""
+    from cadence.engines import cgroups
+
+    if cgroups.unavailable() is not None:
+        pytest.skip(cgroups.unavailable())
+    trainer = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=2", 'ps.stragglers=["1:8"]',
+                          "ps.straggler_cause=cpu_quota", "ps.engine=ray", "train.epochs=3")
+    summary, _ = fit(trainer)
+    fast, slow = summary["worker_throttled_seconds"]
+    assert fast == 0.0 and slow > 0.0
+    examples = trainer.runtime.worker_examples
+    assert examples[1] < examples[0], examples
+    assert not list((cgroups.CPU_ROOT / "cadence").glob("*-worker-*"))

@@ -10,6 +10,8 @@ drives."""
 from __future__ import annotations
 
 from cadence.config import Config
+from cadence.engines import cgroups
+from cadence.errors import ConfigError
 from cadence.core.runtime import Runtime
 from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
 from cadence.strategies.parameter_server import shadow  # noqa: F401  (registers ShadowSync's modes)
@@ -20,7 +22,8 @@ from cadence.strategies.parameter_server.worker import Faults
 
 PARAMETER_SERVER = RuntimeKind(
     "parameter_server",
-    keys=("ps.shards", "ps.stragglers", "ps.kill_workers", "ps.emulated_latency", "ps.ray_address", "ps.dense"),
+    keys=("ps.shards", "ps.stragglers", "ps.straggler_cause", "ps.kill_workers", "ps.emulated_latency",
+          "ps.ray_address", "ps.dense"),
     owns_message="the parameter-server runtime", runs_on="the parameter server", engine=True)
 
 
@@ -39,6 +42,13 @@ class ServerStrategy(Strategy):
     def check(self, config: Config) -> None:
         ENGINES.get(config.ps.engine)
         Faults.parse(config.ps.stragglers, config.ps.kill_workers, config.ps.workers)
+        if config.ps.straggler_cause == "cpu_quota":
+            if config.ps.engine != "ray":
+                raise ConfigError("ps.straggler_cause: cpu_quota slows a worker's process: it needs ps.engine: ray "
+                                  "(on threads a straggler sleeps: ps.straggler_cause: sleep)")
+            why = cgroups.unavailable()
+            if why is not None:
+                raise ConfigError(f"ps.straggler_cause: cpu_quota: {why}")
         self.mode.check(config.shadow)
 
     def build(self, config: Config, task, context: BuildContext) -> Runtime:

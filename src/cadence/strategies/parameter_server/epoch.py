@@ -69,6 +69,7 @@ class WorkerReport:
     replica: tuple | None = None  # its dense replica (state, optimizer state) when it held one
     syncs: int = 0  # dense syncs of its replica (ShadowSync)
     rng_state: Any = None  # its random state at the end (a sole worker actor hands the driver's back)
+    throttled_seconds: float = 0.0  # a straggler under a CPU quota: seconds the kernel held its process back
 
 
 class Engine(ABC):

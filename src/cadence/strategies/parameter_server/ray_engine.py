@@ -27,7 +27,10 @@ worker that raises abandons the epoch (``WorkerFailed``); every actor is killed 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+import os
 import pickle
 import secrets
 import socket
@@ -44,16 +47,16 @@ from cadence.core.runtime import OnBatch, ShardLost
 from cadence.engines import ray as ray_support
 from cadence.engines.ray import (RayPending, RayPlacement, completed, Actor, cluster_nodes, connect, node_host, on_node,
                                 pack, ray, ray_get, unpack)
+from cadence.engines.cgroups import CpuQuota
 from cadence.engines.placement import verb_of
 from cadence.engines.channel import Channel, ChannelClosed, ChannelServer, Reply
 from cadence.optim import module_optimizer
 from cadence.strategies.parameter_server.epoch import Engine, EpochPlan, ServerSettings, WorkerReport
-from cadence.strategies.parameter_server.dense_sync import GlooAverager
+from cadence.strategies.parameter_server.dense_sync import CentralSlices, GlooAverager
 from cadence.strategies.parameter_server.gates import NoGate
 from cadence.strategies.parameter_server.coordinator import Coordinator
 from cadence.strategies.parameter_server.modes import PS_MODES
 from cadence.strategies.parameter_server.server import ServerShard, build_shard
-from cadence.strategies.parameter_server.dense_sync import CentralSlices
 from cadence.strategies.parameter_server.shadow import ShadowTrainer, reset_central
 from cadence.strategies.parameter_server.worker import ShardRouter, Worker
 
@@ -292,7 +295,7 @@ class TaskWorker(Actor):
                  coordinator: Any, coordinator_address: tuple, threads: int, secret: bytes):
 
         torch.set_num_threads(threads)
-        self.index, self.settings, self.coordinator = index, settings, coordinator
+        self.index, self.settings, self.coordinator, self.threads = index, settings, coordinator, threads
         self.mode = PS_MODES.get(mode_name)
         self.task = ray.get(recipe_box[0])()
         for shard in shards:  # this worker's per-batch calls take the channels
@@ -317,7 +320,8 @@ class TaskWorker(Actor):
             self.model.load_state_dict(model_state)
             optimizer = module_optimizer(self.settings.optimizer, self.model, optimizer_state)
             reducer = _RemoteReducer(self.coordinator)
-        worker = Worker(self.index, self.router, self.model, self.task, slowdown, kill_after,
+        quota = self._straggling(slowdown)
+        worker = Worker(self.index, self.router, self.model, self.task, 1.0 if quota else slowdown, kill_after,
                         self.settings.ps.emulated_latency, reducer, optimizer, self.device)
         local_gate = self.mode.gate(self.settings.ps, self.router.shards) if gate is None else None
         # a worker fated to die (fault injection) takes no batch ahead: it dies with exactly one
@@ -326,8 +330,9 @@ class TaskWorker(Actor):
         self.router.defer = type(local_gate) is NoGate and not self.mode.fresh_tokens and reducer is None
         self.router.deferred = None
         try:
-            worker.run(_RemoteData(self.coordinator, self.channel, self.plans[1], prefetch),
-                       local_gate or _RemoteGate(self.coordinator, gate))
+            with quota or contextlib.nullcontext():
+                worker.run(_RemoteData(self.coordinator, self.channel, self.plans[1], prefetch),
+                           local_gate or _RemoteGate(self.coordinator, gate))
         finally:
             for shard in self.router.shards:
                 shard.settle()
@@ -336,7 +341,16 @@ class TaskWorker(Actor):
             replica = (self.model.state_dict(), optimizer.state_dict() if optimizer is not None else None)
         return pack(WorkerReport(self.index, worker.loss_total, worker.examples_done, worker.pushed, worker.died,
                                  bytes_moved=worker.bytes_moved, batches=worker.finished, replica=replica,
-                                 rng_state=torch.get_rng_state()))
+                                 rng_state=torch.get_rng_state(),
+                                 throttled_seconds=quota.throttled["throttled_seconds"] if quota else 0.0))
+
+    def _straggling(self, slowdown: float) -> CpuQuota | None:
+        """``ps.straggler_cause: cpu_quota``: the quota that makes this process ``slowdown`` times
+        slower for the epoch (its torch threads' cores over the slowdown), or None (no straggler, or
+        one that sleeps)."""
+        if self.settings.ps.straggler_cause != "cpu_quota" or slowdown <= 1.0:
+            return None
+        return CpuQuota(f"{os.getpid()}-worker-{self.index}", max(1, self.threads) / slowdown)
 
     # ---- ShadowSync: this actor is a trainer ---------------------------------------------------
     def free_port(self) -> tuple[str, int]:
@@ -385,13 +399,18 @@ class TaskWorker(Actor):
                 for shard in worker.router.shards:
                     shard.settle()
 
+        quota = self._straggling(plan.faults.slowdown_in(self.index, plan.epoch))
+        if quota is not None:  # the process is slowed for real: its threads do not also sleep
+            plan = dataclasses.replace(plan, faults=dataclasses.replace(plan.faults, slowdown={}))
         trainer.add_threads(router_of, self.task, plan, self.device, self.settings.ps.emulated_latency)
         try:
-            report = trainer.run(run_worker, abandon_epoch)
+            with quota or contextlib.nullcontext():
+                report = trainer.run(run_worker, abandon_epoch)
         finally:
             if averager is not None:
                 _leave_gloo()
         report.rng_state = torch.get_rng_state()
+        report.throttled_seconds = quota.throttled["throttled_seconds"] if quota else 0.0
         return pack(report)
 
 

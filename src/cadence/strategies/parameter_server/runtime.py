@@ -39,6 +39,7 @@ class ParameterServerRuntime(Runtime):
         self.dead: set[int] = set()
         self.replaced = 0  # worker processes that died unexpectedly and were replaced
         self.worker_examples = [0] * ps.workers
+        self.worker_throttled = [0.0] * ps.workers  # ps.straggler_cause: cpu_quota: seconds each was held back
         self.bytes_moved = 0
         self.train_seconds = 0.0
 
@@ -70,6 +71,7 @@ class ParameterServerRuntime(Runtime):
             loss += report.loss_total
             examples += report.examples
             self.worker_examples[report.index] += report.examples
+            self.worker_throttled[report.index] += report.throttled_seconds
             self.bytes_moved += report.bytes_moved
             if report.died:
                 self.dead.add(report.index)
@@ -98,6 +100,8 @@ class ParameterServerRuntime(Runtime):
             # building the engine's processes before training (ray: actors import torch, read the data)
             "engine_start_seconds": round(self.engine.start_seconds, 3),
             "worker_examples_per_second": [round(e / seconds, 1) if seconds > 0 else 0.0 for e in self.worker_examples],
+            # ps.straggler_cause: cpu_quota: seconds the kernel throttled each worker's process (0: no quota)
+            "worker_throttled_seconds": [round(t, 3) for t in self.worker_throttled],
             "vocabulary_added": sum(s["vocabulary_added"] for s in per_shard),
             # every batch's gradient reaches every shard: shard 0's counts count each batch once
             **{k: v for k, v in per_shard[0].items() if k != "vocabulary_added"},
