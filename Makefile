@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow bench bench-peers clean
+.PHONY: install demo test test-slow gpu-check bench bench-peers clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,16 @@ test: install
 
 test-slow: install
 	$(PY) -m pytest -q -m slow
+
+# On a machine with a CUDA device: every CUDA test (`-m cuda`), then the GPU benchmark
+# (benchmarks/results/gpu_check.json). Uses that machine's own torch (GPU_PY, default python3) with
+# src/ on the path: no install, no network. GPU_JOBS: pytest-xdist workers (empty: none).
+GPU_PY ?= python3
+GPU_JOBS ?= 8
+gpu-check:
+	PYTHONPATH=src $(GPU_PY) -c "import sys, torch; torch.cuda.is_available() or sys.exit('gpu-check: no CUDA device here')"
+	PYTHONPATH=src $(GPU_PY) -m pytest -q -m cuda -p no:cacheprovider $(if $(GPU_JOBS),-n $(GPU_JOBS)) tests
+	PYTHONPATH=src $(GPU_PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 bench: install
 	$(PY) benchmarks/kge_throughput.py

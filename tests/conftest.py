@@ -6,8 +6,19 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from cadence.config import Config, load_config
+
+# A CUDA test: skipped where there is no CUDA device; `make gpu-check` runs exactly these (`-m cuda`).
+CUDA_MARKS = (pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))
+
+
+def needs_cuda(test):
+    """Decorate a CUDA test with ``CUDA_MARKS`` (for one parameter: ``pytest.param(..., marks=CUDA_MARKS)``)."""
+    for mark in CUDA_MARKS:
+        test = mark(test)
+    return test
 
 
 def write_graph(directory: Path, train: list[tuple], valid: list[tuple], test: list[tuple]) -> Path:

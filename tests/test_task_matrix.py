@@ -15,7 +15,7 @@ import torch
 from cadence import api
 from cadence.strategies import strategy_names
 from cadence.tasks import TASKS
-from tests.conftest import make_config
+from tests.conftest import CUDA_MARKS, make_config, needs_cuda
 
 # strategy -> (settings for a normal run, settings that make it behave synchronously)
 STRATEGY_SETTINGS: dict[str, tuple[list[str], list[str]]] = {
@@ -71,7 +71,6 @@ def assert_same_model(first: Path, second: Path) -> None:
         assert torch.equal(value, other_dense[name]), name
 
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def check_trains(task_data, tmp_path: Path, task: str, strategy: str, *overrides: str):
@@ -108,7 +107,7 @@ def test_every_task_trains_under_every_strategy_on_cuda(task: str, strategy: str
     assert on_gpu.summary[metric] == pytest.approx(on_cpu.summary[metric], rel=0.05, abs=0.02)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA_MARKS)])
 @pytest.mark.parametrize("task", TASK_NAMES)
 @pytest.mark.parametrize("strategy", sorted(set(STRATEGY_SETTINGS) - {"sync"}))
 def test_degenerate_setting_equals_sync(task: str, strategy: str, device: str, task_data, tmp_path: Path) -> None:
@@ -120,7 +119,7 @@ def test_degenerate_setting_equals_sync(task: str, strategy: str, device: str, t
     assert other.summary[sync.summary["primary_metric"]] == sync.summary[sync.summary["primary_metric"]]
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA_MARKS)])
 @pytest.mark.parametrize("task", TASK_NAMES)
 def test_oac_equals_the_sync_replay_of_its_order(task: str, device: str, task_data, tmp_path: Path) -> None:
     """On a GPU with the streams and events of pipeline/transfer.py and deterministic kernels too."""

@@ -12,8 +12,8 @@ from cadence.device import use_deterministic_kernels
 from cadence.core.batch import Batch, BatchPlan
 from cadence.pipeline.transfer import DeviceLink
 from cadence.store import create_store
+from tests.conftest import needs_cuda
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def a_batch(pin: bool = False) -> tuple[Batch, torch.Tensor]:

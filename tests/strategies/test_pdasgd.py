@@ -13,7 +13,7 @@ import torch
 from cadence import api
 from cadence.optim import InPlaceDense
 from cadence.strategies.pipelined import pdasgd as pdasgd_module
-from tests.conftest import make_config
+from tests.conftest import make_config, needs_cuda
 
 
 def train(task_data, tmp_path, task: str, name: str, *overrides: str):
@@ -122,7 +122,6 @@ def test_a_forward_runs_while_another_batchs_backward_is_running(barrier, task_d
         assert overlaps > 0, "no forward ever ran during a backward"
 
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 @needs_cuda

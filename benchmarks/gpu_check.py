@@ -1,0 +1,184 @@
+#!/usr/bin/env python
+"""The GPU path measured (``make gpu-check``, on a machine with a CUDA device): each task's shipped
+config trained on the GPU and on the CPU, contenders interleaved rep by rep in one invocation.
+
+Parts (``--parts``, default all):
+
+- ``image``: Fashion-MNIST, the MLP (2 epochs) and the CNN (1 epoch) of ``configs/fashion-mnist-*.yaml``:
+  ``sync`` on the CPU (every core), ``sync`` on the GPU, ``pdasgd-bu`` and ``pdasgd`` (K = 2 backward
+  threads, each on its own CUDA stream) on the GPU: pdASGD's own setting (seed 003 trains on a GPU);
+- ``kge``: ``configs/umls-complex.yaml`` (1-vs-all ComplEx, 10 epochs): ``sync`` on the CPU, ``sync``,
+  ``async`` and ``oac`` on the GPU (the pipeline's upload/compute/download streams);
+- ``ctr``: ``configs/ml100k-deepfm.yaml`` (2 epochs): ``sync`` on the CPU, ``sync`` and ``gba`` on the GPU
+  (the parameter-server workers compute on the GPU).
+
+Per contender: examples/s (mean and 95% interval over ``--reps``), the task's metric, and the GPU's
+peak memory. Ratios are against ``sync`` on the GPU of the same part. Nothing here is a bar: the
+numbers record what the GPU path does (docs/benchmarks.md, "The GPU path").
+
+    make gpu-check                      # every CUDA test, then this
+    python3 benchmarks/gpu_check.py [--reps N] [--parts image,kge,ctr] [--quick] [--out FILE]
+
+Writes ``benchmarks/results/gpu_check.json`` (``gpu_check_quick.json`` with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from provenance import check  # same folder: every result traces to a commit
+
+import torch
+
+from peer_stats import mean_ci, peer_parser, peer_run, train_measured, write_report
+
+from cadence.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    device: str
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    config: str
+    epochs: int
+    contenders: tuple[Contender, ...]
+    overrides: tuple[str, ...] = ()
+
+
+CPU_THREADS = f"threads={os.cpu_count() or 1}"
+IMAGE = (
+    Contender("sync", "cpu", ("strategy=sync", CPU_THREADS)),
+    Contender("sync", "cuda", ("strategy=sync",)),
+    Contender("pdasgd-bu", "cuda", ("strategy=pdasgd-bu", "pdasgd.backward_threads=2")),
+    Contender("pdasgd", "cuda", ("strategy=pdasgd", "pdasgd.backward_threads=2")),
+)
+PARTS = {
+    "image": (
+        Part("image-mlp", "fashion-mnist-mlp.yaml", 2, IMAGE, ("optimizer.warmup_epochs=1",)),
+        Part("image-cnn", "fashion-mnist-cnn.yaml", 1, IMAGE, ("optimizer.warmup_epochs=0",)),
+    ),
+    "kge": (Part("kge-umls", "umls-complex.yaml", 10, (
+        Contender("sync", "cpu", ("strategy=sync", CPU_THREADS)),
+        Contender("sync", "cuda", ("strategy=sync",)),
+        Contender("async", "cuda", ("strategy=async",)),
+        Contender("oac", "cuda", ("strategy=oac",)),
+    ), ("eval.every=10", "eval.patience=0")),),
+    "ctr": (Part("ctr-deepfm", "ml100k-deepfm.yaml", 2, (
+        Contender("sync", "cpu", ("strategy=sync", CPU_THREADS)),
+        Contender("sync", "cuda", ("strategy=sync",)),
+        Contender("gba", "cuda", ("strategy=gba",)),
+    )),),
+}
+METRICS = ("accuracy", "mrr", "auc", "logloss")
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_one(part: Part, contender: Contender, epochs: int, rep: int) -> dict[str, Any]:
+    config = load_config(CONFIGS / part.config, [*part.overrides, *contender.overrides, f"device={contender.device}",
+                                                 f"train.epochs={epochs}", f"seed={rep}", "progress=false",
+                                                 "checkpoint.every=0"])
+    record: dict[str, Any] = {"part": part.name, "contender": contender.name, "device": contender.device, "rep": rep,
+                              "loadavg_before": list(os.getloadavg())}
+    if contender.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    result = train_measured(config, record, "cadence-gpu-check-")
+    if result is not None:
+        summary = result.summary
+        record.update({key: summary[key] for key in ("examples_per_second", "train_seconds", *METRICS)
+                       if key in summary})
+        if contender.device == "cuda":
+            record["cuda_peak_memory_mib"] = round(torch.cuda.max_memory_allocated() / 2 ** 20, 1)
+    say(describe(record))
+    return record
+
+
+def describe(record: dict[str, Any]) -> str:
+    head = f"{record['part']:10s} {record['contender']:9s} {record['device']:4s} rep {record['rep']}"
+    if "error" in record:
+        return f"{head}: FAILED {record['error']}"
+    quality = "  ".join(f"{key} {record[key]:.4f}" for key in METRICS if key in record)
+    return f"{head}: {record['examples_per_second']:>10,.0f} ex/s  {quality}  ({record['train_seconds']:.1f} s)"
+
+
+def summarize(records: list[dict[str, Any]], part: Part) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for contender in part.contenders:
+        key = f"{contender.name}@{contender.device}"
+        mine = [r for r in records if r["contender"] == contender.name and r["device"] == contender.device
+                and "error" not in r]
+        if not mine:
+            table[key] = {"error": next((r["error"] for r in records if r["contender"] == contender.name
+                                         and r["device"] == contender.device), "no runs")}
+            continue
+        table[key] = {"examples_per_second": mean_ci([r["examples_per_second"] for r in mine])}
+        for metric in METRICS:
+            if metric in mine[0]:
+                table[key][metric] = mean_ci([r[metric] for r in mine])
+    base = table.get("sync@cuda", {}).get("examples_per_second", {}).get("mean")
+    for row in table.values():
+        if base and "examples_per_second" in row:
+            row["throughput_vs_sync_cuda"] = row["examples_per_second"]["mean"] / base
+    return table
+
+
+def device_record() -> dict[str, Any]:
+    info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
+                            "cpu_count": os.cpu_count(), "cuda_available": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2 ** 30, 1),
+                    multiprocessors=props.multi_processor_count, cuda=torch.version.cuda)
+    return info
+
+
+def main() -> int:
+    parser = peer_parser(__doc__, "1 rep, 1 epoch per part: a smoke test of the harness", 2,
+                         "unused (a GPU machine is not shared)")
+    parser.add_argument("--reps", type=int, default=2, help="interleaved repetitions (seeds 0..N-1; default 2)")
+    parser.add_argument("--parts", default="image,kge,ctr", help="comma-separated: image, kge, ctr")
+    args = parser.parse_args()
+    provenance = check(args)
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_check.py: no CUDA device here (torch.cuda.is_available() is False)")
+    _, out, command = peer_run(args, "gpu_check", 1)
+    wanted = [name.strip() for name in args.parts.split(",") if name.strip()]
+    unknown = sorted(set(wanted) - set(PARTS))
+    if unknown:
+        raise SystemExit(f"gpu_check.py: --parts: unknown {', '.join(unknown)} (known: {', '.join(PARTS)})")
+    reps = 1 if args.quick else args.reps
+    started = time.perf_counter()
+    say(f"gpu_check at {provenance['commit']}: {device_record()}")
+    report: dict[str, Any] = {"command": command, "machine": device_record(), "reps": reps, "parts": {}}
+    for name in wanted:
+        for part in PARTS[name]:
+            epochs = 1 if args.quick else part.epochs
+            records = [run_one(part, contender, epochs, rep) for rep in range(reps) for contender in part.contenders]
+            report["parts"][part.name] = {"config": f"configs/{part.config}", "epochs": epochs,
+                                          "overrides": list(part.overrides), "runs": records,
+                                          "summary": summarize(records, part)}
+    path = write_report(report, out, started, 0.0)
+    say(f"wrote {path}")
+    failed = [r for part in report["parts"].values() for r in part["runs"] if "error" in r]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
