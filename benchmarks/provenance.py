@@ -37,15 +37,17 @@ def _git(*args: str) -> str:
 def record() -> dict[str, Any]:
     """The commit checked out and the uncommitted changes to what a result depends on.
 
-    Where the tree is a copy without git (a GPU machine sent the working tree, `make gpu-check`), the
-    commit is read from ``$CADENCE_COMMIT``, set by whoever sent a clean tree of that commit; the
-    record then says so under ``commit_from``."""
-    commit = _git("rev-parse", "HEAD").strip()
-    if not commit and os.environ.get("CADENCE_COMMIT"):
-        return {"commit": os.environ["CADENCE_COMMIT"], "dirty": False, "dirty_files": [],
-                "commit_from": "CADENCE_COMMIT (no git repository here: a copy of that commit's clean tree)"}
+    Where the tree is a copy sent to another machine (a GPU machine, `make gpu-check`), whose git
+    view may be missing or stale, the commit is read from ``$CADENCE_COMMIT``, set by whoever sent a
+    clean tree of that commit; the record then says so under ``commit_from`` and keeps git's view
+    there under ``git_view``."""
     changed = [line[3:] for line in _git("status", "--porcelain", "--", *WATCHED).splitlines() if line.strip()]
-    return {"commit": commit or None, "dirty": bool(changed), "dirty_files": changed}
+    found = {"commit": _git("rev-parse", "HEAD").strip() or None, "dirty": bool(changed), "dirty_files": changed}
+    if os.environ.get("CADENCE_COMMIT"):
+        return {"commit": os.environ["CADENCE_COMMIT"], "dirty": False, "dirty_files": [],
+                "commit_from": "CADENCE_COMMIT (a copy of that commit's clean tree, sent to this machine)",
+                "git_view": found}
+    return found
 
 
 _CHECKED: list[dict[str, Any]] = []

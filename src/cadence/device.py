@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
@@ -20,6 +21,16 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device: {name!r} was asked for, but no CUDA device is available")
     return device
+
+
+def module_on(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``module`` itself where every parameter and buffer is on ``device``, else a copy moved there:
+    a parameter-server run's dense module lives in host memory (the servers', assembled for the
+    trainer), and evaluation computes on the run's device beside the rows it moved there."""
+    tensors = [*module.parameters(), *module.buffers()]
+    if all(tensor.device == device for tensor in tensors):
+        return module
+    return copy.deepcopy(module).to(device)
 
 
 def use_deterministic_kernels(device: torch.device, enabled: bool) -> None:

@@ -52,6 +52,11 @@ class Batch:
     def size(self) -> int:
         return self.plan.size
 
+    @property
+    def store_ids(self) -> Tensor:
+        """The ids in host memory, as the store takes them (``ids`` may have moved to the device)."""
+        return self.ids if self.host_ids is None else self.host_ids
+
 
 def on_device(batch: Batch, rows: Tensor, device: torch.device) -> Tensor:
     """A batch's ids and inputs moved to ``device`` in place, and its pulled ``rows`` there (nothing
@@ -59,6 +64,7 @@ def on_device(batch: Batch, rows: Tensor, device: torch.device) -> Tensor:
     move of a worker that computes one batch at a time."""
     if device.type == "cpu":
         return rows
+    batch.host_ids = batch.ids
     batch.ids = batch.ids.to(device)
     batch.inputs = {name: value.to(device) for name, value in batch.inputs.items()}
     return rows.to(device)

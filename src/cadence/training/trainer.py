@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from cadence.config import Config
 from cadence.data import fingerprint
+from cadence.device import module_on
 from cadence.errors import CheckpointError
 from cadence.core.batch import Batch
 from cadence.tasks.base import Task, Validation
@@ -169,7 +170,8 @@ class Trainer:
         def progress(steps: Iterable) -> Iterable:
             return tqdm(steps, desc=f"eval {split}", unit="batch", leave=False, disable=self._bar_disabled())
 
-        return self.task.evaluate(self.runtime.parameters(), self.runtime.dense(), split, self.device, progress)
+        dense = module_on(self.runtime.dense(), self.device)
+        return self.task.evaluate(self.runtime.parameters(), dense, split, self.device, progress)
 
     def _record(self, split: str, metrics: dict[str, Any], loss: float | None) -> dict[str, Any]:
         record = {

@@ -226,20 +226,22 @@ class CentralSlices:
         self.servers = servers
 
     def exchange(self, local: list[Tensor], alpha: float) -> list[Tensor]:
-        parts = slices(local, len(self.servers))
+        """The new central copy, on the device of ``local`` (the sync servers hold theirs in host
+        memory: a replica on a GPU sends its slices there and takes the result back)."""
+        parts = [part.cpu() for part in slices(local, len(self.servers))]
         if len(self.servers) > 1 and self.servers[0].concurrent:
             pendings = [server.start(SyncServer.exchange, part, alpha) for server, part in zip(self.servers, parts)]
             central = [pending.result() for pending in pendings]
         else:
             central = [server.call(SyncServer.exchange, part, alpha) for server, part in zip(self.servers, parts)]
-        flat = torch.cat(central)
+        flat = torch.cat(central).to(local[0].device)
         return [piece.view_as(mine) for piece, mine in zip(torch.split(flat, [t.numel() for t in local]), local)]
 
 
 def reset_sync_servers(servers: list, params: Params) -> None:
     """Every sync server's slice starts from ``params`` (the run's dense parameters)."""
     for server, part in zip(servers, slices(params, len(servers))):
-        server.call(SyncServer.reset, part.clone())
+        server.call(SyncServer.reset, part.to("cpu", copy=True))
 
 
 # ---- the rules ---------------------------------------------------------------------------------

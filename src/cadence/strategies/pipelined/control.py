@@ -96,7 +96,7 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
         batch.rows.versions.fill_(batch.timestamp)
         self.cache.insert(batch.ids, batch.rows)
         if self.newest is not None:
-            self.newest.index_fill_(0, batch.ids if batch.host_ids is None else batch.host_ids, batch.timestamp)
+            self.newest.index_fill_(0, batch.store_ids, batch.timestamp)
 
     def write(self, batch: Batch) -> None:
         """A conditional write of the batch's rows, less those a later batch has computed since

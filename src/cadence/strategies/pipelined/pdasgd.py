@@ -242,7 +242,7 @@ class Pdasgd(Schedule):
                 grad = row_gradient(rows)
                 # the rows as they are now (other batches wrote some since this forward read them):
                 # the update applies to them, as the dense updates apply to the current weights
-                current = stages.load.store.pull(batch.ids)
+                current = stages.load.store.pull(batch.store_ids)
                 values, state = current.values.to(rows.device), current.state.to(rows.device)
                 stages.compute.entity_optimizer.step(values, state, grad)
             rows.grad = None
