@@ -180,8 +180,8 @@ def prepare_config(config: Config) -> Config:
                           "a file is expected")
     ENTITY_OPTIMIZERS.get(config.optimizer.entity)
     _check_foreign_keys(config, runtime)
+    strategy.check(config)  # (first: a strategy's own word on the device is the clearer one)
     resolve_device(config.device)
-    strategy.check(config)
     return config
 
 

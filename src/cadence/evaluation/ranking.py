@@ -31,14 +31,16 @@ class FilterIndex:
         self.answers = answers[order]
 
     def lookup(self, anchors: Tensor, relations: Tensor) -> tuple[Tensor, Tensor]:
-        """(query row, answer entity) pairs for every known answer of each query."""
-        queries = anchors * self.num_relations + relations
+        """(query row, answer entity) pairs for every known answer of each query, on the queries'
+        device (the index stays in host memory)."""
+        device = anchors.device
+        queries = (anchors * self.num_relations + relations).to(self.keys.device)
         start = torch.searchsorted(self.keys, queries, side="left")
         stop = torch.searchsorted(self.keys, queries, side="right")
         counts = stop - start
         rows = torch.repeat_interleave(torch.arange(queries.shape[0]), counts)
         offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-        return rows, self.answers[start[rows] + offsets]
+        return rows.to(device), self.answers[start[rows] + offsets].to(device)
 
 
 def filtered_ranks(scores: Tensor, targets: Tensor, known: tuple[Tensor, Tensor]) -> Tensor:

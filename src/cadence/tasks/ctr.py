@@ -156,7 +156,8 @@ class CtrTask(Task):
         for start in progress(range(0, len(examples), EVAL_BATCH)):
             part = examples.subset(torch.arange(start, min(start + EVAL_BATCH, len(examples))))
             batch = examples_batch(BatchPlan(-1, start, torch.empty(0, dtype=torch.int64)), part)
-            logits.append(forward(dense, batch.inputs, params.values(batch.ids)))
+            inputs = {name: value.to(device) for name, value in batch.inputs.items()}
+            logits.append(forward(dense, inputs, params.values(batch.ids).to(device)).cpu())
         dense.train()
         scores = torch.cat(logits)
         area = auc(scores, examples.labels)

@@ -221,10 +221,10 @@ class MfTask(Task):
         squared, absolute = 0.0, 0.0
         for start in progress(range(0, len(ratings), EVAL_BATCH)):
             part = ratings.subset(torch.arange(start, min(start + EVAL_BATCH, len(ratings))))
-            user = params.values(part.users)
-            item = params.values(part.items + self.dataset.num_users)
+            user = params.values(part.users).to(device)
+            item = params.values(part.items + self.dataset.num_users).to(device)
             low, high = dense.range.tolist()
-            error = part.values - self._predict(user, item, dense).clamp(low, high)
+            error = part.values.to(device) - self._predict(user, item, dense).clamp(low, high)
             squared += float(error.double().square().sum())
             absolute += float(error.double().abs().sum())
         count = max(1, len(ratings))

@@ -11,6 +11,7 @@ from cadence.config import Config
 from cadence.core.runtime import Runtime
 from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
 from cadence.engines import PLACEMENTS
+from cadence.errors import ConfigError
 from cadence.strategies.adapm.runtime import AdaPMRuntime
 
 ADAPM = RuntimeKind(
@@ -33,6 +34,10 @@ class AdaPMStrategy(Strategy):
 
     def check(self, config: Config) -> None:
         PLACEMENTS.get(config.ps.engine)
+        if config.device.startswith("cuda"):
+            # (``auto`` trains on the CPU here and evaluates on the GPU, where there is one)
+            raise ConfigError(f"device: {config.device!r}: adapm's nodes compute on the CPU, each holding its "
+                              "share of the rows in host memory (as the paper's nodes do); use device: cpu or auto")
 
     def build(self, config: Config, task, context: BuildContext) -> Runtime:
         runtime = AdaPMRuntime(config, task)

@@ -126,6 +126,12 @@ class Pdasgd(Schedule):
         self.next_timestamp = 0
         self.staleness: Staleness | None = None
         self.busy = {"forward_busy_seconds": 0.0, "backward_busy_seconds": 0.0}
+        self.streams: list = []  # CUDA: backward thread i's stream, made once for the run
+
+    def _streams(self, stages: Stages, threads: int) -> list:
+        if len(self.streams) != threads:
+            self.streams = [stages.link.new_stream() for _ in range(threads)]
+        return self.streams
 
     # ---- the epoch ------------------------------------------------------------------------------
     def run_epoch(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None]) -> None:
@@ -141,7 +147,7 @@ class Pdasgd(Schedule):
         free: queue.Queue = queue.Queue()  # backward threads without a graph, by index
         for index in range(threads):
             free.put(index)
-        streams = [stages.link.new_stream() for _ in range(threads)]  # CUDA: one per backward thread
+        streams = self._streams(stages, threads)  # CUDA: one per backward thread (None on the CPU)
         stop, finished = threading.Event(), threading.Lock()
         group = ThreadGroup()
 
