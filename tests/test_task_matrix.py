@@ -63,13 +63,18 @@ def final_model(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor, dict[str, to
     return keys, view.values(keys), dense.state_dict()
 
 
-def assert_same_model(first: Path, second: Path) -> None:
+def assert_same_model(first: Path, second: Path, exact: bool = True) -> None:
+    """The two runs' models are bit-identical, or (``exact=False``) equal up to float rounding."""
     (keys, rows, dense), (other_keys, other_rows, other_dense) = final_model(first), final_model(second)
     assert torch.equal(keys, other_keys)
-    assert torch.equal(rows, other_rows), f"{int((rows != other_rows).any(1).sum())} rows differ"
     assert dense.keys() == other_dense.keys()
-    for name, value in dense.items():
-        assert torch.equal(value, other_dense[name]), name
+    pairs = [("rows", rows, other_rows), *((name, value, other_dense[name]) for name, value in dense.items())]
+    for name, value, other in pairs:
+        if exact:
+            differ = (value != other).reshape(value.shape[0], -1).any(1).sum() if value.dim() else value != other
+            assert torch.equal(value, other), f"{name}: {int(differ)} rows differ"
+        else:
+            torch.testing.assert_close(value, other, rtol=ROUNDING, atol=ROUNDING, msg=lambda m, n=name: f"{n}: {m}")
 
 
 
@@ -99,7 +104,12 @@ def test_every_task_trains_under_every_strategy(task: str, strategy: str, task_d
 # strategies whose every run takes one computation order: on the GPU they train the model the CPU
 # trains, up to float rounding (the others' order depends on thread timing, which the device changes;
 # their equality on the GPU is the degenerate-setting test's and OAC's replay test's)
-ONE_ORDER = ("sync", "bsp")
+ONE_ORDER = ("sync",)
+# On the GPU, only these apply their updates with sync's own kernels, on the device: bit-identical to
+# sync there. The others (a parameter server's host-side optimizers, pdASGD's in-place dense rule)
+# round differently on the GPU than sync's device kernels do: equal up to ROUNDING.
+SYNC_KERNELS = ("async", "oac")
+ROUNDING = 1e-4
 CPU_ONLY = ("adapm",)  # its nodes compute on the CPU: device cuda is a clear error
 
 
@@ -132,8 +142,10 @@ def test_degenerate_setting_equals_sync(task: str, strategy: str, device: str, t
     other = run(task_data, tmp_path, task, strategy, f"strategy={strategy}", *STRATEGY_SETTINGS[strategy][1],
                 f"device={device}")
     assert other.summary["strategy"] == strategy
-    assert_same_model(sync.run_dir, other.run_dir)
-    assert other.summary[sync.summary["primary_metric"]] == sync.summary[sync.summary["primary_metric"]]
+    exact = device == "cpu" or strategy in SYNC_KERNELS
+    assert_same_model(sync.run_dir, other.run_dir, exact)
+    metric = sync.summary["primary_metric"]
+    assert other.summary[metric] == (sync.summary[metric] if exact else pytest.approx(sync.summary[metric], rel=1e-3))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA_MARKS)])
