@@ -71,7 +71,7 @@ def assert_same_model(first: Path, second: Path, exact: bool = True) -> None:
     pairs = [("rows", rows, other_rows), *((name, value, other_dense[name]) for name, value in dense.items())]
     for name, value, other in pairs:
         if exact:
-            differ = (value != other).reshape(value.shape[0], -1).any(1).sum() if value.dim() else value != other
+            differ = (value != other).flatten(1).any(1).sum() if value.dim() > 1 else (value != other).sum()
             assert torch.equal(value, other), f"{name}: {int(differ)} rows differ"
         else:
             torch.testing.assert_close(value, other, rtol=ROUNDING, atol=ROUNDING, msg=lambda m, n=name: f"{n}: {m}")
