@@ -27,6 +27,14 @@ waited for and held the store's lock), and the machine's major page faults of ea
 (printed PASS/FAIL, written in the JSON): async >= 2x sync; oac >= 0.9x async; OAC's MRR within
 the repetitions' noise of sync's; OAC bit-identical to its replay.
 
+``--latency-ms 0.1,1,5`` (issue 26, part 8): the stores live on a FUSE filesystem whose reads take
+that long per request (``benchmarks/slowfs.py``: a separate process passing reads through to a
+backing directory after the latency; read-ahead off; the page cache still charged to the run's
+memory cgroup), one interleaved sweep per latency, each with OAC's replay check; what the server
+served (requests, mean service time) is recorded per latency. Bars: oac >= 0.9x async and
+bit-identical to its replay at every latency; async's lead over sync growing with the latency.
+Writes ``out_of_core_slowfs.json``.
+
 Needs root (a memory cgroup, dropping the page cache); without it the benchmark says so and exits
 0 without measuring.
 
@@ -54,6 +62,7 @@ from pathlib import Path
 from provenance import add_flag, check, stamp  # same folder: every result traces to a commit
 
 from peer_stats import mean_ci  # same folder: the shared 95% t-interval
+import slowfs  # same folder: storage whose reads take time
 
 RESULTS = Path(__file__).parent / "results"
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
@@ -178,14 +187,19 @@ def main() -> None:
     parser.add_argument("--no-replay", action="store_true", help="skip OAC's replay check")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="one more config override for every strategy (repeatable)")
+    parser.add_argument("--latency-ms", metavar="MS[,MS...]",
+                        help="serve the stores from a FUSE filesystem whose reads take MS per request "
+                             "(benchmarks/slowfs.py), one sweep per latency; needs root and /dev/fuse")
+    parser.add_argument("--mib-per-s", type=float, default=0.0,
+                        help="with --latency-ms: the slow device's shared read bandwidth (0: unlimited)")
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
                         help="a subset (diagnosis; the bars need all three)")
     add_flag(parser)
     args = parser.parse_args()
-    check(args)
-    if args.child:
+    if args.child:  # (a run of the parent's, which checked the tree)
         child(args.child[0], args.child[1:])
         return
+    check(args)
     why = usable()
     if why is not None:
         say(f"out_of_core: skipped: {why}")
@@ -215,42 +229,101 @@ def main() -> None:
     if table_mib < 2 * cap:
         say(f"warning: the table ({table_mib:.0f} MiB) is less than twice the cap ({cap} MiB)")
     subset = len(args.strategies) < len(STRATEGIES)  # a diagnosis: never over the full results
-    path = RESULTS / ("out_of_core_quick.json" if args.quick else "out_of_core_subset.json" if subset
-                      else "out_of_core.json")
+    latencies = [float(x) for x in args.latency_ms.split(",")] if args.latency_ms else []
+    if latencies and slowfs.usable() is not None:
+        say(f"out_of_core: skipped: {slowfs.usable()}")
+        return
+    stem = "out_of_core_slowfs" if latencies else "out_of_core"
+    path = RESULTS / (f"{stem}_quick.json" if args.quick else f"{stem}_subset.json" if subset else f"{stem}.json")
     RESULTS.mkdir(exist_ok=True)
     group = make_cgroup(cap)
+
+    def save() -> None:
+        path.write_text(json.dumps(stamp(results), indent=1) + "\n")
+
     try:
         with tempfile.TemporaryDirectory(prefix="cadence-ooc-", dir=os.environ.get("CADENCE_BENCH_DIR")) as scratch:
             work = Path(scratch)
-            for repeat in range(repeats):
-                for name in args.strategies:  # interleaved: machine noise hits every contender alike
-                    store = work / f"store-{name}-{repeat}"
-                    extra = [f"strategy={name}", f"seed={repeat}", f"store.path={store}"]
-                    replayed = name == "oac" and repeat == 0 and not args.no_replay
-                    if replayed:
-                        extra.append(f"record_order={work / 'oac.order.jsonl'}")
-                    summary = run(group, work / f"run-{name}-{repeat}", common + extra)
-                    results["runs"][name].append(summary)
-                    say(f"[{repeat}] {name:5}: {summary['examples_per_second']:,.0f} edges/s, train "
-                        f"{summary['train_seconds']:.1f}s, test MRR {summary['mrr']:.4f}, major faults "
-                        f"{summary['major_page_faults']:,}, peak {summary['peak_memory_mib']} MiB"
-                        + "".join(f", {k} {summary[k]}" for k in COUNTERS if k in summary))
-                    if replayed:
-                        replay_store = work / "store-replay"
-                        replay = run(group, work / "run-replay", common + [
-                            "strategy=sync", f"seed={repeat}", f"store.path={replay_store}",
-                            f"batch_order={work / 'oac.order.jsonl'}"])
-                        same = table_digest(store) == table_digest(replay_store)
-                        results["oac_replay"] = {"bit_identical": same, "replay_mrr": replay["mrr"],
-                                                 "oac_mrr": summary["mrr"]}
-                        say(f"oac vs its sync replay: {'bit-identical' if same else 'DIFFERENT'}")
-                        shutil.rmtree(replay_store, ignore_errors=True)
-                    shutil.rmtree(store, ignore_errors=True)
-                    path.write_text(json.dumps(stamp(results), indent=1) + "\n")
+            if not latencies:
+                sweep(group, work, work, work, common, args, repeats, results, save)
+            else:
+                results["slowfs"] = {"mib_per_s": args.mib_per_s, "latencies": {}}
+                del results["runs"]
+                for latency in latencies:
+                    part = results["slowfs"]["latencies"][str(latency)] = {"runs": {n: [] for n in args.strategies}}
+                    backing, mount = work / f"backing-{latency}", work / f"slow-{latency}"
+                    say(f"-- reads served {latency} ms per request (slowfs)")
+                    with slowfs.SlowMount(backing, mount, latency, args.mib_per_s) as slow:
+                        sweep(group, work, mount, backing, common, args, repeats, part, save)
+                    part["served"] = slow.stats()
+                    say(f"   served: {part['served']}")
+                    save()
     finally:
         remove_cgroup(group)
     if subset:
         return
+    if not latencies:
+        results.update(summarize(results), complete=True)
+        save()
+        report(results)
+    else:
+        for latency, part in results["slowfs"]["latencies"].items():
+            part.update(summarize(part))
+            say(f"-- {latency} ms per read request")
+            report(part)
+        speedups = [part["ratios"]["async_over_sync"] for part in results["slowfs"]["latencies"].values()]
+        results["slowfs"]["bars"] = {
+            "oac_0.9x_async_at_every_latency": {
+                "values": [part["ratios"]["oac_over_async"] for part in results["slowfs"]["latencies"].values()],
+                "passed": all(part["bars"]["oac_0.9x_async"]["passed"]
+                              for part in results["slowfs"]["latencies"].values())},
+            "oac_bit_identical_at_every_latency": {
+                "passed": all(part["bars"]["oac_bit_identical_to_replay"]["passed"]
+                              for part in results["slowfs"]["latencies"].values())},
+            "async_lead_grows_with_latency": {"values": speedups,
+                                              "passed": all(b > a for a, b in zip(speedups, speedups[1:]))},
+        }
+        results["complete"] = True
+        save()
+        for name, bar in results["slowfs"]["bars"].items():
+            print(f"{'PASS' if bar['passed'] else 'FAIL'} {name}: {bar.get('values', '')}")
+    print(f"wrote {path.relative_to(Path(__file__).parents[1])}")
+
+
+def sweep(group: Path, work: Path, stores: Path, backing: Path, common: list[str], args, repeats: int,
+          into: dict, save) -> None:
+    """``repeats`` rounds of the strategies, interleaved (machine noise hits every contender alike);
+    the stores in ``stores`` (whose files are ``backing``'s: the same directory, or the slow mount's);
+    OAC's first run replayed by sync unless ``--no-replay``. Runs go into ``into["runs"]``."""
+    for repeat in range(repeats):
+        for name in args.strategies:
+            store = stores / f"store-{name}-{repeat}"
+            extra = [f"strategy={name}", f"seed={repeat}", f"store.path={store}"]
+            replayed = name == "oac" and repeat == 0 and not args.no_replay
+            if replayed:
+                extra.append(f"record_order={work / 'oac.order.jsonl'}")
+            summary = run(group, work / f"run-{name}-{repeat}", common + extra)
+            into["runs"][name].append(summary)
+            say(f"[{repeat}] {name:5}: {summary['examples_per_second']:,.0f} edges/s, train "
+                f"{summary['train_seconds']:.1f}s, test MRR {summary['mrr']:.4f}, major faults "
+                f"{summary['major_page_faults']:,}, peak {summary['peak_memory_mib']} MiB"
+                + "".join(f", {k} {summary[k]}" for k in COUNTERS if k in summary))
+            if replayed:
+                replay_store = stores / "store-replay"
+                replay = run(group, work / "run-replay", common + [
+                    "strategy=sync", f"seed={repeat}", f"store.path={replay_store}",
+                    f"batch_order={work / 'oac.order.jsonl'}"])
+                same = table_digest(backing / store.name) == table_digest(backing / replay_store.name)
+                into["oac_replay"] = {"bit_identical": same, "replay_mrr": replay["mrr"], "oac_mrr": summary["mrr"],
+                                      "replay_edges_per_second": replay["examples_per_second"]}
+                say(f"oac vs its sync replay: {'bit-identical' if same else 'DIFFERENT'}")
+                shutil.rmtree(replay_store, ignore_errors=True)
+            shutil.rmtree(store, ignore_errors=True)
+            save()
+
+
+def summarize(results: dict) -> dict:
+    """Per strategy: edges/s and test MRR over the repetitions; the ratios; the bars."""
     table = {}
     for name, runs in results["runs"].items():
         speeds = [r["examples_per_second"] for r in runs]
@@ -271,14 +344,15 @@ def main() -> None:
             "oac_minus_sync": gap, "passed": noise is not None and abs(gap["mean"]) <= noise},
         "oac_bit_identical_to_replay": {"passed": bool(results.get("oac_replay", {}).get("bit_identical"))},
     }
-    results.update(strategies=table, ratios=ratios, bars=bars, complete=True)
-    path.write_text(json.dumps(stamp(results), indent=1) + "\n")
-    for name, row in table.items():
+    return {"strategies": table, "ratios": ratios, "bars": bars}
+
+
+def report(results: dict) -> None:
+    for name, row in results["strategies"].items():
         print(f"{name:5} {row['edges_per_second_median']:>9,.0f} edges/s  test MRR {row['test_mrr']['mean']:.4f}"
               + (f" ± {row['test_mrr']['half_width']:.4f}" if row["test_mrr"]["half_width"] else ""))
-    for name, bar in bars.items():
+    for name, bar in results["bars"].items():
         print(f"{'PASS' if bar['passed'] else 'FAIL'} {name}: {bar.get('value', bar.get('oac_minus_sync', ''))}")
-    print(f"wrote {path.relative_to(Path(__file__).parents[1])}")
 
 
 if __name__ == "__main__":

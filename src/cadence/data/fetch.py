@@ -153,10 +153,11 @@ class DebianPackage:
     version: str
     sha256: str
     member: str = ""  # the one file wanted from data.tar.* (``debian_member``), if any
+    arch: str = "all"  # a package of compiled code is per architecture (``amd64``)
 
     @property
     def filename(self) -> str:
-        return f"{self.name}_{self.version}_all.deb"
+        return f"{self.name}_{self.version}_{self.arch}.deb"
 
 
 def debian_member(package: DebianPackage) -> bytes:
