@@ -126,6 +126,10 @@ class ParameterServerConfig:
     # worker loop, for tests and any engine) or cpu_quota (its Ray worker process runs in a cgroup-v1
     # CPU quota of threads / SLOWDOWN cores for its slowed epochs: a really slow process; root, ps.engine: ray)
     straggler_cause: Literal["sleep", "cpu_quota"] = "sleep"
+    # cpu_quota: relative (default: the process's own CPU rate, measured unthrottled in its first
+    # second, over SLOWDOWN: slow by that factor against the load it meets) or absolute (threads /
+    # SLOWDOWN cores: on a machine with more busy processes than cores, about its fair share anyway)
+    straggler_quota: Literal["relative", "absolute"] = "relative"
     kill_workers: list[str] = field(default_factory=list)  # "WORKER:AFTER_STEPS": fault injection
     emulated_latency: float = 0.0  # seconds each batch spends off this machine (emulates one machine per worker)
     ray_address: str | None = None  # engine ray: the cluster to join ("HOST:PORT"); None = ray.init()'s default

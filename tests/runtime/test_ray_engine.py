@@ -448,7 +448,8 @@ def test_a_straggler_is_a_worker_process_under_a_cpu_quota(tmp_path: Path, local
     if cgroups.unavailable() is not None:
         pytest.skip(cgroups.unavailable())
     trainer = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=2", 'ps.stragglers=["1:8"]',
-                          "ps.straggler_cause=cpu_quota", "ps.engine=ray", "train.epochs=3")
+                          "ps.straggler_cause=cpu_quota", "ps.straggler_quota=absolute", "ps.engine=ray",
+                          "train.epochs=3")
     summary, _ = fit(trainer)
     fast, slow = summary["worker_throttled_seconds"]
     assert fast == 0.0 and slow > 0.0

@@ -8,15 +8,29 @@ cgroup it came from and removes its own; what the kernel throttled meanwhile is 
 (``throttled``: periods and seconds, from ``cpu.stat``). Needs root and the v1 controller
 (``unavailable()`` says why not, or None). Every thread of the process is throttled together: a
 process is the unit a quota slows, as a slow machine would.
+
+``RelativeCpuQuota(name, slowdown)`` sets the quota from what the process was getting: it runs
+unthrottled (in its cgroup) for ``probe_s`` seconds, measures its CPU time over that wall time (a
+rate in cores), then holds it to that rate over ``slowdown``; given the rate measured before
+(``known_cores``: a worker slowed again in a later epoch), it holds it from the start. On a machine whose cores are shared
+by more processes than it has, a quota of "threads over slowdown" cores can be about what a
+process gets anyway (a quarter core against a fair share of 0.4 slows it 1.3x, not 4x); a rate
+measured in place slows it by the factor asked for, against the load it meets.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
+from typing import Callable
+
+from cadence.registry import Registry
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 10_000  # 10 ms: a slowed process runs in short slices, not 25 ms bursts then a 75 ms stall
+PROBE_S = 0.5  # RelativeCpuQuota: unthrottled seconds in which the process's own CPU rate is measured
 
 
 def unavailable() -> str | None:
@@ -51,12 +65,18 @@ class CpuQuota:
     def __enter__(self) -> "CpuQuota":
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "cpu.cfs_period_us").write_text(str(self.period_us))
-        (self.path / "cpu.cfs_quota_us").write_text(str(max(1000, int(self.cores * self.period_us))))
+        self.limit(self.cores)
         self.home = own_cgroup()
         (self.path / "cgroup.procs").write_text(str(os.getpid()))
         return self
 
+    def limit(self, cores: float | None) -> None:
+        """Hold the cgroup to ``cores`` cores' worth of time per period (None: no limit)."""
+        quota = -1 if cores is None else max(1000, int(cores * self.period_us))
+        (self.path / "cpu.cfs_quota_us").write_text(str(quota))
+
     def __exit__(self, *exc) -> None:
+        self._leaving()
         stat = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines())
         self.throttled = {"periods": int(stat.get("nr_periods", 0)),
                           "throttled_periods": int(stat.get("nr_throttled", 0)),
@@ -66,3 +86,54 @@ class CpuQuota:
             self.path.rmdir()
         except OSError:  # another process joined it meanwhile (never ours): leave it
             pass
+
+    def _leaving(self) -> None:
+        """Before the process leaves the cgroup (a subclass stops what it started)."""
+
+
+class RelativeCpuQuota(CpuQuota):
+    """``with RelativeCpuQuota(name, slowdown):`` after ``probe_s`` unthrottled seconds, this process
+    runs at most its measured CPU rate over ``slowdown`` (``cores``: the quota set, None before)."""
+
+    def __init__(self, name: str, slowdown: float, probe_s: float = PROBE_S, period_us: int = PERIOD_US,
+                 known_cores: float | None = None):
+        if slowdown <= 1.0:
+            raise ValueError(f"a slowdown must exceed 1; got {slowdown}")
+        super().__init__(name, 1.0, period_us)
+        self.slowdown, self.probe_s = slowdown, probe_s
+        self.measured_cores = known_cores  # the process's CPU rate unthrottled (the probe's, or given)
+        self.cores = None if known_cores is None else max(known_cores / slowdown, 0.01)
+        self.stop = threading.Event()
+        self.timer: threading.Thread | None = None
+
+    def __enter__(self) -> "RelativeCpuQuota":
+        super().__enter__()
+        if self.measured_cores is not None:
+            return self
+        began_cpu, began = time.process_time(), time.perf_counter()
+
+        def probe() -> None:
+            if self.stop.wait(self.probe_s):
+                return
+            self.measured_cores = (time.process_time() - began_cpu) / max(1e-9, time.perf_counter() - began)
+            self.cores = max(self.measured_cores / self.slowdown, 0.01)
+            self.limit(self.cores)
+
+        self.timer = threading.Thread(target=probe, name="cadence-quota-probe", daemon=True)
+        self.timer.start()
+        return self
+
+    def _leaving(self) -> None:
+        self.stop.set()
+        if self.timer is not None:
+            self.timer.join()
+
+
+# ps.straggler_quota -> (name, the process's torch threads, slowdown, its CPU rate measured before or
+# None) -> the quota of a straggler
+STRAGGLER_QUOTAS: Registry[Callable[[str, int, float, float | None], CpuQuota]] = Registry(
+    "straggler quota", "ps.straggler_quota")
+STRAGGLER_QUOTAS.register("relative")(
+    lambda name, threads, slowdown, known: RelativeCpuQuota(name, slowdown, known_cores=known))
+STRAGGLER_QUOTAS.register("absolute")(
+    lambda name, threads, slowdown, known: CpuQuota(name, max(1, threads) / slowdown))

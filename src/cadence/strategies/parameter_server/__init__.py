@@ -22,8 +22,8 @@ from cadence.strategies.parameter_server.worker import Faults
 
 PARAMETER_SERVER = RuntimeKind(
     "parameter_server",
-    keys=("ps.shards", "ps.stragglers", "ps.straggler_cause", "ps.kill_workers", "ps.emulated_latency",
-          "ps.ray_address", "ps.dense"),
+    keys=("ps.shards", "ps.stragglers", "ps.straggler_cause", "ps.straggler_quota", "ps.kill_workers",
+          "ps.emulated_latency", "ps.ray_address", "ps.dense"),
     owns_message="the parameter-server runtime", runs_on="the parameter server", engine=True)
 
 

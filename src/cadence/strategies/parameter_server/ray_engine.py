@@ -47,7 +47,7 @@ from cadence.core.runtime import OnBatch, ShardLost
 from cadence.engines import ray as ray_support
 from cadence.engines.ray import (RayPending, RayPlacement, completed, Actor, cluster_nodes, connect, node_host, on_node,
                                 pack, ray, ray_get, unpack)
-from cadence.engines.cgroups import CpuQuota
+from cadence.engines.cgroups import STRAGGLER_QUOTAS, CpuQuota
 from cadence.engines.placement import verb_of
 from cadence.engines.channel import Channel, ChannelClosed, ChannelServer, Reply
 from cadence.optim import module_optimizer
@@ -296,6 +296,7 @@ class TaskWorker(Actor):
 
         torch.set_num_threads(threads)
         self.index, self.settings, self.coordinator, self.threads = index, settings, coordinator, threads
+        self.last_quota: CpuQuota | None = None  # a straggler's last quota (its measured CPU rate is reused)
         self.mode = PS_MODES.get(mode_name)
         self.task = ray.get(recipe_box[0])()
         for shard in shards:  # this worker's per-batch calls take the channels
@@ -346,11 +347,14 @@ class TaskWorker(Actor):
 
     def _straggling(self, slowdown: float) -> CpuQuota | None:
         """``ps.straggler_cause: cpu_quota``: the quota that makes this process ``slowdown`` times
-        slower for the epoch (its torch threads' cores over the slowdown), or None (no straggler, or
-        one that sleeps)."""
+        slower for the epoch (``ps.straggler_quota``: its own measured CPU rate, or its torch threads'
+        cores, over the slowdown), or None (no straggler, or one that sleeps)."""
         if self.settings.ps.straggler_cause != "cpu_quota" or slowdown <= 1.0:
             return None
-        return CpuQuota(f"{os.getpid()}-worker-{self.index}", max(1, self.threads) / slowdown)
+        known = getattr(self.last_quota, "measured_cores", None)  # measured in an earlier slowed epoch
+        quota = STRAGGLER_QUOTAS.get(self.settings.ps.straggler_quota)
+        self.last_quota = quota(f"{os.getpid()}-worker-{self.index}", self.threads, slowdown, known)
+        return self.last_quota
 
     # ---- ShadowSync: this actor is a trainer ---------------------------------------------------
     def free_port(self) -> tuple[str, int]:

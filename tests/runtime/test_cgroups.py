@@ -1,0 +1,57 @@
+"""A relative CPU quota (``engines.cgroups.RelativeCpuQuota``): the process runs unthrottled for
+the probe, then at its measured CPU rate over the slowdown; slowed again with that rate, from the
+start. Measured in time by a spinning child."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cadence.engines import cgroups
+
+pytestmark = pytest.mark.skipif(cgroups.unavailable() is not None, reason=str(cgroups.unavailable()))
+
+CHILD = """
+import json, os, sys, time
+from cadence.engines.cgroups import RelativeCpuQuota, own_cgroup
+slowdown, probe = float(sys.argv[1]), float(sys.argv[2])
+windows = []
+with RelativeCpuQuota(f"test-{os.getpid()}", slowdown, probe_s=probe) as quota:
+    inside = str(own_cgroup())
+    began = time.perf_counter()
+    while time.perf_counter() - began < probe + 2.0:  # spin: CPU time per 0.25 s of wall time
+        start_cpu, start = time.process_time(), time.perf_counter()
+        while time.perf_counter() - start < 0.25:
+            pass
+        windows.append((start - began, (time.process_time() - start_cpu) / (time.perf_counter() - start)))
+again = []  # slowed again, with the rate measured above: held from its start
+with RelativeCpuQuota(f"test-{os.getpid()}", slowdown, probe_s=probe, known_cores=quota.measured_cores):
+    for _ in range(3):
+        start_cpu, start = time.process_time(), time.perf_counter()
+        while time.perf_counter() - start < 0.25:
+            pass
+        again.append((time.process_time() - start_cpu) / (time.perf_counter() - start))
+print(json.dumps({"windows": windows, "cores": quota.cores, "measured": quota.measured_cores, "inside": inside,
+                  "after": str(own_cgroup()), "throttled": quota.throttled, "again": again}))
+"""
+
+
+def test_a_relative_quota_slows_the_process_by_the_factor_of_its_own_rate(tmp_path) -> None:
+    slowdown, probe = 4.0, 0.75
+    done = subprocess.run([sys.executable, "-c", CHILD, str(slowdown), str(probe)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    before = [rate for at, rate in found["windows"] if at + 0.25 <= probe]
+    after = [rate for at, rate in found["windows"] if at >= probe + 0.5]  # (the quota's first periods aside)
+    assert before and after
+    assert found["cores"] == pytest.approx(found["measured"] / slowdown)
+    unthrottled, throttled = sum(before) / len(before), sum(after) / len(after)
+    assert throttled < unthrottled / 2.5, (unthrottled, throttled)  # 4x asked: well under half
+    assert throttled > unthrottled / 8, (unthrottled, throttled)
+    assert found["throttled"]["throttled_seconds"] > 0
+    assert "cadence/test-" in found["inside"] and "cadence/test-" not in found["after"]
+    assert max(found["again"]) < unthrottled / 2.5, found["again"]
