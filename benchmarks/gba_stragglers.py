@@ -10,9 +10,11 @@ straggler in epochs 2-3 (``0:8@2-3``). Nothing is tuned per mode.
 
 How a straggler is made, ``--cause cpu_quota`` (the real cause): the workers are Ray actors
 (``ps.engine=ray``, a local cluster), and the straggler's process runs its slowed epochs in a
-cgroup-v1 CPU quota of 1 / s cores (``ps.straggler_cause=cpu_quota``): the kernel throttles
-everything it does, nothing sleeps, no latency is emulated (``--latency`` defaults to 0). The
-results go to gba_stragglers_quota.json. Needs root (otherwise it says so and exits 0).
+cgroup-v1 CPU quota (``ps.straggler_cause=cpu_quota``): ``--quota relative`` (the default) its own
+CPU rate, measured unthrottled in its first half second, over s; ``--quota absolute`` 1 / s
+cores. The kernel throttles everything it does, nothing sleeps, no latency is emulated
+(``--latency`` defaults to 0). The results go to gba_stragglers_quota.json
+(gba_stragglers_quota_absolute.json with ``--quota absolute``). Needs root (otherwise it says so and exits 0).
 
 ``--cause sleep`` (the fast emulation, the default for the file of record
 gba_stragglers.json): the workers are threads of one process on a 2-core machine. Every batch
@@ -298,6 +300,8 @@ def main() -> None:
     parser.add_argument("--cause", choices=("sleep", "cpu_quota"), default="sleep",
                         help="how a straggler is slowed: sleep (threads, emulated latency) or cpu_quota (a Ray "
                              "worker process under a cgroup CPU quota)")
+    parser.add_argument("--quota", choices=("relative", "absolute"), default="relative",
+                        help="with --cause cpu_quota: ps.straggler_quota (default relative)")
     parser.add_argument("--latency", type=float, default=None,
                         help="ps.emulated_latency, seconds per batch (default 0.02 with --cause sleep, 0 with "
                              "cpu_quota)")
@@ -321,7 +325,7 @@ def main() -> None:
         if cgroups.unavailable() is not None:
             print(f"gba_stragglers --cause cpu_quota: skipped: {cgroups.unavailable()}")
             return
-    name = "gba_stragglers" + ("_quota" if quota else "")
+    name = "gba_stragglers" + (f"_quota{'_absolute' if args.quota == 'absolute' else ''}" if quota else "")
     path = RESULTS / (f"{name}_quick.json" if args.quick else f"{name}.json")
     command = " ".join([".venv/bin/python", "benchmarks/gba_stragglers.py", *sys.argv[1:]])
     if args.reaggregate:
@@ -335,7 +339,7 @@ def main() -> None:
     epochs = args.epochs or (3 if args.quick else 6)
     severities = args.severities or (QUICK_SEVERITIES if args.quick else tuple(SEVERITIES))
     common = [f"train.epochs={epochs}", "eval.every=1", f"ps.emulated_latency={args.latency}", "ps.workers=4",
-              *(["ps.engine=ray", "ps.straggler_cause=cpu_quota"] if quota else [])]
+              *(["ps.engine=ray", "ps.straggler_cause=cpu_quota", f"ps.straggler_quota={args.quota}"] if quota else [])]
     plan = [(seed, severity, mode) for seed in seeds for severity in severities
             for mode in (*MODES, *((REFERENCE[0],) if severity == REFERENCE[1] else ()))
             if args.modes is None or mode in args.modes]
