@@ -383,7 +383,8 @@ def test_a_trainer_process_that_dies_does_not_hang_the_others(tmp_path: Path, lo
         trainer.runtime.close()
     assert time.perf_counter() - started < 120
     assert summary["epochs"] == 2 and summary["workers_replaced"] == 1
-    assert 768 < summary["examples_seen"] < 2 * 768
+    # the victim loses the batch in hand, or none when the kill lands between its batches (CI saw both)
+    assert 768 < summary["examples_seen"] <= 2 * 768
 
 
 # ---- AdaPM's nodes as actors (--strategy adapm --engine ray) -----------------------------------------------
