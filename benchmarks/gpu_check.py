@@ -9,6 +9,9 @@ Parts (``--parts``, default all):
   threads, each on its own CUDA stream) on the GPU: pdASGD's own setting (seed 003 trains on a GPU);
 - ``kge``: ``configs/umls-complex.yaml`` (1-vs-all ComplEx, 10 epochs): ``sync`` on the CPU, ``sync``,
   ``async`` and ``oac`` on the GPU (the pipeline's upload/compute/download streams);
+- ``kge-large``: issue 9's setting: a synthetic power-law graph of 10M entities and 4M edges, DistMult
+  d=100, 100 shared negatives, batch 1000, one epoch; ``sync``, ``async`` and ``oac`` on the GPU (rows in
+  host memory, batches through the pipeline's streams); filtered test MRR on 500 held-out edges;
 - ``ctr``: ``configs/ml100k-deepfm.yaml`` (2 epochs): ``sync`` on the CPU, ``sync`` and ``gba`` on the GPU
   (the parameter-server workers compute on the GPU).
 
@@ -78,6 +81,17 @@ PARTS = {
         Contender("async", "cuda", ("strategy=async",)),
         Contender("oac", "cuda", ("strategy=oac",)),
     ), ("eval.every=10", "eval.patience=0")),),
+    # issue 9's setting on the GPU: a 10M-entity table (4 GB of rows in host memory), batches gathered,
+    # uploaded, computed and scattered back by the pipeline's streams; one epoch, sampled filtered MRR
+    "kge-large": (Part("kge-10m", "umls-complex.yaml", 1, (
+        Contender("sync", "cuda", ("strategy=sync",)),
+        Contender("async", "cuda", ("strategy=async",)),
+        Contender("oac", "cuda", ("strategy=oac",)),
+    ), ("data.dataset=synthetic", "data.synthetic.num_entities=10000000", "data.synthetic.num_edges=4000000",
+        "data.synthetic.holdout=500", "model.name=distmult", "model.dim=100", "train.scoring=sampled",
+        "train.negatives=100", "train.loss=logistic", "train.batch_size=1000", "train.reciprocal=false",
+        "train.regularizer=none", "train.reg_weight=0", "optimizer.entity=rowwise_adagrad", "eval.every=0",
+        "eval.test=true")),),
     "ctr": (Part("ctr-deepfm", "ml100k-deepfm.yaml", 2, (
         Contender("sync", "cpu", ("strategy=sync", CPU_THREADS)),
         Contender("sync", "cuda", ("strategy=sync",)),
@@ -153,7 +167,7 @@ def main() -> int:
     parser = peer_parser(__doc__, "1 rep, 1 epoch per part: a smoke test of the harness", 2,
                          "unused (a GPU machine is not shared)")
     parser.add_argument("--reps", type=int, default=2, help="interleaved repetitions (seeds 0..N-1; default 2)")
-    parser.add_argument("--parts", default="image,kge,ctr", help="comma-separated: image, kge, ctr")
+    parser.add_argument("--parts", default="image,kge,kge-large,ctr", help="comma-separated: image, kge, ctr, kge-large")
     args = parser.parse_args()
     provenance = check(args)
     if not torch.cuda.is_available():
