@@ -6,6 +6,7 @@ from cadence.config import load_config
 from cadence.data.triples import KnowledgeGraph
 from cadence.evaluation.ranking import FilteredRankingMetric, FilterIndex, filtered_ranks
 from cadence.models.kge import KgeModel
+from tests.conftest import needs_cuda
 
 
 def brute_force_rank(scores: list[float], target: int, known: set[int]) -> float:
@@ -102,3 +103,21 @@ def test_ranks_read_block_by_block_equal_the_whole_tables_ranks() -> None:
                         assert torch.equal(got, whole), (name, reciprocal, block)
                     queries = graph.test.shape[0]
                     assert max(reads) <= max(block, queries) and sum(reads) == 2 * queries + 12
+
+
+@needs_cuda
+def test_ranks_read_block_by_block_on_a_gpu_equal_the_cpus() -> None:
+    """A table too large to hold whole on an accelerator: rows read by host ids from the host table,
+    scored on the GPU; the queries may arrive on either device. Ranks equal the CPU's whole-table ranks."""
+    graph = random_graph(3)
+    config = load_config(None, ["model.name=distmult", "model.dim=4", "model.init_std=1.0"])
+    model = KgeModel(config, graph.num_relations)
+    metric = FilteredRankingMetric(graph, False)
+    entities = torch.randn(12, 4, generator=torch.Generator().manual_seed(4))
+    whole = metric.ranks(model, entities, graph.test)
+    on_gpu = KgeModel(config, graph.num_relations)
+    on_gpu.load_state_dict(model.state_dict())
+    on_gpu.to("cuda")
+    for triples in (graph.test, graph.test.to("cuda")):
+        got = metric.ranks_in_blocks(on_gpu, lambda ids: entities[ids].to("cuda"), 12, triples, 5)
+        assert torch.equal(got.cpu(), whole)

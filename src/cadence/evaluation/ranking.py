@@ -100,8 +100,11 @@ class FilteredRankingMetric:
         step = max(1, min(1024, SCORE_BUDGET // max(1, block)))
         tail_ranks, head_ranks = [], []
         for start in progress(range(0, triples.shape[0], step)):
-            h, r, t = triples[start:start + step].unbind(1)
+            # rows are read by host ids from wherever they live; the scores are computed where ``rows``
+            # puts them (an accelerator), and the queries go there
+            h, r, t = triples[start:start + step].cpu().unbind(1)
             head_rows, tail_rows = rows(h), rows(t)
+            h, r, t = (column.to(head_rows.device) for column in (h, r, t))
             if self.reciprocal:
                 r_inverse = r + self.num_relations
                 head_side = lambda candidates: model.score_tails_against(tail_rows, r_inverse, candidates)  # noqa: E731
@@ -112,7 +115,7 @@ class FilteredRankingMetric:
             counts = []
             for score, targets, target_rows, known in sides:
                 true = score(target_rows).diagonal().unsqueeze(1)  # [B, 1]: each query against its own target
-                better = torch.zeros(targets.shape[0], dtype=torch.float64)
+                better = torch.zeros(targets.shape[0], dtype=torch.float64, device=true.device)
                 equal = torch.zeros_like(better)
                 counts.append((score, true, better, equal, known))
             for first in range(0, num_entities, block):
