@@ -25,6 +25,7 @@ import torch
 from cadence.config import Config, flatten, load_config, user_terms
 from cadence.data import fingerprint
 from cadence.device import resolve_device, use_deterministic_kernels
+from cadence.engines.threads import usable_cores
 from cadence.errors import CadenceError, CheckpointError, ConfigError, os_errors
 from cadence.optim import ENTITY_OPTIMIZERS
 from cadence.core.strategy import BuildContext, RuntimeKind
@@ -39,7 +40,7 @@ from cadence.training.trainer import Trainer, TrainerHook
 
 log = logging.getLogger("cadence")
 
-RESUMABLE_KEYS = {"train.epochs", "progress", "threads", "device"}
+RESUMABLE_KEYS = {"train.epochs", "progress", "threads", "adapt_threads", "device"}
 DEFAULT_MODELS = {"kge": "complex", "ctr": "deepfm", "mf": "biased", "w2v": "skipgram", "image": "mlp"}
 DEFAULT_ENTITY_OPTIMIZERS = {"kge": "rowwise_adagrad", "ctr": "rowwise_adagrad", "mf": "adagrad", "w2v": "sgd",
                              "image": "sgd"}  # (image: no rows; sgd keeps no per-row state)
@@ -218,8 +219,7 @@ def _init_checkpoint(config: Config) -> tuple[dict[str, torch.Tensor], dict[str,
 
 # ---- composition -------------------------------------------------------------------------------------------
 def build_runtime(config: Config, task: Task, run: RunDirectory) -> tuple[Runtime, torch.device]:
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    torch.set_num_threads(config.threads or usable_cores())  # explicitly: never more than the process may use
     device = resolve_device(config.device)
     use_deterministic_kernels(device, config.deterministic)
     context = BuildContext(device, config.store.path or str(run.path / "store"))

@@ -312,7 +312,11 @@ class Config:
     task: Literal["kge", "ctr", "mf", "w2v", "image"] = "kge"
     strategy: str = "sync"
     out: str | None = None  # run directory
-    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    threads: int = 0  # torch intra-op threads; 0 = the cores this process may use (affinity, cgroup quota)
+    # re-choose the compute thread's intra-op count while training, from the throughput measured at
+    # its neighbours (engines.threads.ThreadGovernor): a team of threads that waits at every op for a
+    # member another process has descheduled runs at a tenth of one thread's speed; false: fixed
+    adapt_threads: bool = True
     device: str = "auto"  # compute device for dense parameters and batches: auto | cpu | cuda[:N]
     deterministic: bool = True  # deterministic kernels on an accelerator (bit-identical replays); false: faster
     record_order: str | None = None  # write the computation order of the batches to this file

@@ -172,6 +172,7 @@ class PipelineRunner:
             self._finished.set()
 
     def _load(self, state: _Stage) -> None:
+        torch.set_num_threads(1)  # row copies: a team per loader beside the compute thread's is more threads than cores
         while not self._stop.is_set():
             if not self._acquire_slot():
                 return
@@ -213,6 +214,7 @@ class PipelineRunner:
                 return
 
     def _write(self, state: _Stage) -> None:
+        torch.set_num_threads(1)  # (as the loaders)
         while True:
             batch = self._get(self._write_queue)
             if batch is None or batch is _DONE:

@@ -20,6 +20,7 @@ from torch import nn
 from cadence.optim import EntityOptimizer, row_gradient
 from cadence.core.batch import Batch, BatchPlan
 from cadence.core.keys import KeyIndex
+from cadence.engines.threads import ThreadGovernor
 from cadence.pipeline.transfer import DeviceLink
 from cadence.store.embedding_store import EmbeddingStore
 
@@ -54,14 +55,24 @@ class ComputeStage:
     """Forward, backward, and the update of the batch's rows and of the dense parameters."""
 
     def __init__(self, task, dense: nn.Module, entity_optimizer: EntityOptimizer,
-                 dense_optimizer: torch.optim.Optimizer | None):
+                 dense_optimizer: torch.optim.Optimizer | None, governor: ThreadGovernor | None = None):
         self.task = task
         self.dense = dense
         self.entity_optimizer = entity_optimizer
         self.dense_optimizer = dense_optimizer  # None: the dense module has no parameters
+        self.governor = governor  # chooses the computing thread's intra-op threads; None: left as they are
 
     def __call__(self, batch: Batch) -> Batch:
         assert batch.rows is not None, "the load stage fills rows before compute"
+        if self.governor is not None:
+            self.governor.apply()
+            try:
+                return self._compute(batch)
+            finally:
+                self.governor.step(batch.size)
+        return self._compute(batch)
+
+    def _compute(self, batch: Batch) -> Batch:
         rows = batch.rows.values.requires_grad_(True)
         loss = self.task.loss(batch, rows, self.dense)
         if self.dense_optimizer is not None:

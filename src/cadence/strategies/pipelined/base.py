@@ -24,6 +24,9 @@ class Schedule(ABC):
     with that section alone (``settings``), never the root config."""
 
     section: ClassVar[str | None] = None
+    # whether the pipeline's compute stage may re-choose its intra-op threads (``adapt_threads``);
+    # false where the schedule pins its threads' counts itself (pdASGD)
+    governed: ClassVar[bool] = True
 
     def __init__(self, settings: Any = None):
         self.settings = settings

@@ -14,6 +14,7 @@ from cadence.core import checkpoint as ckpt
 from cadence.core.batch import Batch, BatchPlan
 from cadence.core.keys import KeyIndex
 from cadence.core.runtime import OnBatch, RowsView, Runtime
+from cadence.engines.threads import ThreadGovernor
 from cadence.optim import module_optimizer, set_lr
 from cadence.pipeline.stages import ComputeStage, LoadStage, Stages, WriteStage
 from cadence.pipeline.transfer import DeviceLink
@@ -37,10 +38,15 @@ class PipelineRuntime(Runtime):
         self.dense_optimizer = module_optimizer(config.optimizer, self.module)
         self.device = device
         link = DeviceLink(device)
+        # the compute thread's intra-op threads, re-chosen by measurement (on the CPU: an accelerator's
+        # kernels do not run in OpenMP teams)
+        self.governor = (ThreadGovernor(torch.get_num_threads())
+                         if config.adapt_threads and device.type == "cpu" and schedule.governed else None)
         self.stages = Stages(
             load=LoadStage(self.store, task, self.index, pin=link.accelerated),
             link=link,
-            compute=ComputeStage(task, self.module, self.entity_optimizer_class(config.optimizer), self.dense_optimizer),
+            compute=ComputeStage(task, self.module, self.entity_optimizer_class(config.optimizer), self.dense_optimizer,
+                                 self.governor),
             write=WriteStage(self.store),
         )
         self.schedule = schedule
@@ -56,6 +62,8 @@ class PipelineRuntime(Runtime):
             on_batch(batch)
 
         set_lr(self.dense_optimizer, self.epoch_lr(plans))
+        if self.governor is not None:
+            self.governor.restart()  # (the pause between epochs is no step's time)
         self.schedule.run_epoch(plans, self.stages, finished)
         return float(total), examples
 
@@ -66,7 +74,8 @@ class PipelineRuntime(Runtime):
         return self.module
 
     def stats(self) -> dict[str, Any]:
-        return self.schedule.stats()
+        governed = {} if self.governor is None else self.governor.stats()
+        return {**self.schedule.stats(), **governed}
 
     def keys(self) -> Tensor:
         return torch.arange(self.store.num_rows) if self.index is None else self.index.keys
