@@ -46,7 +46,7 @@ bench: install
 	$(PY) benchmarks/pipeline_throughput.py
 
 # Each task against the library its users use today; the peers live in their own virtualenvs.
-PEERS := surprise gensim deepctr
+PEERS := surprise gensim deepctr pbg
 .venv-bench-%/bin/python: benchmarks/requirements-%.txt
 	$(PYTHON) -m venv .venv-bench-$*
 	.venv-bench-$*/bin/pip install -q --no-deps -r benchmarks/requirements-$*.txt
@@ -55,6 +55,7 @@ bench-peers: install $(PEERS:%=.venv-bench-%/bin/python)
 	$(PY) benchmarks/mf_vs_surprise.py
 	$(PY) benchmarks/w2v_vs_gensim.py
 	$(PY) benchmarks/ctr_vs_deepctr.py
+	$(PY) benchmarks/kge_vs_pbg.py
 
 clean:
 	rm -rf $(VENV) runs build dist src/*.egg-info

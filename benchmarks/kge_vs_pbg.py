@@ -1,0 +1,333 @@
+#!/usr/bin/env python
+"""cadence vs PyTorch-BigGraph 1.0.0 on one machine, quiet and with a core taken, side by side.
+
+    .venv/bin/python benchmarks/kge_vs_pbg.py [--quick] [--reps N] [--entities N] [--edges N]
+        [--conditions quiet,busy] [--contenders cadence,pbg[,cadence-fixed]] [--out FILE] [--dirty]
+
+One synthetic graph (``cadence.data.synthetic.power_law_graph``: Zipf-distributed endpoints, seed 0;
+default 1M entities, 2M edges, 16 relations, the last 2 x 2,000 edges held out), written as TSV for
+PBG (imported once with PBG's own importer, not timed) and generated in memory by cadence from the
+same config and seed (``data.dataset=synthetic``): the same edges. One model: DistMult, d=100,
+100 negatives, batch 1000, logistic loss, row-wise Adagrad at lr 0.1, one epoch, both cores:
+
+- ``cadence``: ``cadence train`` (``.venv``), ``threads=2`` and the default ``adapt_threads`` (the
+  compute thread's intra-op count chosen by measurement), 100 negatives shared by the batch;
+- ``cadence-fixed``: the same at a fixed count of 2 (``adapt_threads=false``): the behaviour before
+  the thread governor;
+- ``pbg``: ``benchmarks/pbg_contender.py`` in ``.venv-bench-pbg``: 2 Hogwild worker processes of
+  one torch thread each, PBG's chunked negatives (100 uniform entities per chunk of 100 edges).
+
+Conditions: ``quiet``, and ``busy``: a busy loop (another process spinning on one core) started
+before the contender and killed after it, as when a user shares the machine.
+
+Per run: edges/s (cadence: its ``examples_per_second``, the epoch's edges over the seconds inside
+the epoch; PBG: its own "Processed N edges in S s" over its buckets), the **peak PSS of the whole
+process tree** (sampled every 50 ms from ``/proc/<pid>/smaps_rollup`` of the contender and every
+descendant: PBG's worker processes count), and the quality of both by **one evaluator** here: each
+run's entity rows and relation vectors are loaded, and 2,000 held-out edges are ranked (both sides,
+unfiltered) against the same 1,000 uniformly drawn candidate entities (entities both sides know),
+as PBG's own sampled evaluation does: sampled MRR and Hits@10.
+
+Reps run interleaved (rep 1: every condition x contender, then rep 2, ...); ratios cadence/pbg
+are taken within a rep and condition, and summarised by their median and range.
+Writes ``benchmarks/results/kge_vs_pbg.json`` (``kge_vs_pbg_quick.json`` with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from provenance import check  # same folder: every result traces to a commit
+
+import numpy as np
+import torch
+
+from kge_throughput import loadavg, machine_info
+from peer_stats import OthersMeter, mean_ci, peer_parser, peer_run, write_report
+
+from cadence import api
+from cadence.config import SyntheticGraphConfig
+from cadence.data.synthetic import power_law_graph
+
+REPO = Path(__file__).resolve().parents[1]
+CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
+PBG_PYTHON = REPO / ".venv-bench-pbg" / "bin" / "python"
+PBG_CONTENDER = REPO / "benchmarks" / "pbg_contender.py"
+SETTING = dict(dim=100, negatives=100, batch_size=1000, lr=0.1, threads=2, relations=16, holdout=2000, seed=0)
+EVAL_EDGES, EVAL_CANDIDATES = 2000, 1000
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---- the process tree's memory -------------------------------------------------------------------------------
+def _descendants(pid: int) -> list[int]:
+    found, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        found.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                children = Path(f"/proc/{current}/task/{task}/children").read_text().split()
+                stack.extend(int(c) for c in children)
+        except OSError:
+            continue
+    return found
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class TreeMemory:
+    """The peak of the summed PSS of a process and all its descendants, sampled every ``every`` s."""
+
+    def __init__(self, pid: int, every: float = 0.05):
+        self.pid, self.every, self.peak_kib = pid, every, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_kib = max(self.peak_kib, sum(_pss_kib(p) for p in _descendants(self.pid)))
+            self._stop.wait(self.every)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return round(self.peak_kib / 1024, 1)
+
+
+def run_tree(command: list[str], log: Path) -> tuple[int, float, float]:
+    """(exit code, peak PSS MiB of the tree, wall seconds) of ``command``."""
+    started = time.perf_counter()
+    with open(log, "w") as out:
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        memory = TreeMemory(child.pid)
+        code = child.wait()
+    return code, memory.stop(), time.perf_counter() - started
+
+
+class BusyCore:
+    """Another process spinning on one core while the block runs."""
+
+    def __enter__(self) -> "BusyCore":
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+
+# ---- the contenders ------------------------------------------------------------------------------------------
+def graph_config(args) -> SyntheticGraphConfig:
+    return SyntheticGraphConfig(num_entities=args.entities, num_relations=SETTING["relations"],
+                                num_edges=args.edges, holdout=SETTING["holdout"])
+
+
+def cadence_overrides(args, fixed: bool) -> list[str]:
+    g, s = graph_config(args), SETTING
+    return [f"seed={s['seed']}", "task=kge", "strategy=sync", "data.dataset=synthetic",
+            f"data.synthetic.num_entities={g.num_entities}", f"data.synthetic.num_relations={g.num_relations}",
+            f"data.synthetic.num_edges={g.num_edges}", f"data.synthetic.holdout={g.holdout}",
+            "model.name=distmult", f"model.dim={s['dim']}", "train.scoring=sampled",
+            f"train.negatives={s['negatives']}", "train.loss=logistic", f"train.batch_size={s['batch_size']}",
+            "train.epochs=1", "optimizer.entity=rowwise_adagrad", "optimizer.dense=adagrad", f"optimizer.lr={s['lr']}",
+            f"threads={s['threads']}", f"adapt_threads={'false' if fixed else 'true'}", "eval.every=0",
+            "eval.test=false", "checkpoint.every=0", "progress=false"]
+
+
+def run_cadence(args, work: Path, fixed: bool) -> dict[str, Any]:
+    out = work / "run"
+    command = [str(CADENCE_CLI), "train", "--out", str(out), "--overwrite"]
+    for item in cadence_overrides(args, fixed):
+        command += ["--set", item]
+    code, peak, wall = run_tree(command, work / "log.txt")
+    if code != 0:
+        return {"error": f"exit {code}: {(work / 'log.txt').read_text()[-400:]}"}
+    summary = json.loads((out / "summary.json").read_text())
+    _, _, view, dense = api.load_model(out)
+    entities = view.values(torch.arange(args.entities)).numpy()
+    relations = dense.relations.detach().numpy()
+    record = {"edges_per_second": summary["examples_per_second"], "train_seconds": summary["train_seconds"],
+              "peak_pss_mib": peak, "process_wall_seconds": round(wall, 2)}
+    record.update({k: summary[k] for k in ("intra_op_threads", "intra_op_switches", "intra_op_probes") if k in summary})
+    return {**record, "_vectors": (entities, relations)}
+
+
+def run_pbg(args, work: Path, data: Path) -> dict[str, Any]:
+    s = SETTING
+    command = [str(PBG_PYTHON), str(PBG_CONTENDER), "--data", str(data), "--out", str(work), "--dim", str(s["dim"]),
+               "--negatives", str(s["negatives"]), "--batch-size", str(s["batch_size"]), "--lr", str(s["lr"]),
+               "--workers", str(s["threads"]), "--epochs", "1"]
+    code, peak, wall = run_tree(command, work / "log.txt")
+    if code != 0:
+        return {"error": f"exit {code}: {(work / 'log.txt').read_text()[-400:]}"}
+    result = json.loads((work / "result.json").read_text())
+    entities, relations = np.load(work / "entities.npy"), np.load(work / "relations.npy")
+    record = {"edges_per_second": result["edges_per_second"], "train_seconds": result["train_seconds"],
+              "train_call_seconds": round(result["train_call_seconds"], 2), "peak_pss_mib": peak,
+              "process_wall_seconds": round(wall, 2)}
+    return {**record, "_vectors": (entities, relations)}
+
+
+# ---- one evaluator for both ----------------------------------------------------------------------------------
+def sampled_ranking(vectors: tuple[np.ndarray, np.ndarray], test: torch.Tensor, candidates: torch.Tensor) -> dict[str, float]:
+    """DistMult scores sum(h * r * t); each held-out edge's tail (and head) ranked against the same
+    candidates, unfiltered; ties count half. Entities a side never saw (NaN rows) score -inf."""
+    entities = torch.from_numpy(np.nan_to_num(vectors[0], nan=0.0)).double()
+    relations = torch.from_numpy(vectors[1]).double()
+    h, r, t = test.unbind(1)
+    cand = entities[candidates]  # [C, d]
+    ranks = []
+    for query, target in ((entities[h] * relations[r], t), (entities[t] * relations[r], h)):
+        true = (query * entities[target]).sum(1, keepdim=True)
+        scores = query @ cand.T
+        scores[candidates.unsqueeze(0) == target.unsqueeze(1)] = float("-inf")
+        ranks.append(1 + (scores > true).sum(1) + 0.5 * (scores == true).sum(1))
+    ranks = torch.cat(ranks).double()
+    return {"sampled_mrr": float((1 / ranks).mean()), "sampled_hits@10": float((ranks <= 10).double().mean())}
+
+
+def write_tsv(path: Path, triples: torch.Tensor) -> None:
+    np.savetxt(path, triples.numpy(), fmt="%d", delimiter="\t")
+
+
+def main() -> int:
+    parser = peer_parser(__doc__, "300k entities, 600k edges, 1 rep: a smoke test", 3, "unused")
+    parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default 3)")
+    parser.add_argument("--entities", type=int, default=None, help="default 1,000,000 (--quick 300,000)")
+    parser.add_argument("--edges", type=int, default=None, help="default 2,000,000 (--quick 600,000)")
+    parser.add_argument("--conditions", default="quiet,busy", help="comma-separated: quiet, busy")
+    parser.add_argument("--contenders", default="cadence,pbg", help="comma-separated: cadence, cadence-fixed, pbg")
+    args = parser.parse_args()
+    provenance = check(args)
+    args.entities = args.entities or (300_000 if args.quick else 1_000_000)
+    args.edges = args.edges or (600_000 if args.quick else 2_000_000)
+    reps = 1 if args.quick else args.reps
+    conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
+    contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    if set(conditions) - {"quiet", "busy"} or set(contenders) - {"cadence", "cadence-fixed", "pbg"}:
+        raise SystemExit("kge_vs_pbg.py: --conditions takes quiet, busy; --contenders cadence, cadence-fixed, pbg")
+    if "pbg" in contenders and not PBG_PYTHON.exists():
+        raise SystemExit(f"kge_vs_pbg.py: no {PBG_PYTHON}: make .venv-bench-pbg/bin/python "
+                         "(benchmarks/requirements-pbg.txt)")
+    _, out, command = peer_run(args, "kge_vs_pbg", 1)
+    started = time.perf_counter()
+    root = Path(tempfile.mkdtemp(prefix="cadence-kge-vs-pbg-"))
+    try:
+        graph = power_law_graph(graph_config(args), SETTING["seed"])
+        data = root / "data"
+        data.mkdir()
+        write_tsv(data / "train.tsv", graph.train)
+        write_tsv(data / "test.tsv", graph.test)
+        seen = torch.zeros(args.entities, dtype=torch.bool)
+        seen[torch.cat([graph.train[:, 0], graph.train[:, 2], graph.test[:, 0], graph.test[:, 2]])] = True
+        known = seen.nonzero().squeeze(1)  # entities PBG's importer creates
+        rng = torch.Generator().manual_seed(1)
+        test = graph.test[torch.randperm(graph.test.shape[0], generator=rng)[:EVAL_EDGES]]
+        candidates = known[torch.randint(known.shape[0], (EVAL_CANDIDATES,), generator=rng)]
+        say(f"kge_vs_pbg at {provenance['commit']}: {args.entities:,} entities ({known.shape[0]:,} on some edge), "
+            f"{graph.train.shape[0]:,} training edges")
+        records = []
+        for rep in range(reps):
+            for condition in conditions:
+                for contender in contenders:
+                    work = root / f"{contender}-{condition}-{rep}"
+                    work.mkdir()
+                    record: dict[str, Any] = {"rep": rep, "condition": condition, "contender": contender,
+                                              "loadavg_before": loadavg()}
+                    busy = BusyCore() if condition == "busy" else None
+                    with OthersMeter() as meter:
+                        if busy:
+                            busy.__enter__()
+                        try:
+                            result = (run_pbg(args, work, data) if contender == "pbg"
+                                      else run_cadence(args, work, fixed=contender == "cadence-fixed"))
+                        finally:
+                            if busy:
+                                busy.__exit__()
+                    record["others_cpu_share"] = round(meter.share, 3)
+                    vectors = result.pop("_vectors", None)
+                    record.update(result)
+                    if vectors is not None:
+                        record.update(sampled_ranking(vectors, test, candidates))
+                    records.append(record)
+                    say(describe(record))
+                    shutil.rmtree(work, ignore_errors=True)
+        report = {"command": command, "machine": machine_info(), "setting": SETTING,
+                  "graph": {"entities": args.entities, "entities_on_edges": int(known.shape[0]),
+                            "training_edges": int(graph.train.shape[0]), "relations": SETTING["relations"],
+                            "exponent": graph_config(args).exponent},
+                  "evaluation": {"edges": EVAL_EDGES, "candidates": EVAL_CANDIDATES, "filtered": False},
+                  "cadence_config": cadence_overrides(args, False), "runs": records,
+                  "summary": summarize(records, conditions, contenders)}
+        path = write_report(report, out, started, 0.0)
+        say(json.dumps(report["summary"], indent=1))
+        say(f"wrote {path}")
+        return 1 if any("error" in r for r in records) else 0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def describe(record: dict[str, Any]) -> str:
+    head = f"rep {record['rep']} {record['condition']:5s} {record['contender']:13s}"
+    if "error" in record:
+        return f"{head} FAILED {record['error']}"
+    return (f"{head} {record['edges_per_second']:>10,.0f} edges/s  peak {record['peak_pss_mib']:>7,.0f} MiB  "
+            f"MRR {record['sampled_mrr']:.4f}  others {record['others_cpu_share']:.2f}")
+
+
+def summarize(records: list[dict[str, Any]], conditions: list[str], contenders: list[str]) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for condition in conditions:
+        rows = {}
+        for contender in contenders:
+            mine = [r for r in records if r["condition"] == condition and r["contender"] == contender and "error" not in r]
+            if mine:
+                rows[contender] = {key: mean_ci([r[key] for r in mine])
+                                   for key in ("edges_per_second", "peak_pss_mib", "sampled_mrr")}
+        for contender in contenders:
+            if contender == "pbg" or "pbg" not in contenders:
+                continue
+            ratios = {}
+            for key in ("edges_per_second", "peak_pss_mib", "sampled_mrr"):
+                per_rep = []
+                for r in records:
+                    if r["condition"] != condition or r["contender"] != contender or "error" in r:
+                        continue
+                    peer = next((p for p in records if p["condition"] == condition and p["contender"] == "pbg"
+                                 and p["rep"] == r["rep"] and "error" not in p), None)
+                    if peer:
+                        per_rep.append(r[key] / peer[key])
+                if per_rep:
+                    ratios[key] = {"median": statistics.median(per_rep), "min": min(per_rep), "max": max(per_rep),
+                                   "per_rep": per_rep}
+            rows[f"{contender}/pbg"] = ratios
+        table[condition] = rows
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+#!/usr/bin/env python
+"""PyTorch-BigGraph 1.0.0's side of ``benchmarks/kge_vs_pbg.py``; runs in ``.venv-bench-pbg`` (never
+imports cadence).
+
+    pbg_contender.py --data DIR --out DIR --entities N --dim D --negatives K --batch-size B --lr LR
+                     --workers W --epochs E [--operator diagonal|complex_diagonal]
+
+``DIR/train.tsv`` and ``DIR/test.tsv`` hold ``head<TAB>relation<TAB>tail`` lines of integer ids. They are
+imported with PBG's own importer (one partition; not timed), then ``train()`` runs with PBG's
+chunked negatives: ``num_uniform_negs = K`` uniformly drawn entities per chunk of ``K`` edges
+(``num_batch_negs = 0``), a batch of ``B`` edges, logistic loss, ``dot`` comparator with the
+``diagonal`` operator on the right-hand side (DistMult; ``complex_diagonal``: ComplEx), row-wise
+Adagrad, ``W`` Hogwild worker processes of one torch thread each (PBG's own layout), no global
+embeddings, no held-out evaluation during training.
+
+Writes ``OUT/result.json`` (``train_seconds``: the wall time of ``train()``; ``edges``; the config) and
+``OUT/entities.npy`` (rows in cadence's id order: row i is the entity named ``i``; entities PBG never
+saw are NaN) and ``OUT/relations.npy`` (each relation's operator parameters, in id order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+import time
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+
+import attr  # noqa: E402
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torchbiggraph.config import parse_config  # noqa: E402
+from torchbiggraph.converters.import_from_tsv import convert_input_data  # noqa: E402
+from torchbiggraph.train import train  # noqa: E402
+from torchbiggraph.util import SubprocessInitializer, setup_logging  # noqa: E402
+
+
+class BucketTimes(logging.Handler):
+    """PBG's own report of each bucket it trained: "Processed N edges in S s"."""
+
+    PATTERN = re.compile(r"Processed (\d+) edges in ([0-9.]+) s")
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.edges, self.seconds = 0, 0.0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = self.PATTERN.search(record.getMessage())
+        if found:
+            self.edges += int(found.group(1))
+            self.seconds += float(found.group(2))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--dim", type=int, default=100)
+    parser.add_argument("--negatives", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--operator", default="diagonal")
+    args = parser.parse_args()
+    setup_logging(0)
+    buckets = BucketTimes()
+    logging.getLogger().addHandler(buckets)
+    work = args.out / "pbg"
+    imported = args.data / "pbg-import"  # PBG's HDF5 import of the TSVs, made once per data set (not timed)
+    config = parse_config({
+        "entity_path": str(imported / "entities"),
+        "edge_paths": [str(imported / "train_partitioned"), str(imported / "test_partitioned")],
+        "checkpoint_path": str(work / "model"),
+        "entities": {"all": {"num_partitions": 1}},
+        "relations": [{"name": "all_edges", "lhs": "all", "rhs": "all", "operator": args.operator}],
+        "dynamic_relations": True,
+        "dimension": args.dim,
+        "global_emb": False,
+        "comparator": "dot",
+        "num_epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "num_batch_negs": 0,
+        "num_uniform_negs": args.negatives,
+        "loss_fn": "logistic",
+        "lr": args.lr,
+        "eval_fraction": 0,
+        "workers": args.workers,
+        "verbose": 0,
+    })
+    if not (imported / "done").exists():
+        convert_input_data(config.entities, config.relations, config.entity_path, config.edge_paths,
+                           [args.data / "train.tsv", args.data / "test.tsv"], lhs_col=0, rhs_col=2, rel_col=1,
+                           dynamic_relations=config.dynamic_relations)
+        (imported / "done").write_text("")
+    train_config = attr.evolve(config, edge_paths=[config.edge_paths[0]])
+    initializer = SubprocessInitializer()
+    initializer.register(setup_logging, 0)
+    started = time.perf_counter()
+    train(train_config, subprocess_init=initializer)
+    seconds = time.perf_counter() - started
+    edges = sum(1 for _ in open(args.data / "train.tsv")) * args.epochs
+    if buckets.edges != edges:
+        raise SystemExit(f"pbg_contender: PBG reported {buckets.edges} edges trained, expected {edges}")
+
+    names = json.loads((imported / "entities" / "entity_names_all_0.json").read_text())
+    with h5py.File(work / "model" / f"embeddings_all_0.v{args.epochs}.h5", "r") as handle:
+        embeddings = handle["embeddings"][...]
+    entities = int(max(int(n) for n in names)) + 1
+    ordered = np.full((entities, embeddings.shape[1]), np.nan, dtype=np.float32)
+    ordered[np.array([int(n) for n in names])] = embeddings
+    np.save(args.out / "entities.npy", ordered)
+    relation_names = json.loads((imported / "entities" / "dynamic_rel_names.json").read_text())
+    with h5py.File(work / "model" / f"model.v{args.epochs}.h5", "r") as handle:
+        group = handle["model"]["relations"]["0"]["operator"]["rhs"]
+        params = {key: group[key][...] for key in group}
+    key = "diagonal" if "diagonal" in params else sorted(params)[0]
+    values = params[key]  # [relations, ...] in PBG's relation order
+    ordered_rel = np.empty_like(values)
+    ordered_rel[np.array([int(n) for n in relation_names])] = values
+    np.save(args.out / "relations.npy", ordered_rel)
+    (args.out / "result.json").write_text(json.dumps({
+        # PBG's own time of its buckets (what it reports as M/sec), and of train() as a whole (with
+        # the workers' start, the model's initialisation and the checkpoint written)
+        "train_seconds": buckets.seconds, "edges": edges, "edges_per_second": edges / buckets.seconds,
+        "train_call_seconds": seconds,
+        "torch": torch.__version__, "torch_threads_per_worker": 1, "relation_parameter": key,
+        "config": {k: v for k, v in attr.asdict(train_config).items() if isinstance(v, (int, float, str, bool))},
+    }, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
