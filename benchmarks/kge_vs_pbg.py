@@ -155,7 +155,7 @@ def cadence_overrides(args, fixed: bool) -> list[str]:
             f"train.negatives={s['negatives']}", "train.loss=logistic", f"train.batch_size={s['batch_size']}",
             "train.epochs=1", "optimizer.entity=rowwise_adagrad", "optimizer.dense=adagrad", f"optimizer.lr={s['lr']}",
             f"threads={s['threads']}", f"adapt_threads={'false' if fixed else 'true'}", "eval.every=0",
-            "eval.test=false", "checkpoint.every=0", "progress=false"]
+            "eval.test=false", "checkpoint.every=1", "progress=false"]
 
 
 def run_cadence(args, work: Path, fixed: bool) -> dict[str, Any]:
