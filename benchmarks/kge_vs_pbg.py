@@ -14,6 +14,8 @@ same config and seed (``data.dataset=synthetic``): the same edges. One model: Di
   compute thread's intra-op count chosen by measurement), 100 negatives shared by the batch;
 - ``cadence-fixed``: the same at a fixed count of 2 (``adapt_threads=false``): the behaviour before
   the thread governor;
+- ``cadence-chunked``: ``cadence`` with PBG's chunked negatives (``train.negative_chunk=100``: each
+  chunk of 100 edges of a batch draws its own 100 negatives);
 - ``pbg``: ``benchmarks/pbg_contender.py`` in ``.venv-bench-pbg``: 2 Hogwild worker processes of
   one torch thread each, PBG's chunked negatives (100 uniform entities per chunk of 100 edges).
 
@@ -66,6 +68,7 @@ PBG_PYTHON = REPO / ".venv-bench-pbg" / "bin" / "python"
 PBG_CONTENDER = REPO / "benchmarks" / "pbg_contender.py"
 SETTING = dict(dim=100, negatives=100, batch_size=1000, lr=0.1, threads=2, relations=16, holdout=2000, seed=0)
 EVAL_EDGES, EVAL_CANDIDATES = 2000, 1000
+CONTENDERS = ("cadence", "cadence-fixed", "cadence-chunked", "pbg")
 
 
 def say(message: str) -> None:
@@ -146,7 +149,7 @@ def graph_config(args) -> SyntheticGraphConfig:
                                 num_edges=args.edges, holdout=SETTING["holdout"])
 
 
-def cadence_overrides(args, fixed: bool) -> list[str]:
+def cadence_overrides(args, fixed: bool, chunked: bool = False) -> list[str]:
     g, s = graph_config(args), SETTING
     return [f"seed={s['seed']}", "task=kge", "strategy=sync", "data.dataset=synthetic",
             f"data.synthetic.num_entities={g.num_entities}", f"data.synthetic.num_relations={g.num_relations}",
@@ -155,13 +158,14 @@ def cadence_overrides(args, fixed: bool) -> list[str]:
             f"train.negatives={s['negatives']}", "train.loss=logistic", f"train.batch_size={s['batch_size']}",
             "train.epochs=1", "optimizer.entity=rowwise_adagrad", "optimizer.dense=adagrad", f"optimizer.lr={s['lr']}",
             f"threads={s['threads']}", f"adapt_threads={'false' if fixed else 'true'}", "eval.every=0",
+            f"train.negative_chunk={s['negatives'] if chunked else 0}",
             "eval.test=false", "checkpoint.every=1", "progress=false"]
 
 
-def run_cadence(args, work: Path, fixed: bool) -> dict[str, Any]:
+def run_cadence(args, work: Path, fixed: bool, chunked: bool = False) -> dict[str, Any]:
     out = work / "run"
     command = [str(CADENCE_CLI), "train", "--out", str(out), "--overwrite"]
-    for item in cadence_overrides(args, fixed):
+    for item in cadence_overrides(args, fixed, chunked):
         command += ["--set", item]
     code, peak, wall = run_tree(command, work / "log.txt")
     if code != 0:
@@ -220,7 +224,7 @@ def main() -> int:
     parser.add_argument("--entities", type=int, default=None, help="default 1,000,000 (--quick 300,000)")
     parser.add_argument("--edges", type=int, default=None, help="default 2,000,000 (--quick 600,000)")
     parser.add_argument("--conditions", default="quiet,busy", help="comma-separated: quiet, busy")
-    parser.add_argument("--contenders", default="cadence,pbg", help="comma-separated: cadence, cadence-fixed, pbg")
+    parser.add_argument("--contenders", default="cadence,pbg", help="comma-separated: " + ", ".join(CONTENDERS))
     args = parser.parse_args()
     provenance = check(args)
     args.entities = args.entities or (300_000 if args.quick else 1_000_000)
@@ -228,8 +232,8 @@ def main() -> int:
     reps = 1 if args.quick else args.reps
     conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
-    if set(conditions) - {"quiet", "busy"} or set(contenders) - {"cadence", "cadence-fixed", "pbg"}:
-        raise SystemExit("kge_vs_pbg.py: --conditions takes quiet, busy; --contenders cadence, cadence-fixed, pbg")
+    if set(conditions) - {"quiet", "busy"} or set(contenders) - set(CONTENDERS):
+        raise SystemExit("kge_vs_pbg.py: --conditions takes quiet, busy; --contenders " + ", ".join(CONTENDERS))
     if "pbg" in contenders and not PBG_PYTHON.exists():
         raise SystemExit(f"kge_vs_pbg.py: no {PBG_PYTHON}: make .venv-bench-pbg/bin/python "
                          "(benchmarks/requirements-pbg.txt)")
@@ -264,7 +268,8 @@ def main() -> int:
                             busy.__enter__()
                         try:
                             result = (run_pbg(args, work, data) if contender == "pbg"
-                                      else run_cadence(args, work, fixed=contender == "cadence-fixed"))
+                                      else run_cadence(args, work, fixed=contender == "cadence-fixed",
+                                                       chunked=contender == "cadence-chunked"))
                         finally:
                             if busy:
                                 busy.__exit__()

@@ -60,6 +60,9 @@ class TrainConfig:
     batch_size: int = 1000
     scoring: Literal["sampled", "all"] = "sampled"  # shared sampled negatives, or every entity
     negatives: int = 256  # shared negatives per batch and side (scoring: sampled)
+    # 0: the negatives are shared by the whole batch; N: each chunk of N edges of the batch draws its
+    # own ``negatives`` (PyTorch-BigGraph's chunked negatives: more distinct rows trained per batch)
+    negative_chunk: int = 0
     loss: Literal["softmax", "logistic"] = "softmax"
     reciprocal: bool = False  # add inverse relations; heads are then predicted as tails of (t, r^-1)
     regularizer: Literal["none", "n3", "l2"] = "none"
@@ -357,7 +360,7 @@ _POSITIVE = {
     "shadow.block_lr", "pdasgd.backward_threads", "image.fc", "adapm.threads", "adapm.initial_rate",
     "mf.column_blocks",
 }
-_NON_NEGATIVE = {"ps.emulated_latency", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
+_NON_NEGATIVE = {"train.negative_chunk", "ps.emulated_latency", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "ctr.first_period",
                  "model.init_std",
                  "w2v.sample", "w2v.max_vocab", "w2v.min_lr", "ctr.synthetic.dim", "ctr.synthetic.zipf_exponent",

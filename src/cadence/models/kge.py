@@ -31,25 +31,42 @@ class KgeModel(nn.Module):
         """Mean loss of a batch.
 
         rows: [U, D] the batch's entity rows; heads, tails: [B] indices into rows; relations: [B]
-        relation ids; candidates: [C] indices into rows of the shared negatives, or None to score
-        against every row (rows then hold all entities, in id order).
+        relation ids; candidates: [C] indices into rows of the shared negatives, [K, C] those of K
+        consecutive chunks of the batch's edges (chunked negatives: chunk k of ceil(B / K) edges scores
+        against row k), or None to score against every row (rows then hold all entities, in id order).
         """
         # index_select, not rows[ids]: its backward (index_add_) is deterministic whichever thread
         # runs it, which the bit-identity of asynchronous and synchronous runs relies on; and faster
         h, t = rows.index_select(0, heads), rows.index_select(0, tails)
         r = self.relations.index_select(0, relations)
-        pool = rows if candidates is None else rows.index_select(0, candidates)
         # sampled negatives: the positive triple's score is shared by both sides, computed once
         positive = None if candidates is None else self.scorer.score(h, r, t)  # [B]
-        loss = self._side_loss(self.scorer.score_tails(h, r, pool), positive, tails)
-        if not self.train_config.reciprocal:
-            head_scores = self.scorer.score_heads(pool, r, t)
+        tail_scores, head_scores = self._negative_scores(rows, h, r, t, candidates)
+        loss = self._side_loss(tail_scores, positive, tails)
+        if head_scores is not None:
             loss = (loss + self._side_loss(head_scores, positive, heads)) / 2
         if positive is not None and self.train_config.loss == "logistic":
             loss = loss + F.softplus(-positive).mean()  # the positive term, once for both sides
         if self.train_config.regularizer != "none" and self.train_config.reg_weight > 0:
             loss = loss + self._regularization(h, r, t)
         return loss
+
+    def _negative_scores(self, rows: Tensor, h: Tensor, r: Tensor, t: Tensor,
+                         candidates: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """[B, C] scores of each edge's tail side (and head side, unless reciprocal) against its negatives."""
+        both = not self.train_config.reciprocal
+        if candidates is None or candidates.dim() == 1:
+            pool = rows if candidates is None else rows.index_select(0, candidates)
+            return self.scorer.score_tails(h, r, pool), self.scorer.score_heads(pool, r, t) if both else None
+        step = -(-h.shape[0] // candidates.shape[0])
+        tails, heads = [], []
+        for index, start in enumerate(range(0, h.shape[0], step)):
+            pool = rows.index_select(0, candidates[index])
+            edges = slice(start, start + step)
+            tails.append(self.scorer.score_tails(h[edges], r[edges], pool))
+            if both:
+                heads.append(self.scorer.score_heads(pool, r[edges], t[edges]))
+        return torch.cat(tails), torch.cat(heads) if both else None
 
     def _side_loss(self, scores: Tensor, positive: Tensor | None, targets: Tensor) -> Tensor:
         """One side's loss. scores: [B, C]; positive: [B] with sampled negatives (the logistic

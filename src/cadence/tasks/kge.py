@@ -35,7 +35,7 @@ ENTITY_BLOCK_FLOATS = 1 << 22  # ... a larger one 16 MiB of rows at a time (wher
 class KgeTask(Task):
     name = "kge"
     primary_metric = "mrr"
-    own_keys = ("train.scoring", "train.negatives", "train.loss", "train.reciprocal", "train.regularizer",
+    own_keys = ("train.scoring", "train.negatives", "train.negative_chunk", "train.loss", "train.reciprocal", "train.regularizer",
                 "train.reg_weight", "eval.max_triples", "data.synthetic")
 
     def __init__(self, config: Config, graph: KnowledgeGraph | None = None):
@@ -77,10 +77,13 @@ class KgeTask(Task):
         if self.negatives is None:
             return Batch(plan, torch.arange(num_entities), {"heads": heads, "relations": relations, "tails": tails})
         size = plan.size
-        sampled = torch.randint(num_entities, (self.negatives,), generator=plan.generator(self.config.seed))
+        chunk = self.config.train.negative_chunk or size
+        chunks = -(-size // chunk)  # each chunk of edges draws its own negatives; one: the batch shares them
+        sampled = torch.randint(num_entities, (chunks * self.negatives,), generator=plan.generator(self.config.seed))
         ids, local = torch.unique(torch.cat([heads, tails, sampled]), return_inverse=True)
+        candidates = local[2 * size:]
         inputs = {"heads": local[:size], "relations": relations, "tails": local[size:2 * size],
-                  "candidates": local[2 * size:]}
+                  "candidates": candidates if chunks == 1 else candidates.view(chunks, self.negatives)}
         return Batch(plan, ids, inputs)
 
     def loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
