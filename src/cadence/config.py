@@ -108,6 +108,12 @@ class PipelineConfig:
     # oac: a batch does not write rows that a batch computed after it also updated (that one writes
     # them); same model, fewer writes, and writers rarely contend for a row (docs/strategies/pipelined.md)
     coalesce_writes: bool = True
+    # when batches run in the threads: always; never (one after another on the calling thread: the
+    # schedule of staleness_bound 1); auto: in the threads where there is something to hide (an
+    # accelerator's transfers, an mmap store's reads, or reads and writes that took over half the
+    # compute time of an epoch run inline), else inline until an epoch measures otherwise
+    # (docs/strategies/pipelined.md, "When the pipeline runs")
+    overlap: Literal["auto", "always", "never"] = "auto"
 
 
 @dataclass

@@ -21,8 +21,9 @@ from cadence.training.run_directory import RunDirectory
 from tests.conftest import make_config
 
 # a dense little graph: 30 entities and 16 shared negatives per batch make batches overlap heavily
+# (in the threads every epoch: what these tests examine is how batches in flight together interact)
 OVERLAP = ["train.batch_size=16", "train.negatives=16", "train.epochs=2", "eval.every=0", "eval.test=false",
-           "model.init_std=0.3", "optimizer.lr=0.3"]
+           "model.init_std=0.3", "optimizer.lr=0.3", "pipeline.overlap=always"]
 
 
 def final(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -197,3 +198,48 @@ def test_an_error_in_a_stage_thread_reaches_the_caller(tiny_graph: Path, tmp_pat
     monkeypatch.setattr(ComputeStage, "__call__", broken)
     with pytest.raises(RuntimeError, match="boom in compute"):
         api.train(make_config(tmp_path / "run", f"data.dataset={tiny_graph}", *OVERLAP, "strategy=async"))
+
+
+# ---- when the pipeline runs (pipeline.overlap) -------------------------------------------------------------
+AUTO = [s for s in OVERLAP if not s.startswith("pipeline.overlap")] + ["train.epochs=3"]
+
+
+@pytest.mark.parametrize("strategy", ["async", "oac"])
+def test_with_nothing_to_hide_auto_runs_each_epoch_inline_and_equals_sync(tiny_graph: Path, tmp_path: Path,
+                                                                          strategy: str) -> None:
+    """Rows in memory, computed on the CPU: every epoch runs one batch at a time (nothing stale, nothing
+    to repair), the model is sync's bit for bit, and the strategy's counters are there, at zero."""
+    auto = api.train(make_config(tmp_path / "auto", f"data.dataset={tiny_graph}", *AUTO, f"strategy={strategy}"))
+    sync = api.train(make_config(tmp_path / "sync", f"data.dataset={tiny_graph}", *AUTO, "strategy=sync"))
+    assert auto.summary["inline_epochs"] == 3 and auto.summary["pipelined_epochs"] == 0
+    counter = "stale_reads" if strategy == "async" else "repaired_rows"
+    assert auto.summary[counter] == 0
+    assert_same_model(auto.run_dir, sync.run_dir)
+
+
+def test_reads_from_storage_run_in_the_threads_and_never_runs_inline(tiny_graph: Path, tmp_path: Path) -> None:
+    mapped = api.train(make_config(tmp_path / "mmap", f"data.dataset={tiny_graph}", *AUTO, "strategy=oac",
+                                   "store.backend=mmap"))
+    assert mapped.summary["pipelined_epochs"] >= 1
+    never = api.train(make_config(tmp_path / "never", f"data.dataset={tiny_graph}", *AUTO, "strategy=oac",
+                                  "store.backend=mmap", "pipeline.overlap=never"))
+    assert never.summary["inline_epochs"] == 3
+
+
+def test_auto_follows_what_each_epoch_measures() -> None:
+    """An inline epoch whose reads and writes took over half its compute sends the next one to the
+    threads; a pipelined epoch with under a tenth sends the next one inline; in between it stays."""
+    from cadence.config import PipelineConfig
+    from cadence.strategies.pipelined.control import OacStrategy
+
+    strategy = OacStrategy(PipelineConfig())
+    busy = lambda hidden: {"load_busy_seconds": hidden / 2, "write_busy_seconds": hidden / 2,  # noqa: E731
+                           "compute_busy_seconds": 1.0}
+    strategy.choose_next(True, busy(0.6))
+    assert strategy.inline_next is False
+    strategy.choose_next(False, busy(0.3))
+    assert strategy.inline_next is False
+    strategy.choose_next(False, busy(0.05))
+    assert strategy.inline_next is True
+    strategy.choose_next(True, busy(0.3))
+    assert strategy.inline_next is True

@@ -129,6 +129,37 @@ class PipelineRunner:
         self._watch()
         return self._timestamp
 
+    def run_inline(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None],
+                   next_timestamp: int = 0) -> int:
+        """The same stages and hooks, one batch after another on the calling thread (no batch in
+        flight beside another: the schedule the threads give with ``staleness_bound: 1``); each
+        stage's time is kept as ``busy_seconds`` as the threads' is. Returns the next free timestamp."""
+        load, compute, write = _Stage("load"), _Stage("compute"), _Stage("write")
+        self._states = [load, compute, write]
+        for plan in plans:
+            began = time.monotonic()
+            batch = stages.load.prepare(plan)
+            load.start(batch, since=began)
+            self.control.begin(batch)
+            self.control.read(batch)
+            batch = stages.link.upload(batch)
+            load.idle()
+            compute.start(batch)
+            with stages.link.computing(batch):
+                self.control.validate(batch)
+                batch.timestamp = next_timestamp
+                next_timestamp += 1
+                batch = stages.compute(batch)
+                self.control.stamp(batch)
+            compute.idle()
+            write.start(batch)
+            batch = stages.link.download(batch)
+            self.control.write(batch)
+            self.control.finish(batch)
+            write.idle()
+            on_batch(batch)
+        return next_timestamp
+
     def busy_seconds(self) -> dict[str, float]:
         """Where the time went: seconds each stage's threads spent on batches, summed over its
         threads (``load_busy_seconds`` of 4 loaders busy all of a 10 s epoch is 40)."""

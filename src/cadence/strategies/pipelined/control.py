@@ -42,6 +42,17 @@ from cadence.store.embedding_store import EmbeddingStore
 from cadence.strategies.pipelined.base import SCHEDULES, Schedule
 
 
+class InOrder(ConcurrencyControl):
+    """Batches run one at a time (``PipelineRunner.run_inline``): rows read and written as they are,
+    each row stamped with the timestamp of its last batch, as the controls stamp it."""
+
+    def __init__(self, store: EmbeddingStore, device: torch.device):
+        super().__init__(store, pin=accelerated(device))
+
+    def stamp(self, batch: Batch) -> None:
+        batch.rows.versions.fill_(batch.timestamp)
+
+
 class LastWriterWins(ConcurrencyControl):
     def __init__(self, store: EmbeddingStore, device: torch.device):
         super().__init__(store, pin=accelerated(device))
@@ -138,10 +149,37 @@ class PipelinedStrategy(Schedule):
 
     section = "pipeline"  # PipelineConfig
 
+    # overlap: auto: the share of compute time that reads and writes must reach for an epoch to run in
+    # the threads (a pipelined epoch below INLINE_BELOW makes the next inline; an inline one above
+    # PIPELINE_ABOVE makes the next pipelined: apart, so that noise does not flip every epoch)
+    INLINE_BELOW = 0.1
+    PIPELINE_ABOVE = 0.5
+
     def __init__(self, settings: PipelineConfig):
         super().__init__(settings)
         self.totals: dict[str, int] = {}
         self.next_timestamp = 0
+        self.inline_next: bool | None = None  # auto's choice for the next epoch (None: not measured yet)
+
+    def _inline(self, stages) -> bool:
+        overlap = self.settings.overlap
+        if overlap != "auto":
+            return overlap == "never"
+        if stages.link.accelerated or stages.write.store.backend != "memory":
+            return False  # transfers to hide, or reads that wait on storage: the pipeline's own settings
+        # rows in memory, computed on the CPU: nothing waits that the threads could hide, until an
+        # epoch measures otherwise
+        return True if self.inline_next is None else self.inline_next
+
+    def choose_next(self, inline: bool, busy: dict[str, float]) -> None:
+        hidden = busy.get("load_busy_seconds", 0.0) + busy.get("write_busy_seconds", 0.0)
+        compute = busy.get("compute_busy_seconds", 0.0)
+        if inline:
+            self.inline_next = hidden <= self.PIPELINE_ABOVE * compute
+        else:
+            self.inline_next = hidden < self.INLINE_BELOW * compute
+
+    counters: tuple[str, ...] = ()  # the control's counters (``stats``): zero in an epoch run inline
 
     def make_control(self, store: EmbeddingStore, device: torch.device, first_timestamp: int) -> ConcurrencyControl:
         raise NotImplementedError
@@ -151,11 +189,18 @@ class PipelinedStrategy(Schedule):
         device = stages.link.device
         newest = int(store.versions.max()) if store.versions.numel() else -1  # (a task with no rows)
         first = max(self.next_timestamp, newest + 1)
-        control = self.make_control(store, device, first)
+        inline = self._inline(stages)
+        # one batch at a time, every read after the last write: nothing is stale and nothing needs
+        # repair, so no control beyond the versions (the same rows a control would give, bit for bit)
+        control = InOrder(store, device) if inline else self.make_control(store, device, first)
         runner = PipelineRunner(self.settings, control)
-        self.next_timestamp = runner.run(plans, stages, on_batch, first)
+        self.next_timestamp = (runner.run_inline if inline else runner.run)(plans, stages, on_batch, first)
+        busy = runner.busy_seconds()
+        self.choose_next(inline, busy)
         # counters add up over epochs; peaks take the max
-        for key, value in {**control.stats(), **runner.busy_seconds()}.items():
+        counters = {**dict.fromkeys(self.counters, 0), **control.stats(), **busy, "inline_epochs": int(inline),
+                    "pipelined_epochs": int(not inline)}
+        for key, value in counters.items():
             merge = max if key in PEAK_COUNTERS else operator.add
             self.totals[key] = merge(self.totals.get(key, 0), value)
 
@@ -165,11 +210,16 @@ class PipelinedStrategy(Schedule):
 
 @SCHEDULES.register("async")
 class AsyncStrategy(PipelinedStrategy):
+    counters = ("stale_reads", "lost_updates")
+
     def make_control(self, store, device, first_timestamp):
         return LastWriterWins(store, device)
 
 
 @SCHEDULES.register("oac")
 class OacStrategy(PipelinedStrategy):
+    counters = ("repaired_rows", "skipped_writes", "coalesced_writes", "peak_cache_rows", "evicted_rows",
+                "write_lock_wait_seconds", "write_lock_held_seconds")
+
     def make_control(self, store, device, first_timestamp):
         return OptimisticAsynchronyControl(store, device, first_timestamp, self.settings.coalesce_writes)
