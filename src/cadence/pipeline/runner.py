@@ -101,6 +101,15 @@ class PipelineRunner:
     def run(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None],
             next_timestamp: int = 0) -> int:
         """Train on ``plans``; return the next free timestamp."""
+        self._setup(plans, stages, on_batch, next_timestamp)
+        self._spawn("load", self.config.loader_threads, self._load)
+        self._spawn("compute", 1, self._compute)
+        self._spawn("write", self.config.writer_threads, self._write)
+        self._watch()
+        return self._timestamp
+
+    def _setup(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None],
+               next_timestamp: int) -> None:
         self._plans = iter(plans)
         self._plans_lock = threading.Lock()
         self._slots = threading.Semaphore(self.config.staleness_bound)
@@ -123,42 +132,50 @@ class PipelineRunner:
         self._finished = threading.Event()  # set when the last writer exits, or on an error
         self._intra_op_threads = torch.get_num_threads()
 
-        self._spawn("load", self.config.loader_threads, self._load)
-        self._spawn("compute", 1, self._compute)
-        self._spawn("write", self.config.writer_threads, self._write)
-        self._watch()
-        return self._timestamp
-
     def run_inline(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None],
                    next_timestamp: int = 0) -> int:
-        """The same stages and hooks, one batch after another on the calling thread (no batch in
-        flight beside another: the schedule the threads give with ``staleness_bound: 1``); each
-        stage's time is kept as ``busy_seconds`` as the threads' is. Returns the next free timestamp."""
+        """The same stages and hooks, one batch after another on one thread (no batch in flight beside
+        another: the schedule the threads give with ``staleness_bound: 1``), watched from the calling
+        thread as the stage threads are (a stall stops it, naming the stage); each stage's time is kept
+        as ``busy_seconds`` as the threads' is. Returns the next free timestamp."""
+        self._setup(plans, stages, on_batch, next_timestamp)
+        self._loaders_left = self._writers_left = 1
         load, compute, write = _Stage("load"), _Stage("compute"), _Stage("write")
-        self._states = [load, compute, write]
-        for plan in plans:
-            began = time.monotonic()
-            batch = stages.load.prepare(plan)
-            load.start(batch, since=began)
-            self.control.begin(batch)
-            self.control.read(batch)
-            batch = stages.link.upload(batch)
-            load.idle()
-            compute.start(batch)
-            with stages.link.computing(batch):
-                self.control.validate(batch)
-                batch.timestamp = next_timestamp
-                next_timestamp += 1
-                batch = stages.compute(batch)
-                self.control.stamp(batch)
-            compute.idle()
-            write.start(batch)
-            batch = stages.link.download(batch)
-            self.control.write(batch)
-            self.control.finish(batch)
-            write.idle()
-            on_batch(batch)
-        return next_timestamp
+        self._states.extend([load, compute, write])
+
+        def inline(state: _Stage) -> None:
+            torch.set_num_threads(self._intra_op_threads)  # (OpenMP's count is per thread)
+            for plan in plans:
+                if self._stop.is_set():
+                    return
+                began = time.monotonic()
+                batch = stages.load.prepare(plan)
+                load.start(batch, since=began)
+                self.control.begin(batch)
+                self.control.read(batch)
+                batch = stages.link.upload(batch)
+                load.idle()
+                compute.start(batch)
+                with stages.link.computing(batch):
+                    self.control.validate(batch)
+                    batch.timestamp = self._timestamp
+                    self._timestamp += 1
+                    batch = stages.compute(batch)
+                    self.control.stamp(batch)
+                compute.idle()
+                write.start(batch)
+                batch = stages.link.download(batch)
+                self.control.write(batch)
+                self.control.finish(batch)
+                write.idle()
+                with self._finished_lock:
+                    self._on_batch(batch)
+                    self._remaining -= 1
+                    self._last_progress = time.monotonic()
+
+        self._group.spawn(functools.partial(self._guard, inline, _Stage("inline")), "cadence-inline")
+        self._watch()
+        return self._timestamp
 
     def busy_seconds(self) -> dict[str, float]:
         """Where the time went: seconds each stage's threads spent on batches, summed over its
@@ -187,7 +204,11 @@ class PipelineRunner:
             self._exited(state.name)
 
     def _exited(self, stage: str) -> None:
-        """The last loader out sends the end marker downstream; the last writer out ends the run."""
+        """The last loader out sends the end marker downstream; the last writer out (or the inline
+        thread) ends the run."""
+        if stage == "inline":
+            self._finished.set()
+            return
         with self._exit_lock:
             if stage == "load":
                 self._loaders_left -= 1
