@@ -149,3 +149,54 @@ def test_word2vec_export_is_the_text_format(task_data, tmp_path: Path) -> None:
     first = lines[1].split()
     assert first[0] == task.corpus.words[0]
     assert [float(x) for x in first[1:]] == pytest.approx(view.values(torch.tensor([0]))[0].tolist(), rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_compiled_step_equals_autograd_through_the_formula(dtype) -> None:
+    """models/skipgram.py's loops (numba) against autograd through the plain formula, repeats included."""
+    from cadence.models import skipgram
+    from cadence.tasks.w2v import SkipGramLoss
+
+    if not skipgram.AVAILABLE:
+        pytest.skip("numba is not installed")
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(300, 7, generator=generator, dtype=dtype)
+    inputs = torch.randint(0, 100, (3000,), generator=generator)  # past SPLIT_BELOW: cut over threads
+    outputs = torch.randint(100, 300, (3000, 4), generator=generator)
+    rate = torch.tensor(0.7, dtype=dtype)
+
+    def plain(rows):
+        u, v = rows[inputs], rows[outputs]
+        scores = (v * u.unsqueeze(1)).sum(2)
+        return (torch.nn.functional.softplus(-scores[:, 0]).sum() + torch.nn.functional.softplus(scores[:, 1:]).sum()) * rate
+
+    first, second = rows.clone().requires_grad_(True), rows.clone().requires_grad_(True)
+    expected, compiled = plain(first), SkipGramLoss.apply(second, inputs, outputs, rate, True)
+    (2.0 * expected).backward()
+    (2.0 * compiled).backward()
+    tolerance = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else {}
+    torch.testing.assert_close(compiled, expected, **tolerance)
+    torch.testing.assert_close(second.grad, first.grad, **tolerance)
+
+
+def test_the_compiled_step_is_the_same_on_any_number_of_threads() -> None:
+    """Each pair's scores and each row's gradient are computed whole by one thread, in one order."""
+    from cadence.models import skipgram
+
+    if not skipgram.AVAILABLE:
+        pytest.skip("numba is not installed")
+    generator = torch.Generator().manual_seed(1)
+    rows = torch.randn(5000, 16, generator=generator)
+    inputs = torch.randint(0, 2500, (6000,), generator=generator)
+    outputs = torch.randint(2500, 5000, (6000, 6), generator=generator)
+    coefficients = torch.randn(6000, 6, generator=generator)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append((skipgram.scores(rows, inputs, outputs), skipgram.gradient(rows, inputs, outputs, coefficients)))
+    finally:
+        torch.set_num_threads(before)
+    for scores, gradient in results[1:]:
+        assert torch.equal(scores, results[0][0]) and torch.equal(gradient, results[0][1])
