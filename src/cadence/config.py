@@ -282,8 +282,6 @@ class W2vConfig:
     window: int = 5  # maximum distance between a centre word and a context word
     shrink_window: bool = True  # draw each centre's window uniformly from 1..window (word2vec's default)
     negatives: int = 5  # noise words per (centre, context) pair, from unigram^0.75
-    # the step's inner loops compiled (numba: models/skipgram.py) on the CPU; false: torch ops (as on a GPU)
-    compiled: bool = True
     sample: float = 1e-3  # frequent-word subsampling threshold (0 = off)
     min_count: int = 5  # words rarer than this are dropped from the vocabulary
     max_vocab: int = 0  # keep only the most frequent words (0 = all)

@@ -41,7 +41,6 @@ from cadence.data.corpus import Corpus, keep_probabilities, load_corpus, noise_d
 from cadence.errors import ConfigError
 from cadence.evaluation.word_vectors import evaluate_word_vectors
 from cadence.core.batch import Batch, BatchPlan, plan_epoch, unique_keys
-from cadence.models import skipgram
 from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TablePart, TableSpec, Task
 
@@ -58,14 +57,10 @@ class SkipGramLoss(torch.autograd.Function):
     ``tests/tasks/test_w2v.py`` checks it against autograd through the plain formula."""
 
     @staticmethod
-    def forward(ctx, rows: Tensor, inputs: Tensor, outputs: Tensor, rate: Tensor, compiled: bool = False) -> Tensor:
-        ctx.compiled = compiled = compiled and skipgram.AVAILABLE and rows.device.type == "cpu"
-        if compiled:  # one loop over the pairs (models/skipgram.py)
-            u = None
-            scores = skipgram.scores(rows.detach(), inputs, outputs)
-        else:  # column by column: [P, D] temporaries stay in cache, where one [P, 1 + K, D] gather did not
-            u = rows.index_select(0, inputs)  # [P, D]
-            scores = torch.stack([(rows.index_select(0, column) * u).sum(1) for column in outputs.unbind(1)], 1)
+    def forward(ctx, rows: Tensor, inputs: Tensor, outputs: Tensor, rate: Tensor) -> Tensor:
+        # column by column: [P, D] temporaries stay in cache, where one [P, 1 + K, D] gather did not
+        u = rows.index_select(0, inputs)  # [P, D]
+        scores = torch.stack([(rows.index_select(0, column) * u).sum(1) for column in outputs.unbind(1)], 1)
         signs = torch.ones_like(scores[:1])
         signs[0, 0] = -1.0
         ctx.save_for_backward(rows, u, scores, inputs, outputs, rate)
@@ -77,8 +72,6 @@ class SkipGramLoss(torch.autograd.Function):
         coefficients = torch.sigmoid(scores)
         coefficients[:, 0] -= 1.0
         coefficients.mul_(grad * rate)
-        if ctx.compiled:
-            return skipgram.gradient(rows.detach(), inputs, outputs, coefficients), None, None, None, None
         gradient = torch.zeros_like(rows)
         grad_u = torch.zeros_like(u)
         for k, column in enumerate(outputs.unbind(1)):
@@ -86,7 +79,7 @@ class SkipGramLoss(torch.autograd.Function):
             grad_u.addcmul_(weight, rows.index_select(0, column))
             gradient.index_add_(0, column, weight * u)
         gradient.index_add_(0, inputs, grad_u)
-        return gradient, None, None, None, None
+        return gradient, None, None, None
 
 
 class AliasTable:
@@ -206,8 +199,7 @@ class Word2VecTask(Task):
         return torch.tensor(max(final, lr - (lr - final) * progress) / lr)
 
     def loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
-        return SkipGramLoss.apply(rows, batch.inputs["inputs"], batch.inputs["outputs"], batch.inputs["rate"],
-                                  self.config.w2v.compiled)
+        return SkipGramLoss.apply(rows, batch.inputs["inputs"], batch.inputs["outputs"], batch.inputs["rate"])
 
     # ---- evaluation -----------------------------------------------------------------------------
     def vectors(self, params: ParameterView) -> Tensor:
