@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from cadence.config import PipelineConfig
-from cadence.engines.threads import ThreadGroup
+from cadence.engines.threads import ThreadGroup, Worker
 from cadence.errors import CadenceError
 from cadence.core.batch import Batch, BatchPlan
 from cadence.pipeline.stages import Stages
@@ -133,18 +133,20 @@ class PipelineRunner:
         self._intra_op_threads = torch.get_num_threads()
 
     def run_inline(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None],
-                   next_timestamp: int = 0) -> int:
+                   next_timestamp: int = 0, worker: Worker | None = None) -> int:
         """The same stages and hooks, one batch after another on one thread (no batch in flight beside
         another: the schedule the threads give with ``staleness_bound: 1``), watched from the calling
         thread as the stage threads are (a stall stops it, naming the stage); each stage's time is kept
-        as ``busy_seconds`` as the threads' is. Returns the next free timestamp."""
+        as ``busy_seconds`` as the threads' is. ``worker``: the thread to run on (kept from epoch to
+        epoch by the caller), else one started for this call. Returns the next free timestamp."""
         self._setup(plans, stages, on_batch, next_timestamp)
         self._loaders_left = self._writers_left = 1
         load, compute, write = _Stage("load"), _Stage("compute"), _Stage("write")
         self._states.extend([load, compute, write])
 
         def inline(state: _Stage) -> None:
-            torch.set_num_threads(self._intra_op_threads)  # (OpenMP's count is per thread)
+            if torch.get_num_threads() != self._intra_op_threads:  # (OpenMP's count is per thread)
+                torch.set_num_threads(self._intra_op_threads)
             for plan in plans:
                 if self._stop.is_set():
                     return
@@ -173,7 +175,11 @@ class PipelineRunner:
                     self._remaining -= 1
                     self._last_progress = time.monotonic()
 
-        self._group.spawn(functools.partial(self._guard, inline, _Stage("inline")), "cadence-inline")
+        job = functools.partial(self._guard, inline, _Stage("inline"))
+        if worker is None:
+            self._group.spawn(job, "cadence-inline")
+        else:
+            worker.submit(functools.partial(self._group.call, job, "inline"))
         self._watch()
         return self._timestamp
 

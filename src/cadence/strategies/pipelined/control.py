@@ -35,6 +35,7 @@ import torch
 
 from cadence.config import PipelineConfig
 from cadence.core.batch import Batch
+from cadence.engines.threads import Worker
 from cadence.pipeline.runner import ConcurrencyControl, PipelineRunner
 from cadence.pipeline.transfer import accelerated
 from cadence.strategies.pipelined.validation_cache import ValidationCache
@@ -160,6 +161,7 @@ class PipelinedStrategy(Schedule):
         self.totals: dict[str, int] = {}
         self.next_timestamp = 0
         self.inline_next: bool | None = None  # auto's choice for the next epoch (None: not measured yet)
+        self.worker: Worker | None = None
 
     def _inline(self, stages) -> bool:
         overlap = self.settings.overlap
@@ -194,7 +196,16 @@ class PipelinedStrategy(Schedule):
         # repair, so no control beyond the versions (the same rows a control would give, bit for bit)
         control = InOrder(store, device) if inline else self.make_control(store, device, first)
         runner = PipelineRunner(self.settings, control)
-        self.next_timestamp = (runner.run_inline if inline else runner.run)(plans, stages, on_batch, first)
+        if inline:
+            if self.worker is None:  # one thread for every inline epoch (engines.threads.Worker)
+                self.worker = Worker("cadence-inline")
+            try:
+                self.next_timestamp = runner.run_inline(plans, stages, on_batch, first, self.worker)
+            except BaseException:
+                self.worker = None  # (left to finish or stay stuck: a stopped run starts no other epoch on it)
+                raise
+        else:
+            self.next_timestamp = runner.run(plans, stages, on_batch, first)
         busy = runner.busy_seconds()
         self.choose_next(inline, busy)
         # counters add up over epochs; peaks take the max
@@ -206,6 +217,11 @@ class PipelinedStrategy(Schedule):
 
     def stats(self) -> dict[str, int]:
         return dict(self.totals)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
 
 
 @SCHEDULES.register("async")
