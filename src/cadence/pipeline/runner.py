@@ -150,30 +150,7 @@ class PipelineRunner:
             for plan in plans:
                 if self._stop.is_set():
                     return
-                began = time.monotonic()
-                batch = stages.load.prepare(plan)
-                load.start(batch, since=began)
-                self.control.begin(batch)
-                self.control.read(batch)
-                batch = stages.link.upload(batch)
-                load.idle()
-                compute.start(batch)
-                with stages.link.computing(batch):
-                    self.control.validate(batch)
-                    batch.timestamp = self._timestamp
-                    self._timestamp += 1
-                    batch = stages.compute(batch)
-                    self.control.stamp(batch)
-                compute.idle()
-                write.start(batch)
-                batch = stages.link.download(batch)
-                self.control.write(batch)
-                self.control.finish(batch)
-                write.idle()
-                with self._finished_lock:
-                    self._on_batch(batch)
-                    self._remaining -= 1
-                    self._last_progress = time.monotonic()
+                self._write_one(self._compute_one(self._read_one(plan, load), compute), write)
 
         job = functools.partial(self._guard, inline, _Stage("inline"))
         if worker is None:
@@ -239,13 +216,7 @@ class PipelineRunner:
             if plan is None:
                 self._slots.release()
                 return
-            began = time.monotonic()
-            batch = self._stages.load.prepare(plan)
-            state.start(batch, since=began)
-            self.control.begin(batch)
-            self.control.read(batch)
-            batch = self._stages.link.upload(batch)
-            state.idle()
+            batch = self._read_one(plan, state)
             if not self._put(self._compute_queue, batch):
                 return
 
@@ -257,14 +228,7 @@ class PipelineRunner:
                 return
             if batch is _DONE:
                 break
-            state.start(batch)
-            with self._stages.link.computing(batch):
-                self.control.validate(batch)
-                batch.timestamp = self._timestamp
-                self._timestamp += 1
-                batch = self._stages.compute(batch)
-                self.control.stamp(batch)
-            state.idle()
+            batch = self._compute_one(batch, state)
             if not self._put(self._write_queue, batch):
                 return
         for _ in range(self.config.writer_threads):
@@ -277,16 +241,41 @@ class PipelineRunner:
             batch = self._get(self._write_queue)
             if batch is None or batch is _DONE:
                 return
-            state.start(batch)
-            batch = self._stages.link.download(batch)
-            self.control.write(batch)
-            self.control.finish(batch)
-            state.idle()
-            with self._finished_lock:
-                self._on_batch(batch)
-                self._remaining -= 1
-                self._last_progress = time.monotonic()
+            self._write_one(batch, state)
             self._slots.release()
+
+    # ---- one batch through each stage (the threads' and the inline thread's) --------------------
+    def _read_one(self, plan: BatchPlan, state: _Stage) -> Batch:
+        began = time.monotonic()
+        batch = self._stages.load.prepare(plan)
+        state.start(batch, since=began)
+        self.control.begin(batch)
+        self.control.read(batch)
+        batch = self._stages.link.upload(batch)
+        state.idle()
+        return batch
+
+    def _compute_one(self, batch: Batch, state: _Stage) -> Batch:
+        state.start(batch)
+        with self._stages.link.computing(batch):
+            self.control.validate(batch)
+            batch.timestamp = self._timestamp
+            self._timestamp += 1
+            batch = self._stages.compute(batch)
+            self.control.stamp(batch)
+        state.idle()
+        return batch
+
+    def _write_one(self, batch: Batch, state: _Stage) -> None:
+        state.start(batch)
+        batch = self._stages.link.download(batch)
+        self.control.write(batch)
+        self.control.finish(batch)
+        state.idle()
+        with self._finished_lock:
+            self._on_batch(batch)
+            self._remaining -= 1
+            self._last_progress = time.monotonic()
 
     # ---- blocking with a way out ----------------------------------------------------------------
     def _acquire_slot(self) -> bool:
