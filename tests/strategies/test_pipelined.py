@@ -191,13 +191,17 @@ def test_a_stalled_stage_is_named_and_the_last_checkpoint_kept(tiny_graph: Path,
     assert path.name == ckpt.epoch_name(1) and state["progress"]["epoch"] == 1
 
 
-def test_an_error_in_a_stage_thread_reaches_the_caller(tiny_graph: Path, tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("overlap", ["always", "never"])
+def test_an_error_in_a_stage_thread_reaches_the_caller(tiny_graph: Path, tmp_path: Path, monkeypatch,
+                                                       overlap: str) -> None:
+    """In the stage threads, or on the strategy's inline thread (engines.threads.Worker)."""
     def broken(self, batch):
         raise RuntimeError("boom in compute")
 
     monkeypatch.setattr(ComputeStage, "__call__", broken)
     with pytest.raises(RuntimeError, match="boom in compute"):
-        api.train(make_config(tmp_path / "run", f"data.dataset={tiny_graph}", *OVERLAP, "strategy=async"))
+        api.train(make_config(tmp_path / "run", f"data.dataset={tiny_graph}", *OVERLAP, "strategy=async",
+                              f"pipeline.overlap={overlap}"))
 
 
 # ---- when the pipeline runs (pipeline.overlap) -------------------------------------------------------------

@@ -140,7 +140,6 @@ class PipelineRunner:
         as ``busy_seconds`` as the threads' is. ``worker``: the thread to run on (kept from epoch to
         epoch by the caller), else one started for this call. Returns the next free timestamp."""
         self._setup(plans, stages, on_batch, next_timestamp)
-        self._loaders_left = self._writers_left = 1
         load, compute, write = _Stage("load"), _Stage("compute"), _Stage("write")
         self._states.extend([load, compute, write])
 
