@@ -67,6 +67,9 @@ class TrainConfig:
     reciprocal: bool = False  # add inverse relations; heads are then predicted as tails of (t, r^-1)
     regularizer: Literal["none", "n3", "l2"] = "none"
     reg_weight: float = 0.0
+    # numba-compiled CPU kernels where a task has one (mf's loss and gradient: cadence.compiled), on
+    # CPU tensors; false: torch ops only (the reference formulation, and the path on an accelerator)
+    compiled: bool = True
 
 
 @dataclass

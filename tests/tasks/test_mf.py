@@ -10,6 +10,7 @@ import torch
 from cadence import api
 from cadence.data.ratings import read_ratings_file
 from cadence.errors import ConfigError
+from cadence.tasks import TASKS
 from tests.conftest import make_config, write_ratings
 
 
@@ -82,15 +83,22 @@ def test_the_mf_task_has_one_model(tmp_path: Path) -> None:
         api.train(make_config(tmp_path / "run", "task=mf", f"data.dataset={path}", "model.name=complex"))
 
 
-def test_the_written_out_gradient_equals_autograd_through_the_formula() -> None:
-    from cadence.tasks.mf import BiasedMfLoss
+@pytest.mark.parametrize("kind", ["torch", "compiled"])
+def test_the_written_out_gradient_equals_autograd_through_the_formula(kind: str) -> None:
+    """Both formulations with their gradient written out: the torch ops (float64 here: exact up
+    to rounding) and the compiled kernel (float32, the store's type: to float32's precision)."""
+    from cadence import compiled
+    from cadence.tasks.mf import BiasedMfLoss, CompiledBiasedMfLoss
 
+    if kind == "compiled" and not compiled.AVAILABLE:
+        pytest.skip("numba is not installed")
+    function, dtype = {"torch": (BiasedMfLoss, torch.float64), "compiled": (CompiledBiasedMfLoss, torch.float32)}[kind]
     generator = torch.Generator().manual_seed(0)
-    rows = torch.randn(30, 6, generator=generator, dtype=torch.float64)
+    rows = torch.randn(30, 6, generator=generator, dtype=dtype)
     users = torch.randint(0, 12, (50,), generator=generator)
     items = torch.randint(12, 30, (50,), generator=generator)  # repeats: gradients add up per row
-    ratings = torch.randint(1, 6, (50,), generator=generator).double()
-    mean = torch.tensor(3.2, dtype=torch.float64)
+    ratings = torch.randint(1, 6, (50,), generator=generator).to(dtype)
+    mean = torch.tensor(3.2, dtype=dtype)
 
     def plain(rows):
         user, item = rows[users], rows[items]
@@ -98,10 +106,30 @@ def test_the_written_out_gradient_equals_autograd_through_the_formula() -> None:
         return (error.square() + 0.07 * (user.square().sum(1) + item.square().sum(1))).mean()
 
     first, second = rows.clone().requires_grad_(True), rows.clone().requires_grad_(True)
-    expected, fused = plain(first), BiasedMfLoss.apply(second, users, items, ratings, mean, 0.07)
+    expected, fused = plain(first), function.apply(second, users, items, ratings, mean, 0.07)
     (3.0 * expected).backward()
     (3.0 * fused).backward()
-    assert torch.allclose(fused, expected) and torch.allclose(second.grad, first.grad)
+    assert torch.allclose(fused, expected, rtol=1e-5) and torch.allclose(second.grad, first.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_training_uses_the_compiled_kernel_on_the_cpu_unless_told_not_to(tmp_path: Path) -> None:
+    """``train.compiled`` picks the formulation; both train to the same model up to float32 rounding."""
+    from cadence import compiled
+
+    if not compiled.AVAILABLE:
+        pytest.skip("numba is not installed")
+    results = {}
+    for flag in ("true", "false"):
+        config = make_config(tmp_path / flag, "task=mf", "data.dataset=ml-100k", "model.name=biased", "model.dim=8",
+                             "train.epochs=2", "train.batch_size=2048", "optimizer.entity=adagrad",
+                             f"train.compiled={flag}")
+        task = TASKS.get("mf")(config)
+        batch = task.prepare(task.plan(0)[0])
+        rows = torch.randn(batch.ids.shape[0], 9, requires_grad=True)
+        loss = task.loss(batch, rows, task.dense_module())
+        results[flag] = (type(loss.grad_fn).__name__, api.train(config).summary["rmse"])
+    assert results["true"][0].startswith("CompiledBiasedMfLoss") and results["false"][0].startswith("BiasedMfLoss")
+    assert abs(results["true"][1] - results["false"][1]) < 1e-4
 
 
 def test_unique_keys_equals_torch_unique() -> None:
