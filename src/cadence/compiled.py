@@ -69,6 +69,17 @@ if AVAILABLE:
         return total
 
 
+def warm_up() -> None:
+    """Load (or compile) every kernel now, on tiny inputs: the first call of a kernel in a process
+    costs 0.3 s (machine code from the cache) to 1-2 s (compiled), which a task pays when it is
+    built rather than inside its first timed batch."""
+    if not AVAILABLE:
+        return
+    rows = torch.zeros(2, 3)
+    biased_mf_loss_and_gradient(rows, torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.int64),
+                                torch.zeros(1), 0.0, 0.0)
+
+
 def biased_mf_loss_and_gradient(rows: Tensor, users: Tensor, items: Tensor, ratings: Tensor, mean: float,
                                 reg: float) -> tuple[float, Tensor]:
     """(the batch's mean loss, its gradient [n, dim + 1] with respect to ``rows``) of
