@@ -75,9 +75,10 @@ def last_checkpoint(run: Path) -> Path:
 INTERRUPTED = [(task, runtime) for task in (*TASKS, "image")
                for runtime in ("sync", "async", "oac", "pdasgd", "hop_bw", "gba", "shadow-ma", "fr-easgd", "ray",
                                "shadow-ray", "adapm")]
-DEFAULT_INTERRUPTS = {("kge", "sync"), ("ctr", "oac"), ("mf", "hop_bw"), ("w2v", "gba"), ("ctr", "ray"),
-                      ("kge", "async"), ("ctr", "shadow-ma"), ("kge", "fr-easgd"), ("image", "pdasgd"),
-                      ("ctr", "pdasgd"), ("mf", "adapm")}
+# one per family of runtimes: the pipeline (sync, oac), the parameter server (gba), ShadowSync
+# (fr-easgd), pdASGD, AdaPM, and Ray
+DEFAULT_INTERRUPTS = {("kge", "sync"), ("ctr", "oac"), ("w2v", "gba"), ("ctr", "ray"), ("kge", "fr-easgd"),
+                      ("image", "pdasgd"), ("mf", "adapm")}
 
 
 def _ctrl_c_then_resume(ws: Workspace, task: str, runtime: str) -> None:
@@ -128,7 +129,7 @@ def ctrl_c_during_compare(ws: Workspace) -> None:
     ws.succeeds(ws.cadence("-q", "train", "--resume", str(out / "oac"), "--epochs", "3"))
 
 
-@case("interrupts", processes=True, tasks=TASKS)
+@case("interrupts", processes=True, tasks=TASKS, slow=lambda task: task != "kge")
 def sigkill_then_resume(ws: Workspace, task: str) -> None:
     data = ws.data(task)
     out = ws.root / "run"
@@ -172,7 +173,7 @@ def _hold_lock(run: Path) -> subprocess.Popen:
     return holder
 
 
-@case("one_writer", processes=True, tasks=TASKS)
+@case("one_writer", processes=True, tasks=TASKS, slow=lambda task: task != "kge")  # the lock knows no task
 def resume_while_another_process_writes_the_run(ws: Workspace, task: str) -> None:
     run, _ = ws.trained(task)
     before = tree_digest(run)
@@ -575,7 +576,7 @@ def _tiny_filesystem(ws: Workspace, size: str) -> Path:
     return mount
 
 
-@case("os", tasks=TASKS, root=True, processes=True)
+@case("os", tasks=TASKS, root=True, processes=True, slow=lambda task: task != "kge")
 def disk_full_during_training(ws: Workspace, task: str) -> None:
     """The disk fills while the run writes (a filler file leaves room for the config and a little
     more): one line naming the path and the cause; the earlier checkpoints stay intact and, with

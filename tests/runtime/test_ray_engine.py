@@ -78,7 +78,7 @@ def test_sync_with_four_workers_equals_the_thread_engine(tmp_path: Path, local_c
 
 # (async and sync with one worker on the threads engine run as the pipeline: tests/test_task_matrix.py
 # checks them against the parameter server)
-@pytest.mark.parametrize("mode, shards", [pytest.param("bsp", 1, marks=pytest.mark.slow), ("gba", 1), ("hop_bs", 1),
+@pytest.mark.parametrize("mode, shards", [pytest.param("bsp", 1, marks=pytest.mark.slow), ("gba", 1), pytest.param("hop_bs", 1, marks=pytest.mark.slow),
                                           pytest.param("hop_bw", 1, marks=pytest.mark.slow), ("hop_bw", 2),
                                           ("gba", 2)])  # (bsp: gba's rule without a tolerance)
 def test_one_worker_equals_the_thread_engine_in_every_mode(tmp_path: Path, local_cluster, mode: str,
@@ -113,7 +113,8 @@ def test_one_worker_with_dropout_equals_the_thread_engine(tmp_path: Path, local_
     assert on_ray["auc"] == threads["auc"]
 
 
-@pytest.mark.parametrize("mode, steps_per_epoch", [("async", 12), ("gba", 3), ("hop_bs", 12)])
+@pytest.mark.parametrize("mode, steps_per_epoch", [("async", 12), pytest.param("gba", 3, marks=pytest.mark.slow),
+                                                   pytest.param("hop_bs", 12, marks=pytest.mark.slow)])
 def test_nondeterministic_modes_count_steps_and_examples_exactly(tmp_path: Path, local_cluster, mode: str,
                                                                    steps_per_epoch: int) -> None:
     summary, _ = fit(trainer_for(tmp_path, f"strategy={mode}", "ps.workers=4", "ps.engine=ray"))
@@ -333,7 +334,7 @@ def test_dense_on_the_workers_on_ray_equals_the_thread_engine(tmp_path: Path, lo
 
 # ---- ShadowSync: each worker actor is a trainer of Hogwild threads ----------------------------------
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", ["fr-easgd", "shadow-ma", "fr-bmuf",
+@pytest.mark.parametrize("mode", ["fr-easgd", "shadow-ma", pytest.param("fr-bmuf", marks=pytest.mark.slow),
                                   pytest.param("shadow-easgd", marks=pytest.mark.slow)])
 def test_shadow_trainers_as_actors_train_one_pass_and_sync(tmp_path: Path, local_cluster, mode: str) -> None:
     """Two trainer processes of two threads each: every example once, the replicas synced (EASGD with
@@ -354,7 +355,7 @@ def test_shadow_trainers_as_actors_train_one_pass_and_sync(tmp_path: Path, local
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", ["shadow-easgd", "shadow-ma"])
+@pytest.mark.parametrize("mode", [pytest.param("shadow-easgd", marks=pytest.mark.slow), "shadow-ma"])
 def test_one_trainer_of_one_thread_on_ray_equals_the_thread_engine(tmp_path: Path, local_cluster, mode: str) -> None:
     """The sequential twin: one trainer, one thread, alpha 0 (the sync leaves the replica alone) gives
     the same model on both engines, bit for bit."""
