@@ -6,8 +6,12 @@ each strategy's counters; async and oac both with the default ``pipeline.overlap
 in the threads (``-threads``: ``pipeline.overlap=always``).
 Part 2, a synthetic power-law graph whose tables exceed 4 GiB, in the memory-mapped store: edges/s
 of one epoch per strategy (no evaluation: ranking 4M entities is not what is measured here).
+Part 3, every other task (issue 27: async and OAC >= 0.9x sync on every task): each task's shipped
+setting in memory (``TASK_SETTINGS``: fewer epochs; ctr on the one-process pipeline; image
+without pdASGD's keys), sync / async / oac with the default ``pipeline.overlap``, interleaved,
+``--repeats`` times; examples/s and the task's primary metric.
 
-    .venv/bin/python benchmarks/pipeline_throughput.py [--quick] [--only umls|synthetic]
+    .venv/bin/python benchmarks/pipeline_throughput.py [--quick] [--only umls|synthetic|tasks]
 
 Writes benchmarks/results/pipeline_throughput.json (or ..._quick.json).
 """
@@ -52,6 +56,41 @@ def run(overrides: list[str], config_file: Path | None, out: Path) -> dict:
 UMLS_CONTENDERS = {"sync": ["strategy=sync"], "async": ["strategy=async"], "oac": ["strategy=oac"],
                    "async-threads": ["strategy=async", "pipeline.overlap=always"],
                    "oac-threads": ["strategy=oac", "pipeline.overlap=always"]}
+
+
+# part 3: (config file, overrides, quick overrides) per task; every strategy of STRATEGIES runs each
+TASK_SETTINGS: dict[str, tuple[str | None, list[str], list[str]]] = {
+    "mf": ("ml100k-mf.yaml", ["train.epochs=10"], ["train.epochs=2"]),
+    "ctr": ("ml100k-deepfm.yaml", ["ps.workers=1", "train.batch_size=1024", "train.epochs=2"], ["train.epochs=1"]),
+    "w2v": ("w2v.yaml", ["data.dataset=enwiki-excerpt", "train.epochs=1"], ["w2v.max_vocab=2000"]),
+    "image": (None, ["task=image", "data.dataset=fashion-mnist", "model.name=mlp", "train.batch_size=128",
+                     "optimizer.dense=sgd", "optimizer.lr=0.015", "optimizer.momentum=0.9", "train.epochs=1"],
+              ["image.valid_size=55000"]),
+}
+
+
+def tasks_part(work: Path, repeats: int, quick: bool) -> dict:
+    """Per task: each strategy's examples/s and primary metric over ``repeats`` interleaved runs."""
+    parts = {}
+    for task, (config_file, overrides, quick_overrides) in TASK_SETTINGS.items():
+        runs: dict[str, list[dict]] = {name: [] for name in STRATEGIES}
+        for repeat in range(repeats):
+            order = STRATEGIES if repeat % 2 == 0 else STRATEGIES[::-1]
+            for name in order:
+                chosen = [f"strategy={name}", *overrides, *(quick_overrides if quick else []), "eval.every=0",
+                          "eval.patience=0", "checkpoint.every=0", f"seed={repeat}"]
+                summary = run(chosen, CONFIGS / config_file if config_file else None, work / f"{task}-{name}-{repeat}")
+                summary["mrr"] = summary[summary["primary_metric"]]  # summarize's quality column
+                runs[name].append(summary)
+                print(f"{task} {name} repeat {repeat}: {summary['examples_per_second']:,.0f} examples/s, "
+                      f"{summary['primary_metric']} {summary['mrr']:.4f}", file=sys.stderr)
+        result = summarize(runs, with_mrr=True)
+        metric = runs["sync"][0]["primary_metric"]
+        for entry in result["strategies"].values():  # name the quality column by its metric
+            entry[metric], entry[f"{metric}_mean"] = entry.pop("test_mrr"), entry.pop("test_mrr_mean")
+        result["setting"] = {"config": config_file, "overrides": overrides + (quick_overrides if quick else [])}
+        parts[task] = result
+    return parts
 
 
 def umls_part(work: Path, repeats: int, epochs: int) -> dict:
@@ -114,7 +153,7 @@ def summarize(runs: dict[str, list[dict]], with_mrr: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of the harness")
-    parser.add_argument("--only", choices=["umls", "synthetic"])
+    parser.add_argument("--only", choices=["umls", "synthetic", "tasks"])
     add_flag(parser)
     args = parser.parse_args()
     check(args)
@@ -134,17 +173,21 @@ def main() -> None:
             else:  # 4.2M x 256 float32 = 4.0 GiB of values, plus state and versions
                 results["synthetic_mmap"] = synthetic_part(work, 4_200_000, 256, 2_000_000, 10_000, 1_000,
                                                            repeats=2)
+        if args.only in (None, "tasks"):
+            results["tasks_memory"] = tasks_part(work, repeats=1 if args.quick else 3, quick=args.quick)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / ("pipeline_throughput_quick.json" if args.quick else "pipeline_throughput.json")
     if args.only and path.exists():  # keep the other part's numbers, with their own command and date
         previous = json.loads(path.read_text())
-        kept = {k: v for k, v in previous.items() if k in ("umls_memory", "synthetic_mmap") and k not in results}
+        kept = {k: v for k, v in previous.items()
+                if k in ("umls_memory", "synthetic_mmap", "tasks_memory") and k not in results}
         for key, value in kept.items():
             value.setdefault("measured", {"command": previous.get("command"), "date": previous.get("date")})
         results.update(kept)
     path.write_text(json.dumps(stamp(results), indent=2) + "\n")
-    print(json.dumps({k: v.get("ratios") for k, v in results.items() if isinstance(v, dict) and "ratios" in v},
-                     indent=2))
+    ratios = {k: v.get("ratios") for k, v in results.items() if isinstance(v, dict) and "ratios" in v}
+    ratios.update({task: v["ratios"] for task, v in results.get("tasks_memory", {}).items()})
+    print(json.dumps(ratios, indent=2))
 
 
 if __name__ == "__main__":
