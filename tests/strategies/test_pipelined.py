@@ -247,3 +247,23 @@ def test_auto_follows_what_each_epoch_measures() -> None:
     assert strategy.inline_next is True
     strategy.choose_next(True, busy(0.3))
     assert strategy.inline_next is True
+
+
+def test_auto_runs_inline_for_good_once_the_threads_were_measured_slower() -> None:
+    """A pipelined epoch that ran fewer batches a second than the inline epoch before it sends
+    every later epoch inline, whatever the busy seconds say; a faster one leaves the choice to them."""
+    from cadence.config import PipelineConfig
+    from cadence.strategies.pipelined.control import AsyncStrategy
+
+    busy = {"load_busy_seconds": 0.4, "write_busy_seconds": 0.4, "compute_busy_seconds": 1.0}
+    faster = AsyncStrategy(PipelineConfig())
+    faster.choose_next(True, busy, rate=100.0)
+    assert faster.inline_next is False
+    faster.choose_next(False, busy, rate=120.0)
+    assert faster.inline_next is False  # the threads paid: they stay
+    slower = AsyncStrategy(PipelineConfig())
+    slower.choose_next(True, busy, rate=100.0)
+    slower.choose_next(False, busy, rate=80.0)
+    assert slower.inline_next is True
+    slower.choose_next(True, busy, rate=100.0)  # an inline epoch that would otherwise try the threads again
+    assert slower.inline_next is True

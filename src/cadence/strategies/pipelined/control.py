@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import operator
 import threading
+import time
 
 import torch
 
@@ -152,7 +153,10 @@ class PipelinedStrategy(Schedule):
 
     # overlap: auto: the share of compute time that reads and writes must reach for an epoch to run in
     # the threads (a pipelined epoch below INLINE_BELOW makes the next inline; an inline one above
-    # PIPELINE_ABOVE makes the next pipelined: apart, so that noise does not flip every epoch)
+    # PIPELINE_ABOVE makes the next pipelined: apart, so that noise does not flip every epoch). And a
+    # pipelined epoch that ran fewer batches a second than the last inline one sends every later
+    # epoch inline: the threads cost more than they hid (Python between small ops holds the GIL:
+    # mf's compiled loss, issue 27)
     INLINE_BELOW = 0.1
     PIPELINE_ABOVE = 0.5
 
@@ -161,6 +165,8 @@ class PipelinedStrategy(Schedule):
         self.totals: dict[str, int] = {}
         self.next_timestamp = 0
         self.inline_next: bool | None = None  # auto's choice for the next epoch (None: not measured yet)
+        self.inline_rate: float | None = None  # batches a second of the last epoch run inline
+        self.threads_lost = False  # a pipelined epoch was slower than the inline one before it
         self.worker: Worker | None = None
 
     def _inline(self, stages) -> bool:
@@ -173,7 +179,17 @@ class PipelinedStrategy(Schedule):
         # epoch measures otherwise
         return True if self.inline_next is None else self.inline_next
 
-    def choose_next(self, inline: bool, busy: dict[str, float]) -> None:
+    def choose_next(self, inline: bool, busy: dict[str, float], rate: float | None = None) -> None:
+        """Auto's choice for the next epoch from this one's busy seconds per stage and, given,
+        its batches a second."""
+        if rate is not None:
+            if inline:
+                self.inline_rate = rate
+            elif self.inline_rate is not None and rate < self.inline_rate:
+                self.threads_lost = True
+        if self.threads_lost:
+            self.inline_next = True
+            return
         hidden = busy.get("load_busy_seconds", 0.0) + busy.get("write_busy_seconds", 0.0)
         compute = busy.get("compute_busy_seconds", 0.0)
         if inline:
@@ -196,6 +212,7 @@ class PipelinedStrategy(Schedule):
         # repair, so no control beyond the versions (the same rows a control would give, bit for bit)
         control = InOrder(store, device) if inline else self.make_control(store, device, first)
         runner = PipelineRunner(self.settings, control)
+        started = time.monotonic()
         if inline:
             if self.worker is None:  # one thread for every inline epoch (engines.threads.Worker)
                 self.worker = Worker("cadence-inline")
@@ -207,7 +224,7 @@ class PipelinedStrategy(Schedule):
         else:
             self.next_timestamp = runner.run(plans, stages, on_batch, first)
         busy = runner.busy_seconds()
-        self.choose_next(inline, busy)
+        self.choose_next(inline, busy, len(plans) / max(time.monotonic() - started, 1e-9))
         # counters add up over epochs; peaks take the max
         counters = {**dict.fromkeys(self.counters, 0), **control.stats(), **busy, "inline_epochs": int(inline),
                     "pipelined_epochs": int(not inline)}
