@@ -14,6 +14,9 @@ Kernels:
 
 - ``biased_mf_loss_and_gradient``: biased matrix factorisation's batch loss and its gradient with
   respect to the batch's rows (tasks/mf.py has the formula and the torch reference).
+- ``skipgram_loss_and_gradient``: skip-gram with negative sampling's batch loss and its gradient,
+  pair by pair as word2vec's inner loop, into a gradient buffer instead of the rows themselves
+  (tasks/w2v.py has the formula and the torch reference).
 """
 
 from __future__ import annotations
@@ -41,8 +44,12 @@ def _array(tensor: Tensor) -> np.ndarray:
     return tensor.detach().contiguous().numpy()
 
 
+# LLVM's fast-math flags that let a sum be reordered (and so vectorised), without the ones that
+# assume no infinity or NaN ever occurs
+FAST = {"reassoc", "contract", "nsz", "arcp"}
+
 if AVAILABLE:
-    @numba.njit(nogil=True, cache=True, fastmath=True)
+    @numba.njit(nogil=True, cache=True, fastmath=FAST)
     def _biased_mf(rows, users, items, ratings, mean, reg, scale, grad):  # pragma: no cover - compiled
         width = rows.shape[1]
         factors = width - 1
@@ -69,15 +76,62 @@ if AVAILABLE:
         return total
 
 
-def warm_up() -> None:
-    """Load (or compile) every kernel now, on tiny inputs: the first call of a kernel in a process
-    costs 0.3 s (machine code from the cache) to 1-2 s (compiled), which a task pays when it is
-    built rather than inside its first timed batch."""
+if AVAILABLE:
+    @numba.njit(nogil=True, cache=True, fastmath=FAST)
+    def _skipgram(rows, inputs, outputs, rate, grad, context):  # pragma: no cover - compiled
+        width = rows.shape[1]
+        total = 0.0
+        for p in range(inputs.shape[0]):
+            i = inputs[p]
+            for d in range(width):
+                context[d] = 0.0
+            for k in range(outputs.shape[1]):
+                o = outputs[p, k]
+                score = np.float32(0.0)
+                for d in range(width):
+                    score += rows[o, d] * rows[i, d]
+                # sigmoid and softplus from one exp of a non-positive number (no overflow):
+                # softplus(x) = max(x, 0) + log1p(exp(-|x|))
+                e = np.exp(-abs(score))
+                sigmoid = 1.0 / (1.0 + e) if score >= 0 else e / (1.0 + e)
+                tail = np.log1p(e)
+                if k == 0:  # the positive: softplus(-s), d/ds = sigmoid(s) - 1
+                    total += max(-score, 0.0) + tail
+                    weight = np.float32((sigmoid - 1.0) * rate)
+                else:  # a noise word: softplus(s), d/ds = sigmoid(s)
+                    total += max(score, 0.0) + tail
+                    weight = np.float32(sigmoid * rate)
+                for d in range(width):
+                    context[d] += weight * rows[o, d]
+                    grad[o, d] += weight * rows[i, d]
+            for d in range(width):
+                grad[i, d] += context[d]
+        return total * rate
+
+
+def skipgram_loss_and_gradient(rows: Tensor, inputs: Tensor, outputs: Tensor, rate: float) -> tuple[float, Tensor]:
+    """(the batch's loss, its gradient [n, dim] with respect to ``rows``) of
+    ``rate * sum_p (softplus(-s_p0) + sum_k softplus(s_pk))``, ``s_pk = <rows[outputs[p, k]],
+    rows[inputs[p]]>``: each pair's scores in float32 (as torch), the batch's total in float64."""
+    gradient = torch.zeros(rows.shape, dtype=torch.float32)
+    context = np.zeros(rows.shape[1], np.float32)
+    total = _skipgram(_array(rows), _array(inputs), _array(outputs), float(rate), gradient.numpy(), context)
+    return total, gradient
+
+
+def warm_up(kernel: str) -> None:
+    """Load (or compile) ``kernel`` (``biased_mf`` or ``skipgram``) now, on tiny inputs: the first
+    call of a kernel in a process costs 0.3 s (machine code from the cache) to 1-2 s (compiled),
+    which a task pays when it is built rather than inside its first timed batch."""
     if not AVAILABLE:
         return
-    rows = torch.zeros(2, 3)
-    biased_mf_loss_and_gradient(rows, torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.int64),
-                                torch.zeros(1), 0.0, 0.0)
+    rows, first, second = torch.zeros(2, 3), torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.int64)
+    if kernel == "biased_mf":
+        biased_mf_loss_and_gradient(rows, first, second, torch.zeros(1), 0.0, 0.0)
+    elif kernel == "skipgram":
+        skipgram_loss_and_gradient(rows, first, second.view(1, 1), 1.0)
+    else:
+        raise ValueError(f"no kernel {kernel!r}")
 
 
 def biased_mf_loss_and_gradient(rows: Tensor, users: Tensor, items: Tensor, ratings: Tensor, mean: float,

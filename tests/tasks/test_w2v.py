@@ -110,14 +110,21 @@ def test_the_loss_is_the_summed_negative_sampling_objective_scaled_by_the_decaye
     assert float(task._rate(task.plan(0)[0])) == 1.0
 
 
-def test_the_written_out_gradient_equals_autograd_through_the_formula() -> None:
-    from cadence.tasks.w2v import SkipGramLoss
+@pytest.mark.parametrize("kind", ["torch", "compiled"])
+def test_the_written_out_gradient_equals_autograd_through_the_formula(kind: str) -> None:
+    """Both formulations: the torch ops (float64 here) and the compiled kernel (float32, the
+    store's type; scores up to +-12, where a naive sigmoid or softplus would overflow)."""
+    from cadence import compiled
+    from cadence.tasks.w2v import CompiledSkipGramLoss, SkipGramLoss
 
+    if kind == "compiled" and not compiled.AVAILABLE:
+        pytest.skip("numba is not installed")
+    function, dtype = {"torch": (SkipGramLoss, torch.float64), "compiled": (CompiledSkipGramLoss, torch.float32)}[kind]
     generator = torch.Generator().manual_seed(0)
-    rows = torch.randn(20, 5, generator=generator, dtype=torch.float64)
+    rows = torch.randn(20, 5, generator=generator, dtype=dtype) * 1.5
     inputs = torch.randint(0, 8, (40,), generator=generator)  # repeats: gradients add up per row
     outputs = torch.randint(8, 20, (40, 4), generator=generator)
-    rate = torch.tensor(0.7, dtype=torch.float64)
+    rate = torch.tensor(0.7, dtype=dtype)
 
     def plain(rows):
         u, v = rows[inputs], rows[outputs]
@@ -125,10 +132,30 @@ def test_the_written_out_gradient_equals_autograd_through_the_formula() -> None:
         return (torch.nn.functional.softplus(-scores[:, 0]).sum() + torch.nn.functional.softplus(scores[:, 1:]).sum()) * rate
 
     first, second = rows.clone().requires_grad_(True), rows.clone().requires_grad_(True)
-    expected, fused = plain(first), SkipGramLoss.apply(second, inputs, outputs, rate)
+    expected, fused = plain(first), function.apply(second, inputs, outputs, rate)
     (2.0 * expected).backward()
     (2.0 * fused).backward()
-    assert torch.allclose(fused, expected) and torch.allclose(second.grad, first.grad)
+    assert torch.allclose(fused, expected, rtol=1e-5)
+    assert torch.allclose(second.grad, first.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_training_uses_the_compiled_kernel_on_the_cpu_unless_told_not_to(task_data, tmp_path: Path) -> None:
+    """``train.compiled`` picks the formulation; both train the same vectors up to float32 rounding."""
+    from cadence import compiled
+
+    if not compiled.AVAILABLE:
+        pytest.skip("numba is not installed")
+    vectors, kinds = {}, {}
+    for flag in ("true", "false"):
+        config = make_config(tmp_path / flag, *task_data["w2v"], f"train.compiled={flag}")
+        task = Word2VecTask(api.prepare_config(config))
+        batch = task.prepare(task.plan(0)[0])
+        rows = torch.randn(batch.ids.shape[0], config.model.dim, requires_grad=True)
+        kinds[flag] = type(task.loss(batch, rows, None).grad_fn).__name__
+        _, trained, view, _ = api.load_model(api.train(config).run_dir)
+        vectors[flag] = view.values(torch.arange(2 * trained.vocabulary))
+    assert kinds["true"].startswith("CompiledSkipGramLoss") and kinds["false"].startswith("SkipGramLoss")
+    assert torch.allclose(vectors["true"], vectors["false"], atol=1e-5)
 
 
 def test_output_vectors_start_at_zero_and_input_vectors_do_not() -> None:

@@ -121,7 +121,7 @@ class MfTask(Task):
         if not len(self.splits["train"]):
             raise ConfigError(f"{self.dataset.name}: the training split is empty")
         if config.train.compiled:
-            compiled.warm_up()  # the kernel's first call (loading its machine code) outside the epochs
+            compiled.warm_up("biased_mf")  # the kernel's first call (loading its machine code) outside the epochs
         train = self.splits["train"].values
         self.mean, self.low, self.high = float(train.double().mean()), float(train.min()), float(train.max())
 

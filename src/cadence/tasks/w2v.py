@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cadence import compiled
 from cadence.config import Config
 from cadence.data.corpus import Corpus, keep_probabilities, load_corpus, noise_distribution
 from cadence.errors import ConfigError
@@ -82,6 +83,23 @@ class SkipGramLoss(torch.autograd.Function):
         return gradient, None, None, None
 
 
+class CompiledSkipGramLoss(torch.autograd.Function):
+    """``SkipGramLoss`` in one compiled pass over the batch's pairs (``cadence.compiled``): the
+    forward computes the loss and its gradient together, pair by pair as word2vec's loop, the
+    backward scales the gradient."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, inputs: Tensor, outputs: Tensor, rate: Tensor) -> Tensor:
+        loss, gradient = compiled.skipgram_loss_and_gradient(rows, inputs, outputs, float(rate))
+        ctx.save_for_backward(gradient)
+        return torch.tensor(loss, dtype=rows.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (gradient,) = ctx.saved_tensors
+        return (gradient if bool(grad == 1) else gradient * grad), None, None, None
+
+
 class AliasTable:
     """Draws from a discrete distribution in O(1) per sample (Walker's alias method, Vose's
     construction): column i keeps itself with probability ``keep[i]``, else gives ``alias[i]``."""
@@ -125,6 +143,8 @@ class Word2VecTask(Task):
         if self.vocabulary < 2:
             raise ConfigError(f"data.dataset: {self.vocabulary} words occur at least w2v.min_count="
                               f"{w2v.min_count} times; nothing to train")
+        if config.train.compiled:
+            compiled.warm_up("skipgram")  # the kernel's first call outside the epochs
         self.keep = keep_probabilities(self.corpus.counts, w2v.sample).float()
         self.noise = AliasTable(noise_distribution(self.corpus.counts))
         starts = self.corpus.sentence_starts
@@ -199,7 +219,8 @@ class Word2VecTask(Task):
         return torch.tensor(max(final, lr - (lr - final) * progress) / lr)
 
     def loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
-        return SkipGramLoss.apply(rows, batch.inputs["inputs"], batch.inputs["outputs"], batch.inputs["rate"])
+        kind = CompiledSkipGramLoss if self.config.train.compiled and compiled.usable(rows) else SkipGramLoss
+        return kind.apply(rows, batch.inputs["inputs"], batch.inputs["outputs"], batch.inputs["rate"])
 
     # ---- evaluation -----------------------------------------------------------------------------
     def vectors(self, params: ParameterView) -> Tensor:
