@@ -114,7 +114,8 @@ class PipelineConfig:
     # when batches run in the threads: always; never (one after another on the calling thread: the
     # schedule of staleness_bound 1); auto: in the threads where there is something to hide (an
     # accelerator's transfers, an mmap store's reads, or reads and writes that took over half the
-    # compute time of an epoch run inline), else inline until an epoch measures otherwise
+    # compute time of an epoch run inline), else inline until an epoch measures otherwise; inline for
+    # good once a pipelined epoch ran slower than the inline one before it
     # (docs/strategies/pipelined.md, "When the pipeline runs")
     overlap: Literal["auto", "always", "never"] = "auto"
 
