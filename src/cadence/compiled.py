@@ -14,6 +14,9 @@ Kernels:
 
 - ``biased_mf_loss_and_gradient``: biased matrix factorisation's batch loss and its gradient with
   respect to the batch's rows (tasks/mf.py has the formula and the torch reference).
+- ``unique_keys``: the sorted distinct keys of a batch in a small key space and each key's position
+  among them (``torch.unique(keys, return_inverse=True)``, the same integers; used whenever numba is
+  there, whatever ``train.compiled`` says, since the result cannot differ).
 - ``skipgram_loss_and_gradient``: skip-gram with negative sampling's batch loss and its gradient,
   pair by pair as word2vec's inner loop, into a gradient buffer instead of the rows themselves
   (tasks/w2v.py has the formula and the torch reference).
@@ -119,19 +122,55 @@ def skipgram_loss_and_gradient(rows: Tensor, inputs: Tensor, outputs: Tensor, ra
     return total, gradient
 
 
-def warm_up(kernel: str) -> None:
-    """Load (or compile) ``kernel`` (``biased_mf`` or ``skipgram``) now, on tiny inputs: the first
-    call of a kernel in a process costs 0.3 s (machine code from the cache) to 1-2 s (compiled),
-    which a task pays when it is built rather than inside its first timed batch."""
+if AVAILABLE:
+    @numba.njit(nogil=True, cache=True)
+    def _unique_small(keys, num_keys, inverse):  # pragma: no cover - compiled
+        present = np.zeros(num_keys, np.bool_)
+        for key in keys:
+            if key < 0 or key >= num_keys:
+                return np.empty(0, np.int64), False
+            present[key] = True
+        position = np.empty(num_keys, np.int64)
+        count = 0
+        for key in range(num_keys):
+            if present[key]:
+                position[key] = count
+                count += 1
+        ids = np.empty(count, np.int64)
+        for key in range(num_keys):
+            if present[key]:
+                ids[position[key]] = key
+        for index in range(keys.shape[0]):
+            inverse[index] = position[keys[index]]
+        return ids, True
+
+
+def unique_keys(keys: Tensor, num_keys: int) -> tuple[Tensor, Tensor]:
+    """``torch.unique(keys, return_inverse=True)`` for int64 keys in ``[0, num_keys)`` on the CPU,
+    in three linear passes (mark, number, map); a key outside the range is an ``IndexError``."""
+    inverse = torch.empty(keys.shape, dtype=torch.int64)
+    ids, valid = _unique_small(_array(keys), num_keys, inverse.numpy())
+    if not valid:
+        raise IndexError(f"unique_keys: a key outside [0, {num_keys})")
+    return torch.from_numpy(ids), inverse
+
+
+def warm_up(*kernels: str) -> None:
+    """Load (or compile) these kernels (``biased_mf``, ``skipgram``, ``unique_keys``) now, on tiny
+    inputs: the first call of a kernel in a process costs 0.3 s (machine code from the cache) to 1-2 s
+    (compiled), which a task pays when it is built rather than inside its first timed batch."""
     if not AVAILABLE:
         return
     rows, first, second = torch.zeros(2, 3), torch.zeros(1, dtype=torch.int64), torch.ones(1, dtype=torch.int64)
-    if kernel == "biased_mf":
-        biased_mf_loss_and_gradient(rows, first, second, torch.zeros(1), 0.0, 0.0)
-    elif kernel == "skipgram":
-        skipgram_loss_and_gradient(rows, first, second.view(1, 1), 1.0)
-    else:
-        raise ValueError(f"no kernel {kernel!r}")
+    for kernel in kernels:
+        if kernel == "biased_mf":
+            biased_mf_loss_and_gradient(rows, first, second, torch.zeros(1), 0.0, 0.0)
+        elif kernel == "skipgram":
+            skipgram_loss_and_gradient(rows, first, second.view(1, 1), 1.0)
+        elif kernel == "unique_keys":
+            unique_keys(second, 2)
+        else:
+            raise ValueError(f"no kernel {kernel!r}")
 
 
 def biased_mf_loss_and_gradient(rows: Tensor, users: Tensor, items: Tensor, ratings: Tensor, mean: float,

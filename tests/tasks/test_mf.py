@@ -133,10 +133,20 @@ def test_training_uses_the_compiled_kernel_on_the_cpu_unless_told_not_to(tmp_pat
 
 
 def test_unique_keys_equals_torch_unique() -> None:
+    """Every path (the compiled passes, the torch bitmap, the sort) gives torch.unique's integers."""
+    from cadence import compiled
     from cadence.core.batch import unique_keys
 
-    for num_keys, size in ((50, 200), (10_000, 20)):
+    for num_keys, size in ((50, 200), (10_000, 20), (3, 1000)):
         keys = torch.randint(0, num_keys, (size,), generator=torch.Generator().manual_seed(num_keys))
-        ids, inverse = unique_keys(keys, num_keys)
         expected_ids, expected_inverse = torch.unique(keys, return_inverse=True)
+        ids, inverse = unique_keys(keys, num_keys)
         assert torch.equal(ids, expected_ids) and torch.equal(inverse, expected_inverse)
+        ids, inverse = unique_keys(keys.int(), num_keys)  # int32: the torch bitmap
+        assert torch.equal(ids, expected_ids) and torch.equal(inverse, expected_inverse)
+        if compiled.AVAILABLE:
+            ids, inverse = compiled.unique_keys(keys, num_keys)
+            assert torch.equal(ids, expected_ids) and torch.equal(inverse, expected_inverse)
+    if compiled.AVAILABLE:
+        with pytest.raises(IndexError):
+            compiled.unique_keys(torch.tensor([0, 5]), 5)

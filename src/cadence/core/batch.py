@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from cadence import compiled
 from cadence.seeding import derive_seed
 from cadence.core.rows import RowBlock
 
@@ -82,6 +83,8 @@ def unique_keys(keys: Tensor, num_keys: int) -> tuple[Tensor, Tensor]:
     sort. Same result either way."""
     if num_keys > 32 * keys.shape[0]:
         return torch.unique(keys, return_inverse=True)
+    if compiled.AVAILABLE and keys.device.type == "cpu" and keys.dtype == torch.int64:
+        return compiled.unique_keys(keys, num_keys)  # the same integers in one compiled pass
     present = torch.zeros(num_keys, dtype=torch.bool)
     present[keys] = True
     position = torch.cumsum(present, 0) - 1

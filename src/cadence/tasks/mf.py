@@ -120,8 +120,8 @@ class MfTask(Task):
         self.splits: dict[str, Ratings] = dict(zip(("train", "valid", "test"), parts))
         if not len(self.splits["train"]):
             raise ConfigError(f"{self.dataset.name}: the training split is empty")
-        if config.train.compiled:
-            compiled.warm_up("biased_mf")  # the kernel's first call (loading its machine code) outside the epochs
+        # the kernels' first calls (loading their machine code) outside the epochs
+        compiled.warm_up("unique_keys", *(("biased_mf",) if config.train.compiled else ()))
         train = self.splits["train"].values
         self.mean, self.low, self.high = float(train.double().mean()), float(train.min()), float(train.max())
 

@@ -143,8 +143,8 @@ class Word2VecTask(Task):
         if self.vocabulary < 2:
             raise ConfigError(f"data.dataset: {self.vocabulary} words occur at least w2v.min_count="
                               f"{w2v.min_count} times; nothing to train")
-        if config.train.compiled:
-            compiled.warm_up("skipgram")  # the kernel's first call outside the epochs
+        # the kernels' first calls outside the epochs
+        compiled.warm_up("unique_keys", *(("skipgram",) if config.train.compiled else ()))
         self.keep = keep_probabilities(self.corpus.counts, w2v.sample).float()
         self.noise = AliasTable(noise_distribution(self.corpus.counts))
         starts = self.corpus.sentence_starts
