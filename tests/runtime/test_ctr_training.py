@@ -198,8 +198,10 @@ def test_sync_is_reproducible_with_several_shards(tmp_path: Path) -> None:
 
 
 def test_gba_drops_the_stale_gradients_of_a_straggler(tmp_path: Path) -> None:
+    # 20x: at 8x a loaded machine (the whole suite on 2 cores) once let the others move on by only 2
+    # steps while the straggler computed, and nothing was dropped
     trainer, _, _ = trainer_for(tmp_path, "strategy=gba", "ps.workers=3", "ps.shards=2", "ps.tolerance=2",
-                                'ps.stragglers=["0:8"]')
+                                'ps.stragglers=["0:20"]')
     summary = trainer.fit()
     # the straggler pulls at step t and pushes after the others have moved the server on: dropped
     assert summary["gradients_dropped"] >= 1
