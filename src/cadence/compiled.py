@@ -4,8 +4,8 @@ torch formulation it replaces stays the reference (tests compare the two) and th
 accelerator or where numba cannot be imported (``AVAILABLE`` is then False).
 
 Every kernel is single-threaded, compiled with ``fastmath`` (reductions vectorised: 2.4x on the
-MF kernel; the order of a sum's terms is then the compiler's, fixed for a given machine), releases the GIL (``nogil``: a parameter server's worker threads
-run theirs at once), and visits its entries in one fixed order, so its result is the same bits
+MF kernel; the order of a sum's terms is then the compiler's, fixed for a given machine), releases
+the GIL (``nogil``: a parameter server's worker threads run theirs at once), and visits its entries in one fixed order, so its result is the same bits
 whatever the thread count or the strategy that calls it. ``cache=True`` keeps the machine code
 next to this file (or in numba's user cache where that is read-only): only the first run on a
 machine compiles (about a second per kernel).
@@ -45,6 +45,22 @@ def usable(rows: Tensor) -> bool:
 def _array(tensor: Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor (no copy where it is contiguous), outside autograd."""
     return tensor.detach().contiguous().numpy()
+
+
+class KernelLoss(torch.autograd.Function):
+    """A loss whose kernel returns its gradient with it: a subclass's ``forward`` calls a kernel and
+    returns ``KernelLoss.keep(ctx, rows, loss, gradient)``; the backward scales the kept gradient
+    (rows are the first input; the other inputs get no gradient)."""
+
+    @staticmethod
+    def keep(ctx, rows: Tensor, loss: float, gradient: Tensor) -> Tensor:
+        ctx.save_for_backward(gradient)
+        return torch.tensor(loss, dtype=rows.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (gradient,) = ctx.saved_tensors
+        return (gradient if bool(grad == 1) else gradient * grad), *(None,) * (len(ctx.needs_input_grad) - 1)
 
 
 # LLVM's fast-math flags that let a sum be reordered (and so vectorised), without the ones that

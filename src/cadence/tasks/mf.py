@@ -79,21 +79,15 @@ class BiasedMfLoss(torch.autograd.Function):
         return rows, None, None, None, None, None
 
 
-class CompiledBiasedMfLoss(torch.autograd.Function):
+class CompiledBiasedMfLoss(compiled.KernelLoss):
     """``BiasedMfLoss`` in one compiled pass over the batch (``cadence.compiled``): the forward
     computes the loss and its gradient together, the backward scales the gradient. 11x faster than
     the torch ops on 2,048 ratings of 101 floats, where each op is a pass over memory."""
 
     @staticmethod
     def forward(ctx, rows: Tensor, users: Tensor, items: Tensor, ratings: Tensor, mean: Tensor, reg: float):
-        loss, gradient = compiled.biased_mf_loss_and_gradient(rows, users, items, ratings, float(mean), reg)
-        ctx.save_for_backward(gradient)
-        return torch.tensor(loss, dtype=rows.dtype)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (gradient,) = ctx.saved_tensors
-        return (gradient if bool(grad == 1) else gradient * grad), None, None, None, None, None
+        return compiled.KernelLoss.keep(ctx, rows, *compiled.biased_mf_loss_and_gradient(
+            rows, users, items, ratings, float(mean), reg))
 
 
 @TASKS.register("mf")

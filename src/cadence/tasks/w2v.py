@@ -83,21 +83,15 @@ class SkipGramLoss(torch.autograd.Function):
         return gradient, None, None, None
 
 
-class CompiledSkipGramLoss(torch.autograd.Function):
+class CompiledSkipGramLoss(compiled.KernelLoss):
     """``SkipGramLoss`` in one compiled pass over the batch's pairs (``cadence.compiled``): the
     forward computes the loss and its gradient together, pair by pair as word2vec's loop, the
     backward scales the gradient."""
 
     @staticmethod
     def forward(ctx, rows: Tensor, inputs: Tensor, outputs: Tensor, rate: Tensor) -> Tensor:
-        loss, gradient = compiled.skipgram_loss_and_gradient(rows, inputs, outputs, float(rate))
-        ctx.save_for_backward(gradient)
-        return torch.tensor(loss, dtype=rows.dtype)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (gradient,) = ctx.saved_tensors
-        return (gradient if bool(grad == 1) else gradient * grad), None, None, None
+        return compiled.KernelLoss.keep(ctx, rows, *compiled.skipgram_loss_and_gradient(rows, inputs, outputs,
+                                                                                        float(rate)))
 
 
 class AliasTable:
