@@ -105,7 +105,7 @@ def test_oac_reads_without_a_lock_beside_writers_and_still_equals_its_replay(tin
     monkeypatch.setattr(embedding_store, "_gather", slow_gather)
     monkeypatch.setattr(EmbeddingStore, "pull", counting_pull)
     oac, replay, _ = run_and_replay(tiny_graph, tmp_path, "oac", "strategy=oac", "pipeline.loader_threads=4",
-                                    "pipeline.writer_threads=2", "pipeline.staleness_bound=16", "train.epochs=4")
+                                    "pipeline.writer_threads=2", "pipeline.staleness_bound=16", "train.epochs=8")
     assert sum(landed) > 0, "no write landed during a read: the test proves nothing"
     assert oac.summary["repaired_rows"] > 0
     assert oac.summary["coalesced_writes"] > 0, "no write was coalesced: that path went untested"
