@@ -31,7 +31,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,8 @@ PARTS = {
     )),),
 }
 METRICS = ("accuracy", "mrr", "auc", "logloss")
+COUNTERS = ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes", "coalesced_writes",
+            "write_lock_wait_seconds", "inline_epochs", "pipelined_epochs", "intra_op_threads")
 
 
 def say(message: str) -> None:
@@ -118,6 +120,9 @@ def run_one(part: Part, contender: Contender, epochs: int, rep: int) -> dict[str
         summary = result.summary
         record.update({key: summary[key] for key in ("examples_per_second", "train_seconds", *METRICS)
                        if key in summary})
+        # where the time went: the strategy's counters (busy seconds per pipeline stage, stale reads,
+        # repaired rows, epochs run inline, intra-op threads)
+        record["counters"] = {key: value for key, value in summary.items() if key in COUNTERS or key.endswith("_busy_seconds")}
         if contender.device == "cuda":
             record["cuda_peak_memory_mib"] = round(torch.cuda.max_memory_allocated() / 2 ** 20, 1)
     say(describe(record))
@@ -129,7 +134,9 @@ def describe(record: dict[str, Any]) -> str:
     if "error" in record:
         return f"{head}: FAILED {record['error']}"
     quality = "  ".join(f"{key} {record[key]:.4f}" for key in METRICS if key in record)
-    return f"{head}: {record['examples_per_second']:>10,.0f} ex/s  {quality}  ({record['train_seconds']:.1f} s)"
+    counters = " ".join(f"{key.removesuffix('_seconds')}={value:g}" for key, value in record.get("counters", {}).items())
+    return (f"{head}: {record['examples_per_second']:>10,.0f} ex/s  {quality}  ({record['train_seconds']:.1f} s)"
+            + (f"  [{counters}]" if counters else ""))
 
 
 def summarize(records: list[dict[str, Any]], part: Part) -> dict[str, Any]:
@@ -153,6 +160,19 @@ def summarize(records: list[dict[str, Any]], part: Part) -> dict[str, Any]:
     return table
 
 
+def with_variants(part: Part, variants: list[str]) -> Part:
+    """``part`` with the ``--variant`` contenders named for it added (on the GPU)."""
+    extra = []
+    for variant in variants:
+        try:
+            where, name, overrides = variant.split(":", 2)
+        except ValueError:
+            raise SystemExit(f"gpu_check.py: --variant {variant!r}: expected PART:NAME:KEY=VALUE[,KEY=VALUE]")
+        if where == part.name:
+            extra.append(Contender(name, "cuda", tuple(overrides.split(","))))
+    return replace(part, contenders=(*part.contenders, *extra)) if extra else part
+
+
 def device_record() -> dict[str, Any]:
     info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
                             "cpu_count": os.cpu_count(), "cuda_available": torch.cuda.is_available()}
@@ -168,6 +188,9 @@ def main() -> int:
                          "unused (a GPU machine is not shared)")
     parser.add_argument("--reps", type=int, default=2, help="interleaved repetitions (seeds 0..N-1; default 2)")
     parser.add_argument("--parts", default="image,kge,kge-large,ctr", help="comma-separated: image, kge, ctr, kge-large")
+    parser.add_argument("--variant", action="append", default=[], metavar="PART:NAME:KEY=VALUE[,KEY=VALUE]",
+                        help="one more GPU contender in PART (e.g. kge-10m:async-wide:strategy=async,"
+                             "pipeline.loader_threads=8), repeatable: a diagnosis inside one lease")
     args = parser.parse_args()
     provenance = check(args)
     if not torch.cuda.is_available():
@@ -177,12 +200,13 @@ def main() -> int:
     unknown = sorted(set(wanted) - set(PARTS))
     if unknown:
         raise SystemExit(f"gpu_check.py: --parts: unknown {', '.join(unknown)} (known: {', '.join(PARTS)})")
+    parts = {name: [with_variants(part, args.variant) for part in PARTS[name]] for name in wanted}
     reps = 1 if args.quick else args.reps
     started = time.perf_counter()
     say(f"gpu_check at {provenance['commit']}: {device_record()}")
     report: dict[str, Any] = {"command": command, "machine": device_record(), "reps": reps, "parts": {}}
     for name in wanted:
-        for part in PARTS[name]:
+        for part in parts[name]:
             epochs = 1 if args.quick else part.epochs
             records = [run_one(part, contender, epochs, rep) for rep in range(reps) for contender in part.contenders]
             report["parts"][part.name] = {"config": f"configs/{part.config}", "epochs": epochs,
