@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import queue
 import threading
 import time
 from pathlib import Path
@@ -76,30 +75,6 @@ class ThreadGroup:
     def raise_first(self) -> None:
         if self.errors:
             raise self.errors[0][1]
-
-
-class Worker:
-    """One long-lived thread that runs the jobs given to it, one after another. Its OpenMP team and
-    its allocator arena outlive each job; a fresh thread per job (an epoch) pays for both again, which
-    on an epoch of a few batches costs a third of its time."""
-
-    def __init__(self, name: str):
-        self._jobs: "queue.SimpleQueue[Callable[[], Any] | None]" = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Callable[[], Any]) -> None:
-        self._jobs.put(job)
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            job()
-
-    def close(self) -> None:
-        self._jobs.put(None)
 
 
 def run_threads(jobs: dict[Any, Callable[[], Any]], name: Callable[[Any], str],

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from cadence.config import PipelineConfig
-from cadence.engines.threads import ThreadGroup, Worker
+from cadence.engines.threads import ThreadGroup
 from cadence.errors import CadenceError
 from cadence.core.batch import Batch, BatchPlan
 from cadence.pipeline.stages import Stages
@@ -133,30 +133,40 @@ class PipelineRunner:
         self._intra_op_threads = torch.get_num_threads()
 
     def run_inline(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None],
-                   next_timestamp: int = 0, worker: Worker | None = None) -> int:
-        """The same stages and hooks, one batch after another on one thread (no batch in flight beside
-        another: the schedule the threads give with ``staleness_bound: 1``), watched from the calling
-        thread as the stage threads are (a stall stops it, naming the stage); each stage's time is kept
-        as ``busy_seconds`` as the threads' is. ``worker``: the thread to run on (kept from epoch to
-        epoch by the caller), else one started for this call. Returns the next free timestamp."""
+                   next_timestamp: int = 0) -> int:
+        """The same stages and hooks, one batch after another on the calling thread (no batch in flight
+        beside another: the schedule the threads give with ``staleness_bound: 1``); each stage's time is
+        kept as ``busy_seconds`` as the threads' is. Returns the next free timestamp.
+
+        On the calling thread, not one of its own: torch's CPU ops run on an OpenMP team per thread
+        that calls them, and a second thread's team beside the calling thread's idle one ran the same
+        batches 13-25% slower (docs/strategies/pipelined.md, "When the pipeline runs"). A watchdog
+        thread watches it as the calling thread watches the stage threads: when no batch finishes for
+        ``stall_timeout`` seconds it stops the epoch, which raises a ``PipelineStall`` naming the stage
+        that held the batch as soon as that stage returns (a stage that never returns holds the run,
+        as it holds a ``sync`` run)."""
         self._setup(plans, stages, on_batch, next_timestamp)
         load, compute, write = _Stage("load"), _Stage("compute"), _Stage("write")
         self._states.extend([load, compute, write])
-
-        def inline(state: _Stage) -> None:
-            if torch.get_num_threads() != self._intra_op_threads:  # (OpenMP's count is per thread)
-                torch.set_num_threads(self._intra_op_threads)
+        stalls: list[PipelineStall] = []
+        watchdog = threading.Thread(target=self._watch_inline, args=(stalls,), name="cadence-watchdog", daemon=True)
+        watchdog.start()
+        try:
             for plan in plans:
                 if self._stop.is_set():
-                    return
-                self._write_one(self._compute_one(self._read_one(plan, load), compute), write)
-
-        job = functools.partial(self._guard, inline, _Stage("inline"))
-        if worker is None:
-            self._group.spawn(job, "cadence-inline")
-        else:
-            worker.submit(functools.partial(self._group.call, job, "inline"))
-        self._watch()
+                    break
+                batch = self._read_one(plan, load)
+                if self._stop.is_set():
+                    break
+                batch = self._compute_one(batch, compute)
+                if self._stop.is_set():
+                    break
+                self._write_one(batch, write)
+        finally:
+            self._finished.set()
+            watchdog.join()
+        if stalls:
+            raise stalls[0]
         return self._timestamp
 
     def busy_seconds(self) -> dict[str, float]:
@@ -302,10 +312,9 @@ class PipelineRunner:
 
     # ---- the calling thread ---------------------------------------------------------------------
     def _watch(self) -> None:
-        check_every = min(1.0, self.config.stall_timeout / 4)
         try:
-            while not self._finished.wait(timeout=check_every):
-                if self._remaining and time.monotonic() - self._last_progress > self.config.stall_timeout:
+            while not self._finished.wait(timeout=self._check_every()):
+                if self._stalled():
                     raise PipelineStall(self._stall_report())
         except BaseException:  # a stall, or Ctrl-C on this thread: every stage thread stops first
             self._stop.set()
@@ -313,6 +322,20 @@ class PipelineRunner:
             raise
         self._join_all()
         self._group.raise_first()
+
+    def _watch_inline(self, stalls: list[PipelineStall]) -> None:
+        """The watchdog thread of an inline epoch: a stall is reported in ``stalls`` and stops the epoch."""
+        while not self._finished.wait(timeout=self._check_every()):
+            if self._stalled():
+                stalls.append(PipelineStall(self._stall_report()))
+                self._stop.set()
+                return
+
+    def _check_every(self) -> float:
+        return min(1.0, self.config.stall_timeout / 4)
+
+    def _stalled(self) -> bool:
+        return bool(self._remaining) and time.monotonic() - self._last_progress > self.config.stall_timeout
 
     def _join_all(self) -> None:
         """Wait for the stage threads to leave (at their next queue poll, or when the stage call

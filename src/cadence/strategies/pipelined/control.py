@@ -36,7 +36,6 @@ import torch
 
 from cadence.config import PipelineConfig
 from cadence.core.batch import Batch
-from cadence.engines.threads import Worker
 from cadence.pipeline.runner import ConcurrencyControl, PipelineRunner
 from cadence.pipeline.transfer import accelerated
 from cadence.strategies.pipelined.validation_cache import ValidationCache
@@ -167,7 +166,6 @@ class PipelinedStrategy(Schedule):
         self.inline_next: bool | None = None  # auto's choice for the next epoch (None: not measured yet)
         self.inline_rate: float | None = None  # batches a second of the last epoch run inline
         self.threads_lost = False  # a pipelined epoch was slower than the inline one before it
-        self.worker: Worker | None = None
 
     def _inline(self, stages) -> bool:
         overlap = self.settings.overlap
@@ -214,13 +212,7 @@ class PipelinedStrategy(Schedule):
         runner = PipelineRunner(self.settings, control)
         started = time.monotonic()
         if inline:
-            if self.worker is None:  # one thread for every inline epoch (engines.threads.Worker)
-                self.worker = Worker("cadence-inline")
-            try:
-                self.next_timestamp = runner.run_inline(plans, stages, on_batch, first, self.worker)
-            except BaseException:
-                self.worker = None  # (left to finish or stay stuck: a stopped run starts no other epoch on it)
-                raise
+            self.next_timestamp = runner.run_inline(plans, stages, on_batch, first)
         else:
             self.next_timestamp = runner.run(plans, stages, on_batch, first)
         busy = runner.busy_seconds()
@@ -234,11 +226,6 @@ class PipelinedStrategy(Schedule):
 
     def stats(self) -> dict[str, int]:
         return dict(self.totals)
-
-    def close(self) -> None:
-        if self.worker is not None:
-            self.worker.close()
-            self.worker = None
 
 
 @SCHEDULES.register("async")
