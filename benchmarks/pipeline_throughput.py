@@ -188,7 +188,7 @@ def main() -> None:
         results.update(kept)
     path.write_text(json.dumps(stamp(results), indent=2) + "\n")
     ratios = {k: v.get("ratios") for k, v in results.items() if isinstance(v, dict) and "ratios" in v}
-    ratios.update({task: v["ratios"] for task, v in results.get("tasks_memory", {}).items()})
+    ratios.update({task: v["ratios"] for task, v in results.get("tasks_memory", {}).items() if "ratios" in v})
     print(json.dumps(ratios, indent=2))
 
 
