@@ -4,18 +4,14 @@ without regenerating the table, fails here."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.benchmarks import REPO, benchmark_script
 
 
 def peers_table():
-    spec = importlib.util.spec_from_file_location("peers_table", REPO / "benchmarks" / "peers_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("peers_table")
 
 
 def test_the_docs_table_is_the_one_the_result_files_give() -> None:

@@ -3,7 +3,6 @@ for the latency, in the FUSE server's process; holes and sequential continuation
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import time
@@ -11,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "slowfs.py"
-spec = importlib.util.spec_from_file_location("slowfs", SCRIPT)
-slowfs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(slowfs)
+from tests.benchmarks import benchmark_script
+
+slowfs = benchmark_script("slowfs")
 
 pytestmark = pytest.mark.skipif(slowfs.usable() is not None, reason=f"slowfs: {slowfs.usable()}")
 PAGE, PAGES, LATENCY_MS = 4096, 64, 25.0
