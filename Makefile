@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow gpu-check bench bench-peers clean
+.PHONY: install demo test test-slow gpu-check bench bench-peers bench-profiles clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ bench-peers: install $(PEERS:%=.venv-bench-%/bin/python)
 	$(PY) benchmarks/w2v_vs_gensim.py
 	$(PY) benchmarks/ctr_vs_deepctr.py
 	$(PY) benchmarks/kge_vs_pbg.py
+
+# Where each task's time goes: py-spy (its own venv) on each task's shipped config under sync;
+# results/task_profiles.json and the table in docs/benchmarks.md.
+bench-profiles: install .venv-bench-pyspy/bin/python
+	$(PY) benchmarks/task_profiles.py --write
 
 clean:
 	rm -rf $(VENV) runs build dist src/*.egg-info
