@@ -13,8 +13,10 @@ task builds the batch: ids, negatives, windows), ``gather`` (rows read from the 
 (the task's loss), ``backward``, ``optimizer`` (the rows' and the dense parameters' updates),
 ``write`` (rows into the store), ``transfer`` (uploads and downloads: none on the CPU), ``epoch
 other`` (the loop, callbacks, the thread governor); outside the epochs: ``evaluation`` and ``setup``
-(imports, data, the task and store built); ``other threads``: samples of the threads the run started
-(a kernel's helper thread), busy beside the calling thread, as a share of the epoch's samples. Native frames are not sampled (``--native`` is not used:
+(imports, data, the task and store built), and ``unattributed`` (stacks py-spy read only in part);
+beside the calling thread, as shares of the epoch's samples: ``intra-op threads`` (native threads
+with no Python frame, busy: torch's OpenMP team, computing or spinning) and ``helper threads``
+(Python threads the run started: a kernel's helper). Native frames are not sampled (``--native`` is not used:
 it stops the process), so a torch op's time is its Python caller's. py-spy runs in its own
 virtualenv (benchmarks/requirements-pyspy.txt); the library never imports it.
 """
@@ -56,8 +58,8 @@ TASKS: dict[str, tuple[str, int, list[str]]] = {
     "image": ("fashion-mnist-mlp.yaml", 2, []),
 }
 EPOCH_STAGES = ("prepare", "gather", "forward", "backward", "optimizer", "write", "transfer", "epoch other")
-OUTSIDE = ("evaluation", "setup")
-BESIDE = "other threads"
+OUTSIDE = ("evaluation", "setup", "unattributed")
+BESIDE = ("intra-op threads", "helper threads")
 # stage-level frames (the first one found from the root decides), then the step inside ComputeStage
 STAGE_FRAMES = {"LoadStage.prepare": "prepare", "LoadStage.read": "gather", "EmbeddingStore.pull": "gather",
                 "WriteStage.__call__": "write", "EmbeddingStore.set": "write", "DeviceLink.upload": "transfer",
@@ -72,8 +74,12 @@ def function(frame: str) -> str:
 def stage(stack: list[str]) -> str:
     """The stage a sample (root-first frames, as py-spy's raw format lists them) was taken in."""
     names = [function(frame) for frame in stack]
-    if names and names[0] != "<module>":
-        return "other threads"  # a thread the run started (a kernel's helper, a worker): beside the step
+    if not any(names):
+        return "intra-op threads"  # no Python frame: a native thread busy (torch's OpenMP team)
+    if names[0] == "_bootstrap":
+        return "helper threads"  # a Python thread the run started (a kernel's helper)
+    if names[0] != "<module>":
+        return "unattributed"  # a stack py-spy read only in part
     if "Trainer.evaluate" in names or "Task.final_metrics" in names:
         return "evaluation"
     if "Trainer._run_epoch" not in names:
@@ -110,8 +116,8 @@ def summarize(raw: str) -> dict[str, Any]:
     total = sum(stages.values())
     epoch = sum(stages[name] for name in EPOCH_STAGES)
     return {"samples": total, "epoch_samples": epoch,
-            "share_of_run": {name: stages[name] / max(1, total) for name in (*EPOCH_STAGES, *OUTSIDE, BESIDE)},
-            "share_of_epoch": {name: stages[name] / max(1, epoch) for name in (*EPOCH_STAGES, BESIDE)},
+            "share_of_run": {name: stages[name] / max(1, total) for name in (*EPOCH_STAGES, *OUTSIDE, *BESIDE)},
+            "share_of_epoch": {name: stages[name] / max(1, epoch) for name in (*EPOCH_STAGES, *BESIDE)},
             "top_self_in_epoch": [[name, count / max(1, epoch)] for name, count in own.most_common(8)]}
 
 
@@ -135,11 +141,11 @@ def profile(task: str, rate: int, scratch: Path) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     commit = (report.get("provenance") or {}).get("commit") or "?"
-    head = ("| task (sync, profiled) | " + " | ".join(EPOCH_STAGES) + f" | {BESIDE} (beside) | epochs / run | "
-            "largest in the epoch |\n|---|" + "---|" * (len(EPOCH_STAGES) + 3))
+    head = ("| task (sync, profiled) | " + " | ".join((*EPOCH_STAGES, *(f"{name} (beside)" for name in BESIDE)))
+            + " | epochs / run | largest in the epoch |\n|---|" + "---|" * (len(EPOCH_STAGES) + len(BESIDE) + 2))
     rows = [head]
     for task, record in report["tasks"].items():
-        shares = " | ".join(f"{100 * record['share_of_epoch'][name]:.0f}%" for name in (*EPOCH_STAGES, BESIDE))
+        shares = " | ".join(f"{100 * record['share_of_epoch'][name]:.0f}%" for name in (*EPOCH_STAGES, *BESIDE))
         epoch_share = sum(record["share_of_run"][name] for name in EPOCH_STAGES)
         top = ", ".join(f"`{name}` {100 * share:.0f}%" for name, share in record["top_self_in_epoch"][:3])
         rows.append(f"| {task} | {shares} | {100 * epoch_share:.0f}% | {top} |")
