@@ -76,7 +76,7 @@ def stage(stack: list[str]) -> str:
     names = [function(frame) for frame in stack]
     if not any(names):
         return "intra-op threads"  # no Python frame: a native thread busy (torch's OpenMP team)
-    if names[0] == "_bootstrap":
+    if names[0].endswith("_bootstrap"):
         return "helper threads"  # a Python thread the run started (a kernel's helper)
     if names[0] != "<module>":
         return "unattributed"  # a stack py-spy read only in part
@@ -180,7 +180,8 @@ def main() -> int:
                 report["tasks"][task] = record
                 print(f"{task}: " + ", ".join(f"{name} {100 * share:.0f}%" for name, share in
                                                record["share_of_epoch"].items()), file=sys.stderr, flush=True)
-        RESULT.write_text(json.dumps(stamp(report), indent=2) + "\n")
+        report = stamp(report)
+        RESULT.write_text(json.dumps(report, indent=2) + "\n")
     table = render(report)
     if args.write:
         doc_tables.replace(table, NAME, SCRIPT)
