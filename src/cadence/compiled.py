@@ -3,8 +3,7 @@ pass over memory. A task uses a kernel only for CPU tensors and when ``train.com
 torch formulation it replaces stays the reference (tests compare the two) and the path on an
 accelerator or where numba cannot be imported (``AVAILABLE`` is then False).
 
-Every kernel is single-threaded (skip-gram's computes its pairs in parts that may run on threads of
-their own, ``SKIPGRAM_PARTS``), compiled with ``fastmath`` (reductions vectorised: 2.4x on the
+Every kernel is single-threaded, compiled with ``fastmath`` (reductions vectorised: 2.4x on the
 MF kernel; the order of a sum's terms is then the compiler's, fixed for a given machine), releases
 the GIL (``nogil``: a parameter server's worker threads run theirs at once), and visits its entries in one fixed order, so its result is the same bits
 whatever the thread count or the strategy that calls it. ``cache=True`` keeps the machine code
@@ -20,14 +19,10 @@ Kernels:
   there, whatever ``train.compiled`` says, since the result cannot differ).
 - ``skipgram_loss_and_gradient``: skip-gram with negative sampling's batch loss and its gradient,
   pair by pair as word2vec's inner loop, into a gradient buffer instead of the rows themselves
-  (tasks/w2v.py has the formula and the torch reference); the pairs in two parts, each into its own
-  buffer, added in order, the second on a helper thread when the caller may use two cores.
+  (tasks/w2v.py has the formula and the torch reference).
 """
 
 from __future__ import annotations
-
-import concurrent.futures
-import threading
 
 import numpy as np
 import torch
@@ -133,44 +128,14 @@ if AVAILABLE:
         return total * rate
 
 
-# skip-gram's pairs are computed in this many parts, each into a gradient of its own, the parts then
-# added in order: the same bits whether the parts run one after another or side by side
-SKIPGRAM_PARTS = 2
-_HELPERS: list[concurrent.futures.ThreadPoolExecutor] = []  # threads for a kernel's later parts
-_HELPERS_LOCK = threading.Lock()
-
-
-def _helpers() -> concurrent.futures.ThreadPoolExecutor:
-    with _HELPERS_LOCK:
-        if not _HELPERS:
-            _HELPERS.append(concurrent.futures.ThreadPoolExecutor(SKIPGRAM_PARTS - 1, thread_name_prefix="cadence-kernel"))
-        return _HELPERS[0]
-
-
-def skipgram_loss_and_gradient(rows: Tensor, inputs: Tensor, outputs: Tensor, rate: float,
-                               threads: int = 1) -> tuple[float, Tensor]:
+def skipgram_loss_and_gradient(rows: Tensor, inputs: Tensor, outputs: Tensor, rate: float) -> tuple[float, Tensor]:
     """(the batch's loss, its gradient [n, dim] with respect to ``rows``) of
     ``rate * sum_p (softplus(-s_p0) + sum_k softplus(s_pk))``, ``s_pk = <rows[outputs[p, k]],
-    rows[inputs[p]]>``: each pair's scores in float32 (as torch), the batch's total in float64.
-
-    The pairs in ``SKIPGRAM_PARTS`` consecutive parts, each into a gradient of its own, the parts
-    added in order; with ``threads`` > 1 the later parts run on helper threads beside the first (the
-    kernel releases the GIL): the same result either way."""
-    values, first, columns = _array(rows), _array(inputs), _array(outputs)
-    bounds = [first.shape[0] * index // SKIPGRAM_PARTS for index in range(SKIPGRAM_PARTS + 1)]
-    gradients = [torch.zeros(rows.shape, dtype=torch.float32) for _ in range(SKIPGRAM_PARTS)]
-
-    def part(index: int) -> float:
-        begin, end = bounds[index], bounds[index + 1]
-        context = np.zeros(values.shape[1], np.float32)
-        return _skipgram(values, first[begin:end], columns[begin:end], float(rate), gradients[index].numpy(), context)
-
-    later = [_helpers().submit(part, index) for index in range(1, SKIPGRAM_PARTS)] if threads > 1 else []
-    totals = [part(0), *(future.result() for future in later)] if later else [part(i) for i in range(SKIPGRAM_PARTS)]
-    gradient = gradients[0]
-    for other in gradients[1:]:
-        gradient += other
-    return sum(totals), gradient
+    rows[inputs[p]]>``: each pair's scores in float32 (as torch), the batch's total in float64."""
+    gradient = torch.zeros(rows.shape, dtype=torch.float32)
+    context = np.zeros(rows.shape[1], np.float32)
+    total = _skipgram(_array(rows), _array(inputs), _array(outputs), float(rate), gradient.numpy(), context)
+    return total, gradient
 
 
 if AVAILABLE:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 import random
-import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -139,40 +137,6 @@ def test_the_written_out_gradient_equals_autograd_through_the_formula(kind: str)
     (2.0 * fused).backward()
     assert torch.allclose(fused, expected, rtol=1e-5)
     assert torch.allclose(second.grad, first.grad, rtol=1e-4, atol=1e-5)
-
-
-def test_the_kernels_parts_run_side_by_side_on_two_threads_with_the_same_result(monkeypatch) -> None:
-    """Skip-gram's kernel computes its pairs in parts (``compiled.SKIPGRAM_PARTS``), each into a
-    gradient of its own: with 2 threads the parts overlap in time on two threads, with 1 they run one
-    after another on the caller's, and the loss and gradient are the same bits both ways."""
-    from cadence import compiled
-
-    if not compiled.AVAILABLE:
-        pytest.skip("numba is not installed")
-    generator = torch.Generator().manual_seed(1)
-    rows = torch.randn(3000, 100, generator=generator) * 0.1
-    inputs = torch.randint(0, 1500, (120_000,), generator=generator)
-    outputs = torch.randint(1500, 3000, (120_000, 6), generator=generator)
-    kernel, spans = compiled._skipgram, []
-
-    def timed(*args):
-        began = time.perf_counter()
-        total = kernel(*args)
-        spans.append((began, time.perf_counter(), threading.get_ident()))
-        return total
-
-    monkeypatch.setattr(compiled, "_skipgram", timed)
-    results = {}
-    for threads in (1, 2):
-        spans.clear()
-        results[threads] = compiled.skipgram_loss_and_gradient(rows, inputs, outputs, 0.5, threads=threads)
-        (a_start, a_end, a_thread), (b_start, b_end, b_thread) = sorted(spans)
-        overlap = min(a_end, b_end) - max(a_start, b_start)
-        if threads == 1:
-            assert overlap <= 0 and a_thread == b_thread == threading.get_ident()
-        else:
-            assert overlap > 0.3 * min(a_end - a_start, b_end - b_start) and a_thread != b_thread
-    assert results[1][0] == results[2][0] and torch.equal(results[1][1], results[2][1])
 
 
 def test_training_uses_the_compiled_kernel_on_the_cpu_unless_told_not_to(task_data, tmp_path: Path) -> None:

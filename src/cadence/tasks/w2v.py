@@ -86,13 +86,12 @@ class SkipGramLoss(torch.autograd.Function):
 class CompiledSkipGramLoss(compiled.KernelLoss):
     """``SkipGramLoss`` in one compiled pass over the batch's pairs (``cadence.compiled``): the
     forward computes the loss and its gradient together, pair by pair as word2vec's loop, the
-    backward scales the gradient. The pairs' parts run side by side when the computing thread may
-    use more than one core (its torch intra-op threads): the same result on one."""
+    backward scales the gradient."""
 
     @staticmethod
     def forward(ctx, rows: Tensor, inputs: Tensor, outputs: Tensor, rate: Tensor) -> Tensor:
-        return compiled.KernelLoss.keep(ctx, rows, *compiled.skipgram_loss_and_gradient(
-            rows, inputs, outputs, float(rate), threads=torch.get_num_threads()))
+        return compiled.KernelLoss.keep(ctx, rows, *compiled.skipgram_loss_and_gradient(rows, inputs, outputs,
+                                                                                        float(rate)))
 
 
 class AliasTable:
