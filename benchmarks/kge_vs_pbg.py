@@ -2,13 +2,15 @@
 """cadence vs PyTorch-BigGraph 1.0.0 on one machine, quiet and with a core taken, side by side.
 
     .venv/bin/python benchmarks/kge_vs_pbg.py [--quick] [--reps N] [--entities N] [--edges N]
-        [--conditions quiet,busy] [--contenders cadence,pbg[,cadence-fixed]] [--out FILE] [--dirty]
+        [--conditions quiet,busy] [--contenders cadence,pbg[,cadence-fixed]] [--model distmult|complex]
+        [--out FILE] [--dirty]
 
 One synthetic graph (``cadence.data.synthetic.power_law_graph``: Zipf-distributed endpoints, seed 0;
 default 1M entities, 2M edges, 16 relations, the last 2 x 2,000 edges held out), written as TSV for
 PBG (imported once with PBG's own importer, not timed) and generated in memory by cadence from the
-same config and seed (``data.dataset=synthetic``): the same edges. One model: DistMult, d=100,
-100 negatives, batch 1000, logistic loss, row-wise Adagrad at lr 0.1, one epoch, both cores:
+same config and seed (``data.dataset=synthetic``): the same edges. One model (``--model``): DistMult
+(default) or ComplEx (PBG's ``complex_diagonal`` operator), d=100, 100 negatives, batch 1000,
+logistic loss, row-wise Adagrad at lr 0.1, one epoch, both cores:
 
 - ``cadence``: ``cadence train`` (``.venv``), ``threads=2`` and the default ``adapt_threads`` (the
   compute thread's intra-op count chosen by measurement), 100 negatives shared by the batch;
@@ -32,7 +34,11 @@ as PBG's own sampled evaluation does: sampled MRR and Hits@10.
 
 Reps run interleaved (rep 1: every condition x contender, then rep 2, ...); ratios cadence/pbg
 are taken within a rep and condition, and summarised by their median and range.
-Writes ``benchmarks/results/kge_vs_pbg.json`` (``kge_vs_pbg_quick.json`` with ``--quick``).
+Each side's scores are its own model's: cadence's ComplEx is ``Re(<h r, conj t>)`` on ``[real | imaginary]``
+halves, PBG's applies the relation to the right-hand side, ``<h, r t>`` (the dot of the halves); the
+evaluator ranks each side's vectors by its own formula.
+Writes ``benchmarks/results/kge_vs_pbg.json`` (``kge_vs_pbg_complex.json`` for ComplEx; ``_quick``
+with ``--quick``).
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ REPO = Path(__file__).resolve().parents[1]
 CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
 PBG_PYTHON = REPO / ".venv-bench-pbg" / "bin" / "python"
 PBG_CONTENDER = REPO / "benchmarks" / "pbg_contender.py"
+PBG_OPERATORS = {"distmult": "diagonal", "complex": "complex_diagonal"}  # the relation operator on PBG's side
 SETTING = dict(dim=100, negatives=100, batch_size=1000, lr=0.1, threads=2, relations=16, holdout=2000, seed=0)
 EVAL_EDGES, EVAL_CANDIDATES = 2000, 1000
 CONTENDERS = ("cadence", "cadence-fixed", "cadence-chunked", "pbg")
@@ -154,7 +161,7 @@ def cadence_overrides(args, fixed: bool, chunked: bool = False) -> list[str]:
     return [f"seed={s['seed']}", "task=kge", "strategy=sync", "data.dataset=synthetic",
             f"data.synthetic.num_entities={g.num_entities}", f"data.synthetic.num_relations={g.num_relations}",
             f"data.synthetic.num_edges={g.num_edges}", f"data.synthetic.holdout={g.holdout}",
-            "model.name=distmult", f"model.dim={s['dim']}", "train.scoring=sampled",
+            f"model.name={args.model}", f"model.dim={s['dim']}", "train.scoring=sampled",
             f"train.negatives={s['negatives']}", "train.loss=logistic", f"train.batch_size={s['batch_size']}",
             "train.epochs=1", "optimizer.entity=rowwise_adagrad", "optimizer.dense=adagrad", f"optimizer.lr={s['lr']}",
             f"threads={s['threads']}", f"adapt_threads={'false' if fixed else 'true'}", "eval.every=0",
@@ -184,7 +191,7 @@ def run_pbg(args, work: Path, data: Path) -> dict[str, Any]:
     s = SETTING
     command = [str(PBG_PYTHON), str(PBG_CONTENDER), "--data", str(data), "--out", str(work), "--dim", str(s["dim"]),
                "--negatives", str(s["negatives"]), "--batch-size", str(s["batch_size"]), "--lr", str(s["lr"]),
-               "--workers", str(s["threads"]), "--epochs", "1"]
+               "--workers", str(s["threads"]), "--epochs", "1", "--operator", PBG_OPERATORS[args.model]]
     code, peak, wall = run_tree(command, work / "log.txt")
     if code != 0:
         return {"error": f"exit {code}: {(work / 'log.txt').read_text()[-400:]}"}
@@ -197,15 +204,41 @@ def run_pbg(args, work: Path, data: Path) -> dict[str, Any]:
 
 
 # ---- one evaluator for both ----------------------------------------------------------------------------------
-def sampled_ranking(vectors: tuple[np.ndarray, np.ndarray], test: torch.Tensor, candidates: torch.Tensor) -> dict[str, float]:
-    """DistMult scores sum(h * r * t); each held-out edge's tail (and head) ranked against the same
-    candidates, unfiltered; ties count half. Entities a side never saw (NaN rows) score -inf."""
+def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Complex products of ``[real | imaginary]`` halves."""
+    ar, ai = a.chunk(2, dim=-1)
+    br, bi = b.chunk(2, dim=-1)
+    return torch.cat([ar * br - ai * bi, ar * bi + ai * br], dim=-1)
+
+
+def _conjugate(a: torch.Tensor) -> torch.Tensor:
+    real, imag = a.chunk(2, dim=-1)
+    return torch.cat([real, -imag], dim=-1)
+
+
+# (tail query(h, r), head query(r, t)): the vectors whose dot with a candidate entity is its score
+QUERIES = {
+    ("cadence", "distmult"): (lambda h, r: h * r, lambda r, t: r * t),
+    ("pbg", "distmult"): (lambda h, r: h * r, lambda r, t: r * t),
+    # Re(<h r, conj c>) = (h r) . c;  Re(<c r, conj t>) = c . conj(r conj t)
+    ("cadence", "complex"): (lambda h, r: _product(h, r), lambda r, t: _conjugate(_product(r, _conjugate(t)))),
+    # PBG, the operator on the right: h . (r c) = (h conj r) . c;  c . (r t)
+    ("pbg", "complex"): (lambda h, r: _product(h, _conjugate(r)), lambda r, t: _product(r, t)),
+}
+
+
+def sampled_ranking(vectors: tuple[np.ndarray, np.ndarray], test: torch.Tensor, candidates: torch.Tensor,
+                    side: str = "cadence", model: str = "distmult") -> dict[str, float]:
+    """Each held-out edge's tail (and head) ranked against the same candidates by ``side``'s own
+    score of ``model`` (``QUERIES``), unfiltered; ties count half. Entities a side never saw (NaN
+    rows) score as zero vectors."""
     entities = torch.from_numpy(np.nan_to_num(vectors[0], nan=0.0)).double()
     relations = torch.from_numpy(vectors[1]).double()
+    tail_query, head_query = QUERIES[(side, model)]
     h, r, t = test.unbind(1)
     cand = entities[candidates]  # [C, d]
     ranks = []
-    for query, target in ((entities[h] * relations[r], t), (entities[t] * relations[r], h)):
+    for query, target in ((tail_query(entities[h], relations[r]), t), (head_query(relations[r], entities[t]), h)):
         true = (query * entities[target]).sum(1, keepdim=True)
         scores = query @ cand.T
         scores[candidates.unsqueeze(0) == target.unsqueeze(1)] = float("-inf")
@@ -225,6 +258,8 @@ def main() -> int:
     parser.add_argument("--edges", type=int, default=None, help="default 2,000,000 (--quick 600,000)")
     parser.add_argument("--conditions", default="quiet,busy", help="comma-separated: quiet, busy")
     parser.add_argument("--contenders", default="cadence,pbg", help="comma-separated: " + ", ".join(CONTENDERS))
+    parser.add_argument("--model", choices=sorted(PBG_OPERATORS), default="distmult",
+                        help="distmult (default) or complex")
     args = parser.parse_args()
     provenance = check(args)
     args.entities = args.entities or (300_000 if args.quick else 1_000_000)
@@ -237,7 +272,7 @@ def main() -> int:
     if "pbg" in contenders and not PBG_PYTHON.exists():
         raise SystemExit(f"kge_vs_pbg.py: no {PBG_PYTHON}: make .venv-bench-pbg/bin/python "
                          "(benchmarks/requirements-pbg.txt)")
-    _, out, command = peer_run(args, "kge_vs_pbg", 1)
+    _, out, command = peer_run(args, "kge_vs_pbg" if args.model == "distmult" else f"kge_vs_pbg_{args.model}", 1)
     started = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="cadence-kge-vs-pbg-"))
     try:
@@ -277,11 +312,12 @@ def main() -> int:
                     vectors = result.pop("_vectors", None)
                     record.update(result)
                     if vectors is not None:
-                        record.update(sampled_ranking(vectors, test, candidates))
+                        record.update(sampled_ranking(vectors, test, candidates,
+                                                      "pbg" if contender == "pbg" else "cadence", args.model))
                     records.append(record)
                     say(describe(record))
                     shutil.rmtree(work, ignore_errors=True)
-        report = {"command": command, "machine": machine_info(), "setting": SETTING,
+        report = {"command": command, "machine": machine_info(), "setting": {**SETTING, "model": args.model},
                   "graph": {"entities": args.entities, "entities_on_edges": int(known.shape[0]),
                             "training_edges": int(graph.train.shape[0]), "relations": SETTING["relations"],
                             "exponent": graph_config(args).exponent},

@@ -120,8 +120,11 @@ def main() -> int:
     with h5py.File(work / "model" / f"model.v{args.epochs}.h5", "r") as handle:
         group = handle["model"]["relations"]["0"]["operator"]["rhs"]
         params = {key: group[key][...] for key in group}
-    key = "diagonal" if "diagonal" in params else sorted(params)[0]
-    values = params[key]  # [relations, ...] in PBG's relation order
+    if {"real", "imag"} <= set(params):  # complex_diagonal: [real | imaginary] halves, as the evaluator reads them
+        key, values = "real|imag", np.concatenate([params["real"], params["imag"]], axis=1)
+    else:
+        key = "diagonal" if "diagonal" in params else sorted(params)[0]
+        values = params[key]  # [relations, ...] in PBG's relation order
     ordered_rel = np.empty_like(values)
     ordered_rel[np.array([int(n) for n in relation_names])] = values
     np.save(args.out / "relations.npy", ordered_rel)

@@ -48,7 +48,8 @@ def _where(report: dict[str, Any], name: str) -> str:
 def kge(report: dict[str, Any], name: str) -> list[str]:
     rows, summary = [], report["summary"]
     graph = report["graph"]
-    shape = f"DistMult d100, {graph['entities'] / 1e6:g}M entities, {graph['training_edges'] / 1e6:.1f}M edges"
+    model = {"distmult": "DistMult", "complex": "ComplEx"}[report["setting"].get("model", "distmult")]
+    shape = f"{model} d100, {graph['entities'] / 1e6:g}M entities, {graph['training_edges'] / 1e6:.1f}M edges"
     for condition, label in (("quiet", "edges/s"), ("busy", "edges/s, one core taken")):
         table = summary.get(condition, {})
         if "cadence" not in table or "pbg" not in table:
@@ -94,7 +95,7 @@ def ctr(report: dict[str, Any], name: str) -> list[str]:
 
 
 SOURCES: tuple[tuple[str, Callable[[dict[str, Any], str], list[str]]], ...] = (
-    ("kge_vs_pbg.json", kge), ("w2v_vs_gensim.json", w2v), ("mf_vs_surprise.json", mf), ("ctr_vs_deepctr.json", ctr))
+    ("kge_vs_pbg.json", kge), ("kge_vs_pbg_complex.json", kge), ("w2v_vs_gensim.json", w2v), ("mf_vs_surprise.json", mf), ("ctr_vs_deepctr.json", ctr))
 
 
 def render(results: Path = RESULTS) -> str:
