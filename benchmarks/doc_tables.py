@@ -31,3 +31,11 @@ def replace(table: str, name: str, script: str, doc: Path = DOC) -> None:
     begin, end = markers(name, script)
     head, rest = text.split(begin, 1)
     doc.write_text(head + begin + "\n" + table + "\n" + end + rest.split(end, 1)[1])
+
+
+def emit(table: str, write: bool, name: str, script: str, doc: Path = DOC) -> None:
+    """``--write``: put ``table`` into ``doc`` between its markers; else print it."""
+    if write:
+        replace(table, name, script, doc)
+    else:
+        print(table)

@@ -118,11 +118,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"replace the table in {doc_tables.DOC.name} between its markers")
     args = parser.parse_args()
-    table = render()
-    if args.write:
-        doc_tables.replace(table, NAME, SCRIPT)
-    else:
-        print(table)
+    doc_tables.emit(render(), args.write, NAME, SCRIPT)
     return 0
 
 

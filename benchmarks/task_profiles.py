@@ -182,11 +182,7 @@ def main() -> int:
                                                record["share_of_epoch"].items()), file=sys.stderr, flush=True)
         report = stamp(report)
         RESULT.write_text(json.dumps(report, indent=2) + "\n")
-    table = render(report)
-    if args.write:
-        doc_tables.replace(table, NAME, SCRIPT)
-    else:
-        print(table)
+    doc_tables.emit(render(report), args.write, NAME, SCRIPT)
     return 0
 
 
