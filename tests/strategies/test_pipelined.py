@@ -194,7 +194,7 @@ def test_a_stalled_stage_is_named_and_the_last_checkpoint_kept(tiny_graph: Path,
 @pytest.mark.parametrize("overlap", ["always", "never"])
 def test_an_error_in_a_stage_thread_reaches_the_caller(tiny_graph: Path, tmp_path: Path, monkeypatch,
                                                        overlap: str) -> None:
-    """In the stage threads, or on the strategy's inline thread (engines.threads.Worker)."""
+    """In the stage threads, or in an inline epoch on the calling thread."""
     def broken(self, batch):
         raise RuntimeError("boom in compute")
 

@@ -196,11 +196,7 @@ class PipelineRunner:
             self._exited(state.name)
 
     def _exited(self, stage: str) -> None:
-        """The last loader out sends the end marker downstream; the last writer out (or the inline
-        thread) ends the run."""
-        if stage == "inline":
-            self._finished.set()
-            return
+        """The last loader out sends the end marker downstream; the last writer out ends the run."""
         with self._exit_lock:
             if stage == "load":
                 self._loaders_left -= 1
@@ -253,7 +249,7 @@ class PipelineRunner:
             self._write_one(batch, state)
             self._slots.release()
 
-    # ---- one batch through each stage (the threads' and the inline thread's) --------------------
+    # ---- one batch through each stage (the stage threads', and an inline epoch's) -------------
     def _read_one(self, plan: BatchPlan, state: _Stage) -> Batch:
         began = time.monotonic()
         batch = self._stages.load.prepare(plan)
