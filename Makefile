@@ -23,7 +23,7 @@ demo: install
 	$(VENV)/bin/cadence data fetch umls
 	$(VENV)/bin/cadence compare --strategies sync,async,oac --config configs/umls-complex.yaml \
 		--out runs/demo-umls --overwrite
-	@echo "Why sync wins here: UMLS fits in memory and sync's compute already uses every core, so async and oac run their epochs inline (pipeline.overlap: auto; inline_epochs in each summary.json) and train sync's model at sync's speed; the pipeline pays where reads and writes wait on a slow disk, or a GPU computes (docs/strategies/pipelined.md, 'When the pipeline runs')."
+	@echo "Why the three run alike here: UMLS fits in memory and sync's compute already uses every core, so async and oac run their epochs inline (pipeline.overlap: auto; inline_epochs in each summary.json) and train sync's model at sync's speed; the pipeline pays where reads and writes wait on a slow disk, or a GPU computes (docs/strategies/pipelined.md, 'When the pipeline runs')."
 
 test: install
 	$(PY) -m pytest -q
