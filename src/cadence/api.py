@@ -65,7 +65,7 @@ def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook]) -> Tra
     init = _init_checkpoint(config)
     if config.batch_order:
         order = BatchOrder.load(config.batch_order)
-        order.check(len(task.plan(0)), task.num_epochs())
+        order.check(lambda epoch: len(task.plan(epoch)), task.num_epochs())
     if config.out is None:
         config.out = default_run_dir(task.dataset_name, config.model.name, config.strategy)
     _connect(config)  # an unreachable cluster fails here, before a run directory exists

@@ -36,3 +36,15 @@ def test_bad_order_files(tiny_graph: Path, tmp_path: Path, content: str, message
     with pytest.raises(DataError, match=message):
         api.train(make_config(tmp_path / "run", f"data.dataset={tiny_graph}", f"batch_order={order}"))
     assert not (tmp_path / "run").exists()  # rejected before anything was written
+
+
+def test_an_order_whose_epochs_differ_in_batch_count_replays(task_data, tmp_path: Path) -> None:
+    """word2vec's subsampling keeps other tokens each epoch, so its epochs have other batch counts:
+    each epoch of a recorded order is checked against that epoch's own plan."""
+    order = tmp_path / "order.jsonl"
+    first = api.train(make_config(tmp_path / "a", *task_data["w2v"], "train.epochs=3", f"record_order={order}"))
+    counts = {epoch: sum(json.loads(line)["epoch"] == epoch for line in order.read_text().splitlines())
+              for epoch in range(3)}
+    assert len(set(counts.values())) > 1, counts  # (the case this checks)
+    again = api.train(make_config(tmp_path / "b", *task_data["w2v"], "train.epochs=3", f"batch_order={order}"))
+    assert [again.summary[k] for k in ("train_loss", "wordsim353")] == [first.summary[k] for k in ("train_loss", "wordsim353")]

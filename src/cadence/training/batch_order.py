@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 from cadence.data.text import numbered_lines
 from cadence.errors import DataError
@@ -39,10 +40,11 @@ class BatchOrder:
             raise DataError("batch order file is empty", path)
         return cls(path, order)
 
-    def check(self, num_batches: int, epochs: int) -> None:
-        """Fail before training if some epoch is missing or does not list every batch once."""
+    def check(self, num_batches: Callable[[int], int], epochs: int) -> None:
+        """Fail before training if some epoch is missing or does not list every batch once
+        (``num_batches(epoch)``: an epoch's count, which may differ by epoch: word2vec's subsampling)."""
         for epoch in range(epochs):
-            self._check_epoch(epoch, num_batches)
+            self._check_epoch(epoch, num_batches(epoch))
 
     def _check_epoch(self, epoch: int, num_batches: int) -> list[int]:
         indices = self.order.get(epoch)
