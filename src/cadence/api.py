@@ -28,7 +28,7 @@ from cadence.device import resolve_device, use_deterministic_kernels
 from cadence.engines.threads import usable_cores
 from cadence.errors import CadenceError, CheckpointError, ConfigError, os_errors
 from cadence.optim import ENTITY_OPTIMIZERS
-from cadence.core.strategy import BuildContext, RuntimeKind
+from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
 from cadence.strategies import STRATEGIES, runtime_kinds
 from cadence.tasks import TASKS, Task
 from cadence.core import checkpoint as ckpt
@@ -181,9 +181,23 @@ def prepare_config(config: Config) -> Config:
                           "a file is expected")
     ENTITY_OPTIMIZERS.get(config.optimizer.entity)
     _check_foreign_keys(config, runtime)
+    _check_in_place(config, strategy)
     strategy.check(config)  # (first: a strategy's own word on the device is the clearer one)
     resolve_device(config.device)
     return config
+
+
+def _check_in_place(config: Config, strategy: Strategy) -> None:
+    """A task set to update its rows in place runs only under a strategy whose runtime can let it."""
+    key = TASKS.get(config.task).in_place_setting(config)
+    if key is None or strategy.in_place(config):
+        return
+    able = [name for name in STRATEGIES.names() if STRATEGIES.get(name).in_place(config)]
+    where = (f"strategies {', '.join(able)} do" if able else
+             f"none does with ps.workers={config.ps.workers}, ps.engine={config.ps.engine}: one process is needed")
+    raise ConfigError(f"{key}: {flatten(config.to_dict())[key]} makes the task update its rows in place, as each "
+                      f"step is computed; strategy {config.strategy} does not run such a task (it needs the rows in "
+                      f"one process and one batch computed at a time; {where})")
 
 
 def _check_foreign_keys(config: Config, runtime: RuntimeKind) -> None:

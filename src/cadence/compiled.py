@@ -20,6 +20,10 @@ Kernels:
 - ``skipgram_loss_and_gradient``: skip-gram with negative sampling's batch loss and its gradient,
   pair by pair as word2vec's inner loop, into a gradient buffer instead of the rows themselves
   (tasks/w2v.py has the formula and the torch reference).
+- ``skipgram_in_place``: word2vec's own loop (``w2v.update: pair``): for each centre word, its
+  window and its noise words drawn in the kernel from a counter-based generator (``mix``), and each
+  pair's SGD step applied to the rows in place as soon as it is computed, as word2vec.c and gensim
+  do. Threads may run it at once on the same rows (Hogwild): the only kernel that writes shared rows.
 """
 
 from __future__ import annotations
@@ -161,6 +165,114 @@ if AVAILABLE:
         return ids, True
 
 
+# splitmix64 (Steele, Lea and Flood 2014): the counter-based generator of the in-place skip-gram
+# kernel. Every draw is a function of (seed, centre position, draw number), so a centre's window
+# and noise words are the same whichever thread trains it and however the batch is split.
+GOLDEN = 0x9E3779B97F4A7C15
+MIX_1, MIX_2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+MASK = (1 << 64) - 1
+
+
+def mix(value: int) -> int:
+    """splitmix64's output function of a 64-bit ``value`` (the reference the kernel is tested against)."""
+    value &= MASK
+    value = ((value ^ (value >> 30)) * MIX_1) & MASK
+    value = ((value ^ (value >> 27)) * MIX_2) & MASK
+    return value ^ (value >> 31)
+
+
+def draw(seed: int, position: int, number: int) -> int:
+    """Draw ``number`` (0, 1, ...) of the centre at ``position``: 64 random bits."""
+    return mix(seed + position * GOLDEN + (number + 1) * MIX_2)
+
+
+if AVAILABLE:
+    _GOLDEN, _MIX_1, _MIX_2 = np.uint64(GOLDEN), np.uint64(MIX_1), np.uint64(MIX_2)
+    _S30, _S27, _S31, _S11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
+
+    @numba.njit(nogil=True, cache=True, inline="always")
+    def _draw(seed, position, number):  # pragma: no cover - compiled; ``draw`` in uint64 arithmetic
+        value = seed + np.uint64(position) * _GOLDEN + np.uint64(number + 1) * _MIX_2
+        value = (value ^ (value >> _S30)) * _MIX_1
+        value = (value ^ (value >> _S27)) * _MIX_2
+        return value ^ (value >> _S31)
+
+    @numba.njit(nogil=True, cache=True, fastmath=FAST)
+    def _skipgram_in_place(table, tokens, sentences, centres, window, shrink, negatives, keep, alias, offset,
+                           seed, lr, work):  # pragma: no cover - compiled
+        width = table.shape[1]
+        length = tokens.shape[0]
+        columns = keep.shape[0]
+        total = 0.0
+        pairs = 0
+        unit = 1.0 / 9007199254740992.0  # 2^-53: 53 random bits -> [0, 1)
+        for c in range(centres.shape[0]):
+            position = centres[c]
+            number = 0
+            reach = window
+            if shrink:
+                reach = 1 + np.int64(_draw(seed, position, number) % np.uint64(window))
+                number += 1
+            target = tokens[position] + offset  # the centre word's output vector: the positive
+            sentence = sentences[position]
+            for shift in range(-reach, reach + 1):
+                context = position + shift
+                if shift == 0 or context < 0 or context >= length or sentences[context] != sentence:
+                    continue
+                i = tokens[context]  # the context word's input vector
+                for d in range(width):
+                    work[d] = 0.0
+                for k in range(negatives + 1):
+                    if k == 0:
+                        o = target
+                    else:
+                        bits = _draw(seed, position, number)
+                        number += 1
+                        column = np.int64(bits % np.uint64(columns))
+                        uniform = np.float64(bits >> _S11) * unit
+                        # (the column from the low bits, the coin from the high ones: Walker's alias draw)
+                        o = (column if uniform < keep[column] else alias[column]) + offset
+                        if o == target:  # word2vec.c and gensim skip a noise word equal to the positive
+                            continue
+                    score = np.float32(0.0)
+                    for d in range(width):
+                        score += table[o, d] * table[i, d]
+                    e = np.exp(-abs(score))
+                    sigmoid = 1.0 / (1.0 + e) if score >= 0 else e / (1.0 + e)
+                    if k == 0:  # softplus(-s); the step is lr (1 - sigmoid(s))
+                        total += max(-score, 0.0) + np.log1p(e)
+                        step = np.float32((1.0 - sigmoid) * lr)
+                    else:  # softplus(s); the step is -lr sigmoid(s)
+                        total += max(score, 0.0) + np.log1p(e)
+                        step = np.float32(-sigmoid * lr)
+                    for d in range(width):
+                        work[d] += step * table[o, d]
+                        table[o, d] += step * table[i, d]
+                for d in range(width):
+                    table[i, d] += work[d]
+                pairs += 1
+        return total, pairs
+
+
+def skipgram_in_place(table: Tensor, tokens: Tensor, sentences: Tensor, centres: Tensor, window: int,
+                      shrink: bool, negatives: int, keep: Tensor, alias: Tensor, offset: int, seed: int,
+                      lr: float) -> tuple[float, int]:
+    """Train skip-gram on the windows of ``centres`` (positions in ``tokens``), word2vec's way, in
+    place on ``table`` [rows, dim] (float32, contiguous, on the CPU): each centre's reach is
+    ``1 + draw % window`` (``shrink``) or ``window``; within its sentence (``sentences``: a sentence
+    id per token) each context word's input vector (row ``token``) is trained to predict the centre
+    word's output vector (row ``token + offset``) against ``negatives`` noise words, each drawn by
+    Walker's alias method (``keep``, ``alias``; rows ``+ offset``) and skipped where it is the
+    centre word; every pair's step of size ``lr`` is applied at once. Returns (the sum of the pairs'
+    losses ``softplus(-s_0) + sum_k softplus(s_k)``, the number of pairs). ``seed``: every draw is
+    ``draw(seed, position, number)``. Threads may call it at once on the same ``table``."""
+    work = np.zeros(table.shape[1], np.float32)
+    values = table.numpy()  # in place: no copy (the caller passes the rows themselves)
+    return _skipgram_in_place(values, _array(tokens), _array(sentences), _array(centres), int(window), bool(shrink),
+                              int(negatives), _array(keep), _array(alias), int(offset), np.uint64(seed & MASK),
+                              float(lr), work)
+
+
 def unique_keys(keys: Tensor, num_keys: int) -> tuple[Tensor, Tensor]:
     """``torch.unique(keys, return_inverse=True)`` for int64 keys in ``[0, num_keys)`` on the CPU,
     in three linear passes (mark, number, map); a key outside the range is an ``IndexError``."""
@@ -172,8 +284,8 @@ def unique_keys(keys: Tensor, num_keys: int) -> tuple[Tensor, Tensor]:
 
 
 def warm_up(*kernels: str) -> None:
-    """Load (or compile) these kernels (``biased_mf``, ``skipgram``, ``unique_keys``) now, on tiny
-    inputs: the first call of a kernel in a process costs 0.3 s (machine code from the cache) to 1-2 s
+    """Load (or compile) these kernels (``biased_mf``, ``skipgram``, ``unique_keys``,
+    ``skipgram_in_place``) now, on tiny inputs: the first call of a kernel in a process costs 0.3 s (machine code from the cache) to 1-2 s
     (compiled), which a task pays when it is built rather than inside its first timed batch."""
     if not AVAILABLE:
         return
@@ -185,6 +297,9 @@ def warm_up(*kernels: str) -> None:
             skipgram_loss_and_gradient(rows, first, second.view(1, 1), 1.0)
         elif kernel == "unique_keys":
             unique_keys(second, 2)
+        elif kernel == "skipgram_in_place":
+            skipgram_in_place(torch.zeros(2, 3), first, first, first, 1, True, 1, torch.ones(1, dtype=torch.float64),
+                              first, 1, 0, 0.0)
         else:
             raise ValueError(f"no kernel {kernel!r}")
 

@@ -290,6 +290,11 @@ class W2vConfig:
     min_count: int = 5  # words rarer than this are dropped from the vocabulary
     max_vocab: int = 0  # keep only the most frequent words (0 = all)
     min_lr: float = 1e-4  # the learning rate decays linearly from optimizer.lr to this over the run
+    # batch: each batch's summed gradient applied once (every strategy); pair: word2vec's own update,
+    # each (centre, context) pair's SGD step applied to the rows in place as it is computed, the
+    # batch's centres split among the threads (Hogwild, as word2vec.c and gensim); strategies sync
+    # and async on one process, the CPU, optimizer.entity sgd (docs/tasks/w2v.md)
+    update: Literal["batch", "pair"] = "batch"
 
 
 @dataclass

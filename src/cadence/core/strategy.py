@@ -74,6 +74,12 @@ class Strategy(ABC):
         """Reject what this strategy's runtime would refuse later (an unknown engine, a bad fault
         spec), before a run directory exists. Default: nothing more to check."""
 
+    def in_place(self, config: Config) -> bool:
+        """Whether this config's runtime runs a task that updates its rows in place
+        (``Task.in_place_setting``): the rows in one process, batches computed one at a time in
+        order. Default: no."""
+        return False
+
     @abstractmethod
     def build(self, config: Config, task, context: BuildContext) -> Runtime:
         """The runtime of one run, ready to train (its ``strategy`` attribute set to ``name``)."""

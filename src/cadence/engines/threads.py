@@ -1,5 +1,5 @@
 """Threads of this process as a place where code runs: a group of threads in which the first error
-stops all, the scope of torch's intra-op threads on one thread, the cores this process may use, and
+stops all, a job split into parts run at once on kept threads (``Parts``), the scope of torch's intra-op threads on one thread, the cores this process may use, and
 a governor that re-chooses a thread's intra-op thread count from the throughput it measures.
 
 Every runtime that runs threads (the pipeline's stages, pdASGD's backward threads, the parameter
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from concurrent.futures import ThreadPoolExecutor
 import os
 import threading
 import time
@@ -85,6 +86,34 @@ def run_threads(jobs: dict[Any, Callable[[], Any]], name: Callable[[Any], str],
     for key, job in jobs.items():
         group.spawn(job, name(key), key)
     return group.join()
+
+
+class Parts:
+    """A job of ``count`` parts run at once: part 0 on the calling thread, the others on ``count - 1``
+    helper threads kept for the next job (a job is a batch: a thread started per batch would cost
+    what a part of a small batch does). ``run(job)`` returns ``[job(0), ..., job(count - 1)]``
+    after every part has ended; the first part's error (in part order) is re-raised on the caller."""
+
+    def __init__(self, count: int, name: str = "cadence-part"):
+        self.count = max(1, count)
+        self._helpers = ThreadPoolExecutor(self.count - 1, thread_name_prefix=name) if self.count > 1 else None
+
+    def run(self, job: Callable[[int], Any]) -> list[Any]:
+        if self._helpers is None:
+            return [job(0)]
+        others = [self._helpers.submit(job, part) for part in range(1, self.count)]
+        try:
+            first = job(0)
+        finally:
+            outcomes = [future.exception() for future in others]  # (waits for each)
+        for error in outcomes:
+            if error is not None:
+                raise error
+        return [first, *(future.result() for future in others)]
+
+    def close(self) -> None:
+        if self._helpers is not None:
+            self._helpers.shutdown(wait=True)
 
 
 @contextlib.contextmanager

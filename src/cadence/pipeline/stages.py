@@ -4,6 +4,10 @@
     device -> compute (the task's loss, backward, optimizer steps: the critical section)
     -> download -> write (rows into the store)
 
+For a task that updates its rows in place (``task.updates_in_place``: word2vec's own loop), the
+compute stage is ``InPlaceStage``: the task's steps on the store's rows, the batch split among
+threads; the load and write stages then move no row (the batch has no ids).
+
 Running the stages in this order, one batch at a time, is synchronous training; strategies differ
 only in how they schedule the same stages (threads, queues, validation), never in their math. The
 stages know no task: ``task.prepare`` and ``task.loss`` are their only task-specific calls. The
@@ -12,6 +16,7 @@ transfers, their streams and events are the ``DeviceLink``'s (pipeline/transfer.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +25,7 @@ from torch import nn
 from cadence.optim import EntityOptimizer, row_gradient
 from cadence.core.batch import Batch, BatchPlan
 from cadence.core.keys import KeyIndex
-from cadence.engines.threads import ThreadGovernor
+from cadence.engines.threads import Parts, ThreadGovernor
 from cadence.pipeline.transfer import DeviceLink
 from cadence.store.embedding_store import EmbeddingStore
 
@@ -51,7 +56,17 @@ class LoadStage:
         return self.read(self.prepare(plan))
 
 
-class ComputeStage:
+class Compute(ABC):
+    """The compute stage: a batch in, its rows (and the dense parameters) updated and its loss set."""
+
+    @abstractmethod
+    def __call__(self, batch: Batch) -> Batch: ...
+
+    def close(self) -> None:
+        """Release what it keeps (threads)."""
+
+
+class ComputeStage(Compute):
     """Forward, backward, and the update of the batch's rows and of the dense parameters."""
 
     def __init__(self, task, dense: nn.Module, entity_optimizer: EntityOptimizer,
@@ -88,6 +103,27 @@ class ComputeStage:
         return batch
 
 
+class InPlaceStage(Compute):
+    """The compute of a task that updates its rows in place (``task.step_in_place``): the batch's
+    parts at once, one per thread (``parts`` of them: the calling thread and kept helpers), on the
+    store's rows themselves (Hogwild between the parts); the batch's loss is the parts' sum. The
+    task has no dense parameter to update on this path."""
+
+    def __init__(self, task, store: EmbeddingStore, parts: int):
+        self.task = task
+        self.store = store
+        self.parts = Parts(parts, "cadence-in-place")
+
+    def __call__(self, batch: Batch) -> Batch:
+        count, values = self.parts.count, self.store.values
+        losses = self.parts.run(lambda part: self.task.step_in_place(batch, values, part, count))
+        batch.loss = torch.tensor(sum(losses), dtype=torch.float64)
+        return batch
+
+    def close(self) -> None:
+        self.parts.close()
+
+
 class WriteStage:
     """Writes a batch's updated rows into the store (an overwrite of value and state)."""
 
@@ -104,7 +140,7 @@ class WriteStage:
 class Stages:
     load: LoadStage
     link: DeviceLink  # upload, the compute stream, download
-    compute: ComputeStage
+    compute: Compute
     write: WriteStage
 
     def run(self, plan: BatchPlan) -> Batch:

@@ -55,6 +55,9 @@ class FirstThatFits(Strategy):
     def check(self, config: Config) -> None:
         self._entry(config).check(config)
 
+    def in_place(self, config: Config) -> bool:
+        return self._entry(config).in_place(config)
+
     def build(self, config: Config, task, context: BuildContext) -> Runtime:
         return self._entry(config).build(config, task, context)
 

@@ -14,6 +14,11 @@ runtime know nothing task-specific: they move rows by key and call ``prepare`` a
         loss = task.loss(batch, rows, dense)    # rows: a leaf tensor [U, width]
         <backward, update rows and dense, write rows back>
 
+A task whose own update rule is a step per example applied at once (word2vec's) may instead update
+the rows in place when its config says so (``in_place_setting``): the runtime hands it the table
+and calls ``step_in_place`` on several threads at once (strategies that keep the rows in one
+process and apply batches in order: ``sync``, ``async``).
+
 A task with several logical tables (matrix factorisation's users and items, word2vec's input and
 output vectors) lays them out as consecutive ranges (``TablePart``) of one key space, so every
 strategy's concurrency control (versions, OAC's validation cache, staleness accounting) works on a
@@ -116,6 +121,27 @@ class Task(ABC):
     @abstractmethod
     def loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
         """The batch's loss from its rows [U, width] (in ``batch.ids`` order) and the dense module."""
+
+    # ---- updates in place (word2vec's own loop) ---------------------------------------------------
+    @classmethod
+    def in_place_setting(cls, config: Config) -> str | None:
+        """The config key under which this task applies its updates to the rows itself, in place, as
+        each is computed (``"w2v.update"`` when it is ``pair``), or None: it returns a loss and the
+        runtime updates the rows. A ``ConfigError`` where that setting cannot work with the rest of
+        the config (an optimizer it does not apply, a device its kernel does not run on)."""
+        return None
+
+    @property
+    def updates_in_place(self) -> bool:
+        return self.in_place_setting(self.config) is not None
+
+    def step_in_place(self, batch: Batch, values: Tensor, part: int, parts: int) -> float:
+        """Apply part ``part`` of ``parts`` of the batch's updates to ``values``, the whole table
+        [rows, width] indexed by key, in place; return that part's loss (the parts' sum is the
+        batch's loss). Called for a task that ``updates_in_place``, on ``parts`` threads at once,
+        which may write the same rows (Hogwild); ``batch`` came from ``prepare`` with no ids (no row
+        is pulled or written back)."""
+        raise NotImplementedError(f"task {self.name} does not update rows in place")
 
     def loss_total(self, loss: float, size: int) -> float:
         """A batch's contribution to the epoch's summed loss (reported per example); a float or a

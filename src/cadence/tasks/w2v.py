@@ -22,6 +22,14 @@ once), multiplied by ``alpha_t / optimizer.lr`` where ``alpha_t`` decays linearl
 ``sgd`` entity optimizer (the shipped config) this is exactly an SGD step of size ``alpha_t``; the
 factor is a function of (epoch, batch index), so every strategy and runtime sees the same rate.
 
+Updates (``w2v.update``): ``batch`` (the default) returns the loss above and the runtime applies the
+batch's summed gradient once, under every strategy. ``pair`` is word2vec's own loop
+(``compiled.skipgram_in_place``): the batch's centre words are split among the threads, and each
+thread draws its centres' windows and noise words in the kernel and applies every pair's SGD step
+of size ``alpha_t`` to the rows in place at once (Hogwild between threads, as word2vec.c and
+gensim); a noise word equal to the centre word is skipped, as there. It runs under ``sync`` and
+``async`` on one process (the pipeline), on the CPU, with the ``sgd`` entity optimizer.
+
 Evaluation (primary metric ``wordsim353``): Spearman correlation on WordSim353 and SimLex-999 and
 accuracy on the analogy questions, computed as gensim does (``cadence.evaluation.word_vectors``).
 """
@@ -38,6 +46,7 @@ from torch import Tensor, nn
 
 from cadence import compiled
 from cadence.config import Config
+from cadence.device import resolve_device
 from cadence.data.corpus import Corpus, keep_probabilities, load_corpus, noise_distribution
 from cadence.errors import ConfigError
 from cadence.evaluation.word_vectors import evaluate_word_vectors
@@ -138,12 +147,31 @@ class Word2VecTask(Task):
             raise ConfigError(f"data.dataset: {self.vocabulary} words occur at least w2v.min_count="
                               f"{w2v.min_count} times; nothing to train")
         # the kernels' first calls outside the epochs
-        compiled.warm_up("unique_keys", *(("skipgram",) if config.train.compiled else ()))
+        compiled.warm_up(*(("skipgram_in_place",) if self.updates_in_place else
+                           ("unique_keys", *(("skipgram",) if config.train.compiled else ()))))
         self.keep = keep_probabilities(self.corpus.counts, w2v.sample).float()
         self.noise = AliasTable(noise_distribution(self.corpus.counts))
         starts = self.corpus.sentence_starts
         lengths = starts[1:] - starts[:-1]
         self.sentence_of = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)
+
+    @classmethod
+    def in_place_setting(cls, config: Config) -> str | None:
+        if config.w2v.update != "pair":
+            return None
+        key = "w2v.update"
+        if config.optimizer.entity not in (None, "sgd"):
+            raise ConfigError(f"{key}: word2vec's per-pair updates (pair) apply the SGD step to the rows themselves: "
+                              f"optimizer.entity must be sgd (got {config.optimizer.entity}); use w2v.update: batch "
+                              "for another optimizer")
+        if not config.train.compiled or not compiled.AVAILABLE:
+            raise ConfigError(f"{key}: word2vec's per-pair updates (pair) are a compiled loop (numba): it needs "
+                              "train.compiled on and numba installed"
+                              f"{'' if compiled.AVAILABLE else ' (numba cannot be imported here)'}")
+        if config.device != "auto" and resolve_device(config.device).type != "cpu":
+            raise ConfigError(f"{key}: word2vec's per-pair updates (pair) run on the CPU, where the rows are "
+                              f"(device: {config.device}); use device: cpu or w2v.update: batch")
+        return key
 
     @property
     def dataset_name(self) -> str:
@@ -182,6 +210,8 @@ class Word2VecTask(Task):
         return plan_epoch(tokens.shape[0], self.config.train.batch_size, self.config.seed, epoch, "w2v-shuffle")
 
     def prepare(self, plan: BatchPlan) -> Batch:
+        if self.updates_in_place:  # the kernel draws the windows and noise words (``step_in_place``)
+            return Batch(plan, torch.empty(0, dtype=torch.int64), {"rate": self._rate(plan)})
         tokens, sentences = self._stream(plan.epoch)
         window = self.config.w2v.window
         generator = plan.generator(self.config.seed)
@@ -215,6 +245,21 @@ class Word2VecTask(Task):
     def loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
         kind = CompiledSkipGramLoss if self.config.train.compiled and compiled.usable(rows) else SkipGramLoss
         return kind.apply(rows, batch.inputs["inputs"], batch.inputs["outputs"], batch.inputs["rate"])
+
+    def step_in_place(self, batch: Batch, values: Tensor, part: int, parts: int) -> float:
+        """word2vec's loop over this part's share of the batch's centres (a contiguous slice of the
+        shuffled positions), in place on ``values`` (``compiled.skipgram_in_place``); every draw is
+        a function of (seed, epoch, position), so a centre trains on the same window and noise words
+        however the batch is split. The loss is scaled by the batch's rate, as ``loss`` is."""
+        tokens, sentences = self._stream(batch.plan.epoch)
+        centres, w2v = batch.plan.examples, self.config.w2v
+        size = centres.shape[0]
+        rate = float(batch.inputs["rate"])
+        total, _ = compiled.skipgram_in_place(
+            values, tokens, sentences, centres[part * size // parts:(part + 1) * size // parts], w2v.window,
+            w2v.shrink_window, w2v.negatives, self.noise.keep, self.noise.alias, self.vocabulary,
+            derive_seed(self.config.seed, "w2v-pairs", batch.plan.epoch), self.config.optimizer.lr * rate)
+        return total * rate
 
     # ---- evaluation -----------------------------------------------------------------------------
     def vectors(self, params: ParameterView) -> Tensor:

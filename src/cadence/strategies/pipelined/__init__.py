@@ -35,6 +35,13 @@ class PipelineStrategy(Strategy):
                               "--workers 1, or a parameter-server strategy (sync, async, bsp, gba, hop_bs, hop_bw)")
         return PIPELINE
 
+    def in_place(self, config: Config) -> bool:
+        try:
+            self.runtime(config)
+        except ConfigError:
+            return False
+        return self.schedule.in_place
+
     def build(self, config: Config, task, context: BuildContext) -> Runtime:
         settings = getattr(config, self.schedule.section) if self.schedule.section else None
         runtime = PipelineRuntime(config, task, context.store_path, context.device, self.schedule(settings))

@@ -27,6 +27,9 @@ class Schedule(ABC):
     # whether the pipeline's compute stage may re-choose its intra-op threads (``adapt_threads``);
     # false where the schedule pins its threads' counts itself (pdASGD)
     governed: ClassVar[bool] = True
+    # whether it may run a task that updates its rows in place (``Task.updates_in_place``): true where
+    # the compute stage takes one batch at a time, in order (nothing else reads or writes rows then)
+    in_place: ClassVar[bool] = False
 
     def __init__(self, settings: Any = None):
         self.settings = settings

@@ -231,6 +231,7 @@ class PipelinedStrategy(Schedule):
 @SCHEDULES.register("async")
 class AsyncStrategy(PipelinedStrategy):
     counters = ("stale_reads", "lost_updates")
+    in_place = True  # (the compute stage still takes one batch at a time, in order)
 
     def make_control(self, store, device, first_timestamp):
         return LastWriterWins(store, device)

@@ -52,7 +52,7 @@ from cadence.engines.threads import ThreadGroup, intra_op_threads
 from cadence.optim import InPlaceDense, row_gradient
 from cadence.config import PdasgdConfig
 from cadence.core.batch import Batch, BatchPlan
-from cadence.pipeline.stages import Stages
+from cadence.pipeline.stages import ComputeStage, Stages
 from cadence.core.rows import RowBlock
 from cadence.strategies.pipelined.base import SCHEDULES, Schedule
 
@@ -137,6 +137,7 @@ class Pdasgd(Schedule):
     # ---- the epoch ------------------------------------------------------------------------------
     def run_epoch(self, plans: list[BatchPlan], stages: Stages, on_batch: Callable[[Batch], None]) -> None:
         compute = stages.compute
+        assert isinstance(compute, ComputeStage), "pdASGD computes through autograd (no task updates in place under it)"
         names = [name for name, _ in compute.dense.named_parameters()]
         params = [param for _, param in compute.dense.named_parameters()]
         if self.staleness is None or self.staleness.names != names:

@@ -14,9 +14,9 @@ from cadence.core import checkpoint as ckpt
 from cadence.core.batch import Batch, BatchPlan
 from cadence.core.keys import KeyIndex
 from cadence.core.runtime import OnBatch, RowsView, Runtime
-from cadence.engines.threads import ThreadGovernor
+from cadence.engines.threads import ThreadGovernor, usable_cores
 from cadence.optim import module_optimizer, set_lr
-from cadence.pipeline.stages import ComputeStage, LoadStage, Stages, WriteStage
+from cadence.pipeline.stages import ComputeStage, InPlaceStage, LoadStage, Stages, WriteStage
 from cadence.pipeline.transfer import DeviceLink
 from cadence.store.embedding_store import create_store
 from cadence.tasks.base import Task
@@ -41,12 +41,19 @@ class PipelineRuntime(Runtime):
         # the compute thread's intra-op threads, re-chosen by measurement (on the CPU: an accelerator's
         # kernels do not run in OpenMP teams)
         self.governor = (ThreadGovernor(torch.get_num_threads())
-                         if config.adapt_threads and device.type == "cpu" and schedule.governed else None)
+                         if config.adapt_threads and device.type == "cpu" and schedule.governed
+                         and not task.updates_in_place else None)
+        if task.updates_in_place:  # the task's own steps on the rows, a part per usable core
+            assert schedule.in_place and spec.fixed, "the strategy's entry refuses a task updating rows in place"
+            self.in_place_parts = config.threads or usable_cores()
+            compute = InPlaceStage(task, self.store, self.in_place_parts)
+        else:
+            compute = ComputeStage(task, self.module, self.entity_optimizer_class(config.optimizer),
+                                   self.dense_optimizer, self.governor)
         self.stages = Stages(
             load=LoadStage(self.store, task, self.index, pin=link.accelerated),
             link=link,
-            compute=ComputeStage(task, self.module, self.entity_optimizer_class(config.optimizer), self.dense_optimizer,
-                                 self.governor),
+            compute=compute,
             write=WriteStage(self.store),
         )
         self.schedule = schedule
@@ -75,7 +82,8 @@ class PipelineRuntime(Runtime):
 
     def stats(self) -> dict[str, Any]:
         governed = {} if self.governor is None else self.governor.stats()
-        return {**self.schedule.stats(), **governed}
+        in_place = {"in_place_threads": self.in_place_parts} if self.task.updates_in_place else {}
+        return {**self.schedule.stats(), **governed, **in_place}
 
     def keys(self) -> Tensor:
         return torch.arange(self.store.num_rows) if self.index is None else self.index.keys
@@ -105,6 +113,7 @@ class PipelineRuntime(Runtime):
 
     def close(self) -> None:
         self.schedule.close()
+        self.stages.compute.close()
 
     def sweeping(self) -> ContextManager[None]:
         return self.store.sweeping()

@@ -10,6 +10,8 @@ from cadence.strategies.pipelined.base import SCHEDULES, Schedule
 
 @SCHEDULES.register("sync")
 class SyncStrategy(Schedule):
+    in_place = True
+
     def __init__(self, settings=None):
         super().__init__(settings)
         self.next_timestamp = 0
