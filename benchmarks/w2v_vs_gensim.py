@@ -3,14 +3,15 @@
 
     .venv/bin/python benchmarks/w2v_vs_gensim.py [--quick] [--seeds N] [--max-wait S] [--out FILE]
 
-Both contenders train on the same file, the registered corpus's ``corpus.txt`` in the cadence cache
+Every contender trains on the same file, the registered corpus's ``corpus.txt`` in the cadence cache
 (``gcide``: 5.4M tokens, one sentence per line; ``--quick``: ``enwiki-excerpt``, 1 seed, 1 epoch),
-with one setting (``configs/w2v.yaml``, gensim's reference run): d100, window 5, 5 negatives,
-3 epochs, min_count 5, sample 1e-3, alpha 0.025 -> 1e-4, 2 threads. For each seed, each contender
-runs in a fresh process:
+with one setting (gensim's reference run): d100, window 5, 5 negatives, 3 epochs, min_count 5,
+sample 1e-3, alpha 0.025 -> 1e-4, 2 threads. For each seed, each contender runs in a fresh process:
 
-- ``cadence``: ``configs/w2v.yaml`` with ``--seed s --set threads=2`` through the CLI of ``.venv``
-  (checkpoints off, which changes neither the model nor the timing);
+- ``cadence``: ``configs/w2v-pair.yaml`` (word2vec's own update, ``w2v.update: pair``: gensim's
+  algorithm) with ``--seed s --set threads=2`` through the CLI of ``.venv`` (checkpoints off, which
+  changes neither the model nor the timing);
+- ``cadence-batch``: ``configs/w2v.yaml``, the same setting with batch updates (every strategy);
 - ``gensim``: ``benchmarks/gensim_contender.py`` in ``.venv-bench-gensim``, ``--seed s --workers 2``
   (gensim with 2 workers is not deterministic even with a seed).
 
@@ -52,7 +53,7 @@ from cadence.config import load_config
 from cadence.data.corpus import CORPORA, CORPUS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "configs" / "w2v.yaml"
+CONFIGS = {"cadence": REPO / "configs" / "w2v-pair.yaml", "cadence-batch": REPO / "configs" / "w2v.yaml"}
 CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
 GENSIM_PYTHON = REPO / ".venv-bench-gensim" / "bin" / "python"
 GENSIM_CONTENDER = REPO / "benchmarks" / "gensim_contender.py"
@@ -90,19 +91,20 @@ class LoadGate:
 
 
 def check_setting() -> None:
-    """gensim's flags say what configs/w2v.yaml says (a drifted config would compare two settings)."""
-    config = load_config(CONFIG)
-    w2v = config.w2v
-    cadence = {"dim": config.model.dim, "window": w2v.window, "negatives": w2v.negatives,
-               "epochs": config.train.epochs, "min-count": w2v.min_count, "sample": w2v.sample,
-               "alpha": config.optimizer.lr, "min-alpha": w2v.min_lr, "workers": THREADS}
-    if cadence != GENSIM_SETTING or not w2v.shrink_window or config.optimizer.entity != "sgd":
-        raise SystemExit(f"{CONFIG.name} no longer matches GENSIM_SETTING: {cadence} vs {GENSIM_SETTING}")
+    """gensim's flags say what each cadence config says (a drifted config would compare two settings)."""
+    for path in CONFIGS.values():
+        config = load_config(path)
+        w2v = config.w2v
+        cadence = {"dim": config.model.dim, "window": w2v.window, "negatives": w2v.negatives,
+                   "epochs": config.train.epochs, "min-count": w2v.min_count, "sample": w2v.sample,
+                   "alpha": config.optimizer.lr, "min-alpha": w2v.min_lr, "workers": THREADS}
+        if cadence != GENSIM_SETTING or not w2v.shrink_window or config.optimizer.entity != "sgd":
+            raise SystemExit(f"{path.name} no longer matches GENSIM_SETTING: {cadence} vs {GENSIM_SETTING}")
 
 
 # ---- contenders ----------------------------------------------------------------------------------
-def cadence_command(seed: int | str, out: Path, dataset: str, epochs: int) -> list[str]:
-    command = [str(CADENCE_CLI), "train", "--config", str(CONFIG), "--set", f"seed={seed}",
+def cadence_command(config: Path, seed: int | str, out: Path, dataset: str, epochs: int) -> list[str]:
+    command = [str(CADENCE_CLI), "train", "--config", str(config), "--set", f"seed={seed}",
                "--set", f"threads={THREADS}", "--set", "checkpoint.every=0", "--no-progress",
                "--out", str(out), "--overwrite"]
     if dataset != "gcide":
@@ -112,8 +114,8 @@ def cadence_command(seed: int | str, out: Path, dataset: str, epochs: int) -> li
     return command
 
 
-def run_cadence(seed: int, out: Path, dataset: str, epochs: int) -> dict[str, Any]:
-    subprocess.run(cadence_command(seed, out, dataset, epochs), check=True, capture_output=True, text=True)
+def run_cadence(config: Path, seed: int, out: Path, dataset: str, epochs: int) -> dict[str, Any]:
+    subprocess.run(cadence_command(config, seed, out, dataset, epochs), check=True, capture_output=True, text=True)
     summary = json.loads((out / "summary.json").read_text())
     return {**{k: summary[k] for k in QUALITY},
             "wordsim353_pairs": summary["wordsim353_pairs"], "simlex999_pairs": summary["simlex999_pairs"],
@@ -148,38 +150,45 @@ def run_seed(seed: int, contenders: dict[str, Callable[[int], dict[str, Any]]], 
             result = contender(seed)
         result.update(load=seen, loadavg_after=loadavg(), others_cpu_share_during=round(meter.share, 3))
         record["contenders"][name] = result
-        say(f"seed {seed} {name:7s}: wordsim353 {result['wordsim353']:.4f}  simlex999 {result['simlex999']:.4f}  "
+        say(f"seed {seed} {name:13s}: wordsim353 {result['wordsim353']:.4f}  simlex999 {result['simlex999']:.4f}  "
             f"analogy {result['analogy']:.4f}  {result['words_per_second']:,.0f} effective words/s "
             f"({result['train_seconds']:.1f} s; load {seen['loadavg_1_5_15'][0]:.2f} before, "
             f"others used {meter.share:.0%} of the CPUs during)")
     speeds = {name: result["words_per_second"] for name, result in record["contenders"].items()}
-    record["speed_ratio_cadence_over_gensim"] = speeds["cadence"] / speeds["gensim"]
+    for name in CONFIGS:
+        record[ratio_key(name)] = speeds[name] / speeds["gensim"]
     return record
+
+
+def ratio_key(name: str) -> str:
+    return f"speed_ratio_{name.replace('-', '_')}_over_gensim"
 
 
 def summarize(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     table: dict[str, Any] = {}
-    for name in ("cadence", "gensim"):
+    for name in (*CONFIGS, "gensim"):
         runs = [seed["contenders"][name] for seed in per_seed]
         table[name] = {metric: {"mean": statistics.fmean(r[metric] for r in runs),
                                 "per_seed": [r[metric] for r in runs]}
                        for metric in (*QUALITY, "words_per_second", "train_seconds", "effective_words")}
         table[name]["words_per_second"]["median"] = statistics.median(r["words_per_second"] for r in runs)
-    ratios = [seed["speed_ratio_cadence_over_gensim"] for seed in per_seed]
-    table["speed_ratio_cadence_over_gensim"] = {"per_seed": ratios, "median": statistics.median(ratios)}
-    table["quality_cadence_minus_gensim"] = {metric: table["cadence"][metric]["mean"] - table["gensim"][metric]["mean"]
-                                             for metric in QUALITY}
+    for name in CONFIGS:
+        ratios = [seed[ratio_key(name)] for seed in per_seed]
+        table[ratio_key(name)] = {"per_seed": ratios, "median": statistics.median(ratios)}
+        table[f"quality_{name.replace('-', '_')}_minus_gensim"] = {
+            metric: table[name][metric]["mean"] - table["gensim"][metric]["mean"] for metric in QUALITY}
     return table
 
 
 def print_table(summary: dict[str, Any]) -> None:
-    say(f"{'':8s} {'wordsim353':>10s} {'simlex999':>10s} {'analogy':>8s} {'eff. words/s':>13s}  (means; speed: median)")
-    for name in ("cadence", "gensim"):
+    say(f"{'':13s} {'wordsim353':>10s} {'simlex999':>10s} {'analogy':>8s} {'eff. words/s':>13s}  (means; speed: median)")
+    for name in (*CONFIGS, "gensim"):
         row = summary[name]
-        say(f"{name:8s} {row['wordsim353']['mean']:10.4f} {row['simlex999']['mean']:10.4f} "
+        say(f"{name:13s} {row['wordsim353']['mean']:10.4f} {row['simlex999']['mean']:10.4f} "
             f"{row['analogy']['mean']:8.4f} {row['words_per_second']['median']:13,.0f}")
-    ratio = summary["speed_ratio_cadence_over_gensim"]
-    say(f"speed ratio cadence/gensim: median {ratio['median']:.3f}, per seed {[round(r, 3) for r in ratio['per_seed']]}")
+    for name in CONFIGS:
+        ratio = summary[ratio_key(name)]
+        say(f"speed ratio {name}/gensim: median {ratio['median']:.3f}, per seed {[round(r, 3) for r in ratio['per_seed']]}")
 
 
 def file_sha256(path: Path) -> str:
@@ -208,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                    "sha256": file_sha256(corpus), "bytes": corpus.stat().st_size},
         "settings": {
             "shared": {**GENSIM_SETTING, "epochs": epochs, "threads": THREADS},
-            "cadence": " ".join(shlex.quote(a) for a in cadence_command("SEED", Path("RUN_DIR"), dataset, epochs))
-                          .replace(str(REPO) + "/", ""),
+            **{name: " ".join(shlex.quote(a) for a in cadence_command(config, "SEED", Path("RUN_DIR"), dataset, epochs))
+               .replace(str(REPO) + "/", "") for name, config in CONFIGS.items()},
             "gensim": " ".join(shlex.quote(a) for a in gensim_command("SEED", corpus, epochs))
                          .replace(str(REPO) + "/", "").replace(str(Path.home()), "~"),
             "speed": "effective words/s: in-vocabulary tokens kept by subsampling, over all epochs, per second of "
@@ -223,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     say(f"corpus {corpus} ({dataset}), seeds {seeds}, {epochs} epoch(s)")
     with tempfile.TemporaryDirectory(prefix="cadence-w2v-bench-") as scratch:
         work = Path(scratch)
-        contenders = {"cadence": lambda seed: run_cadence(seed, work / f"cadence-{seed}", dataset, epochs),
-                      "gensim": lambda seed: run_gensim(seed, corpus, epochs)}
+        contenders = {name: (lambda seed, name=name, config=config:
+                             run_cadence(config, seed, work / f"{name}-{seed}", dataset, epochs))
+                      for name, config in CONFIGS.items()}
+        contenders["gensim"] = lambda seed: run_gensim(seed, corpus, epochs)
         per_seed = [run_seed(seed, contenders, gate) for seed in seeds]
     report["versions"] = {"gensim": per_seed[0]["contenders"]["gensim"]["versions"],
                           "cadence": report["machine"].get("cadence_version"),
