@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -62,7 +61,7 @@ import numpy as np
 import torch
 
 from kge_throughput import loadavg, machine_info
-from peer_stats import OthersMeter, mean_ci, peer_parser, peer_run, write_report
+from peer_stats import BusyCore, OthersMeter, mean_ci, peer_parser, peer_run, write_report
 
 from cadence import api
 from cadence.config import SyntheticGraphConfig
@@ -135,19 +134,6 @@ def run_tree(command: list[str], log: Path) -> tuple[int, float, float]:
         memory = TreeMemory(child.pid)
         code = child.wait()
     return code, memory.stop(), time.perf_counter() - started
-
-
-class BusyCore:
-    """Another process spinning on one core while the block runs."""
-
-    def __enter__(self) -> "BusyCore":
-        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        time.sleep(0.5)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
 
 
 # ---- the contenders ------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""What the peer benchmarks share: their command line, confidence intervals over seeds, and how much
-CPU other processes took while a contender ran (a ratio is only read from undisturbed runs)."""
+"""What the peer benchmarks share: their command line, confidence intervals over seeds, how much
+CPU other processes took while a contender ran (a ratio is only read from undisturbed runs), and a
+core taken by another process (``BusyCore``: the contention condition)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import argparse
 import os
 import resource
 import shlex
+import signal
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +128,17 @@ def _machine_jiffies() -> tuple[int, int]:
 
 
 # ---- data ----------------------------------------------------------------------------------------
+
+
+class BusyCore:
+    """Another process spinning on one core while the block runs (users share machines: the
+    ``busy`` condition of the peer comparisons)."""
+
+    def __enter__(self) -> "BusyCore":
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
