@@ -140,18 +140,18 @@ def store_of(values: torch.Tensor):
     return store
 
 
-def test_the_parts_of_a_batch_run_at_once_on_the_rows_themselves() -> None:
-    """Timestamps of each part's kernel: the two parts overlap in time (the kernel releases the
-    GIL), and they write the store's rows, not a copy."""
+def test_the_pieces_of_a_batch_run_at_once_on_the_rows_themselves() -> None:
+    """Timestamps of each piece's kernel: the two threads' pieces overlap in time (the kernel
+    releases the GIL), and they write the store's rows, not a copy."""
     _, corpus = tiny_corpus(sentences=3000)
     task = pair_task(corpus, "train.batch_size=4096", "w2v.negatives=20", "model.dim=200", "w2v.window=8")
-    spans: dict[int, tuple[float, float]] = {}
+    spans: list[tuple[float, float, int]] = []
     step = task.step_in_place
 
-    def timed(batch, values, part, parts):
+    def timed(batch, values, piece, pieces):
         start = time.perf_counter()
-        loss = step(batch, values, part, parts)
-        spans[part] = (start, time.perf_counter(), threading.get_ident())
+        loss = step(batch, values, piece, pieces)
+        spans.append((start, time.perf_counter(), threading.get_ident()))
         return loss
 
     task.step_in_place = timed
@@ -161,15 +161,49 @@ def test_the_parts_of_a_batch_run_at_once_on_the_rows_themselves() -> None:
     batch = task.prepare(task.plan(0)[0])
     overlaps = []
     try:
-        for _ in range(5):  # (a busy machine may run one part late now and then: most overlap)
+        for _ in range(5):  # (a busy machine may run one thread late now and then: most overlap)
+            spans.clear()
             stage(batch)
-            (start0, end0, thread0), (start1, end1, thread1) = spans[0], spans[1]
-            assert thread0 != thread1
-            overlaps.append((min(end0, end1) - max(start0, start1)) / max(end0 - start0, end1 - start1))
+            assert len(spans) == stage.pieces == 8
+            by_thread: dict[int, list[tuple[float, float]]] = {}
+            for start, end, thread in spans:
+                by_thread.setdefault(thread, []).append((start, end))
+            if len(by_thread) < 2:
+                overlaps.append(0.0)
+                continue
+            first, second = (sorted(v) for v in by_thread.values())
+            together = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in first for s2, e2 in second)
+            overlaps.append(together / min(sum(e - s for s, e in first), sum(e - s for s, e in second)))
     finally:
         stage.close()
     assert sorted(overlaps)[2] > 0.5, overlaps
     assert not torch.equal(store.values, before) and math.isfinite(float(batch.loss))
+
+
+def test_a_thread_kept_from_its_core_takes_fewer_pieces() -> None:
+    """Pieces go to whichever thread is free: a thread made slow (here by a sleep, a unit-test
+    device) trains fewer of them, and the batch takes about the fast thread's time, not twice the
+    slow one's share."""
+    slow_thread = []
+
+    def job(piece: int) -> int:
+        if not slow_thread:
+            slow_thread.append(threading.get_ident())
+        time.sleep(0.08 if threading.get_ident() == slow_thread[0] else 0.01)
+        return piece
+
+    from cadence.engines.threads import Parts
+
+    parts = Parts(2)
+    try:
+        started = time.perf_counter()
+        results = parts.share(job, 16)
+        elapsed = time.perf_counter() - started
+    finally:
+        parts.close()
+    assert results == list(range(16))
+    # split evenly, the slow thread's 8 pieces would take 0.64 s; shared, the fast one takes most
+    assert elapsed < 0.4, elapsed
 
 
 def test_async_with_pair_updates_equals_its_sequential_twin(task_data, tmp_path: Path) -> None:

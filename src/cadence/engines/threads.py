@@ -92,7 +92,8 @@ class Parts:
     """A job of ``count`` parts run at once: part 0 on the calling thread, the others on ``count - 1``
     helper threads kept for the next job (a job is a batch: a thread started per batch would cost
     what a part of a small batch does). ``run(job)`` returns ``[job(0), ..., job(count - 1)]``
-    after every part has ended; the first part's error (in part order) is re-raised on the caller."""
+    after every part has ended; the first part's error (in part order) is re-raised on the caller.
+    ``share(job, pieces)``: more pieces than threads, each thread taking the next as it is free."""
 
     def __init__(self, count: int, name: str = "cadence-part"):
         self.count = max(1, count)
@@ -110,6 +111,25 @@ class Parts:
             if error is not None:
                 raise error
         return [first, *(future.result() for future in others)]
+
+    def share(self, job: Callable[[int], Any], pieces: int) -> list[Any]:
+        """``[job(0), ..., job(pieces - 1)]``, the pieces shared among the ``count`` threads as they
+        become free (each takes the next piece when it finished its last): a thread that another
+        process keeps from its core takes fewer pieces instead of holding the others up."""
+        results: list[Any] = [None] * pieces
+        taken = iter(range(pieces))
+        lock = threading.Lock()
+
+        def take(_part: int) -> None:
+            while True:
+                with lock:
+                    piece = next(taken, None)
+                if piece is None:
+                    return
+                results[piece] = job(piece)
+
+        self.run(take)
+        return results
 
     def close(self) -> None:
         if self._helpers is not None:

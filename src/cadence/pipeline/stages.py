@@ -104,24 +104,29 @@ class ComputeStage(Compute):
 
 
 class InPlaceStage(Compute):
-    """The compute of a task that updates its rows in place (``task.step_in_place``): the batch's
-    parts at once, one per thread (``parts`` of them: the calling thread and kept helpers), on the
-    store's rows themselves (Hogwild between the parts); the batch's loss is the parts' sum. The
-    task has no dense parameter to update on this path."""
+    """The compute of a task that updates its rows in place (``task.step_in_place``): the batch in
+    ``PIECES_PER_THREAD`` pieces per thread (``threads`` of them: the calling thread and kept
+    helpers), each thread taking the next piece as it is free, on the store's rows themselves
+    (Hogwild between the threads), so a thread that another process keeps from its core trains
+    fewer pieces rather than hold the batch up; the batch's loss is the pieces' sum. The task has no
+    dense parameter to update on this path."""
 
-    def __init__(self, task, store: EmbeddingStore, parts: int):
+    PIECES_PER_THREAD = 4
+
+    def __init__(self, task, store: EmbeddingStore, threads: int):
         self.task = task
         self.store = store
-        self.parts = Parts(parts, "cadence-in-place")
+        self.threads = Parts(threads, "cadence-in-place")
+        self.pieces = 1 if self.threads.count == 1 else self.threads.count * self.PIECES_PER_THREAD
 
     def __call__(self, batch: Batch) -> Batch:
-        count, values = self.parts.count, self.store.values
-        losses = self.parts.run(lambda part: self.task.step_in_place(batch, values, part, count))
+        pieces, values = self.pieces, self.store.values
+        losses = self.threads.share(lambda piece: self.task.step_in_place(batch, values, piece, pieces), pieces)
         batch.loss = torch.tensor(sum(losses), dtype=torch.float64)
         return batch
 
     def close(self) -> None:
-        self.parts.close()
+        self.threads.close()
 
 
 class WriteStage:

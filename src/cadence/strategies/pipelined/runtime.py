@@ -45,8 +45,8 @@ class PipelineRuntime(Runtime):
                          and not task.updates_in_place else None)
         if task.updates_in_place:  # the task's own steps on the rows, a part per usable core
             assert schedule.in_place and spec.fixed, "the strategy's entry refuses a task updating rows in place"
-            self.in_place_parts = config.threads or usable_cores()
-            compute = InPlaceStage(task, self.store, self.in_place_parts)
+            self.in_place_threads = config.threads or usable_cores()
+            compute = InPlaceStage(task, self.store, self.in_place_threads)
         else:
             compute = ComputeStage(task, self.module, self.entity_optimizer_class(config.optimizer),
                                    self.dense_optimizer, self.governor)
@@ -82,7 +82,7 @@ class PipelineRuntime(Runtime):
 
     def stats(self) -> dict[str, Any]:
         governed = {} if self.governor is None else self.governor.stats()
-        in_place = {"in_place_threads": self.in_place_parts} if self.task.updates_in_place else {}
+        in_place = {"in_place_threads": self.in_place_threads} if self.task.updates_in_place else {}
         return {**self.schedule.stats(), **governed, **in_place}
 
     def keys(self) -> Tensor:
