@@ -82,6 +82,13 @@ def w2v(report: dict[str, Any], name: str) -> list[str]:
         rows.append(f"| w2v | {label} vs gensim 4.4.0 | {_k(mine['words_per_second']['mean'])} | "
                     f"{_k(peer['words_per_second']['mean'])} | {_ratio(s['speed_ratio_' + ratio])} | {quality} | "
                     f"{_where(report, name)} |")
+    busy = s.get("busy")
+    if busy is not None:
+        mine, peer = busy["cadence"], busy["gensim"]
+        quality = f"WS353 {mine['wordsim353']['mean']:.3f} vs {peer['wordsim353']['mean']:.3f}"
+        rows.insert(1, f"| w2v | the same (`w2v.update: pair`), one core taken vs gensim 4.4.0 | "
+                       f"{_k(mine['words_per_second']['mean'])} | {_k(peer['words_per_second']['mean'])} | "
+                       f"{_ratio(busy['speed_ratio_cadence_over_gensim'])} | {quality} | {_where(report, name)} |")
     return rows
 
 

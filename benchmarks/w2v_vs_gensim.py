@@ -2,6 +2,7 @@
 """cadence's word2vec (skip-gram, negative sampling) vs gensim 4.4.0 ``Word2Vec(sg=1)``, side by side.
 
     .venv/bin/python benchmarks/w2v_vs_gensim.py [--quick] [--seeds N] [--max-wait S] [--out FILE]
+        [--conditions quiet,busy]
 
 Every contender trains on the same file, the registered corpus's ``corpus.txt`` in the cadence cache
 (``gcide``: 5.4M tokens, one sentence per line; ``--quick``: ``enwiki-excerpt``, 1 seed, 1 epoch),
@@ -14,6 +15,10 @@ sample 1e-3, alpha 0.025 -> 1e-4, 2 threads. For each seed, each contender runs 
 - ``cadence-batch``: ``configs/w2v.yaml``, the same setting with batch updates (every strategy);
 - ``gensim``: ``benchmarks/gensim_contender.py`` in ``.venv-bench-gensim``, ``--seed s --workers 2``
   (gensim with 2 workers is not deterministic even with a seed).
+
+Conditions: ``quiet``, and ``busy``: another process spins on one core for the whole run
+(``peer_stats.BusyCore``; users share machines), for ``cadence`` and ``gensim`` (the batch updates
+are not rerun busy: they take minutes). Per seed, the quiet runs, then the busy ones.
 
 Quality: WordSim353 and SimLex-999 (Spearman) and analogy accuracy, gensim's own evaluation for
 gensim, cadence's summary for cadence (``cadence.evaluation.word_vectors`` computes what gensim
@@ -47,7 +52,7 @@ from typing import Any, Callable
 from provenance import check, stamp  # same folder: every result traces to a commit
 
 from kge_throughput import loadavg, machine_info, others_busy  # same folder: the shared machine record
-from peer_stats import OthersMeter, peer_parser, peer_run
+from peer_stats import BusyCore, OthersMeter, peer_parser, peer_run
 
 from cadence.config import load_config
 from cadence.data.corpus import CORPORA, CORPUS_FILE
@@ -142,21 +147,27 @@ def run_gensim(seed: int, corpus: Path, epochs: int) -> dict[str, Any]:
 
 
 # ---- driver --------------------------------------------------------------------------------------
-def run_seed(seed: int, contenders: dict[str, Callable[[int], dict[str, Any]]], gate: LoadGate) -> dict[str, Any]:
-    record: dict[str, Any] = {"seed": seed, "order": list(contenders), "contenders": {}}
+def run_seed(seed: int, contenders: dict[str, Callable[[int], dict[str, Any]]], gate: LoadGate,
+             condition: str = "quiet") -> dict[str, Any]:
+    record: dict[str, Any] = {"seed": seed, "condition": condition, "order": list(contenders), "contenders": {}}
     for name, contender in contenders.items():
         seen = gate.wait()
         with OthersMeter() as meter:
-            result = contender(seed)
+            if condition == "busy":
+                with BusyCore():
+                    result = contender(seed)
+            else:
+                result = contender(seed)
         result.update(load=seen, loadavg_after=loadavg(), others_cpu_share_during=round(meter.share, 3))
         record["contenders"][name] = result
-        say(f"seed {seed} {name:13s}: wordsim353 {result['wordsim353']:.4f}  simlex999 {result['simlex999']:.4f}  "
-            f"analogy {result['analogy']:.4f}  {result['words_per_second']:,.0f} effective words/s "
-            f"({result['train_seconds']:.1f} s; load {seen['loadavg_1_5_15'][0]:.2f} before, "
-            f"others used {meter.share:.0%} of the CPUs during)")
+        say(f"seed {seed} {condition} {name:13s}: wordsim353 {result['wordsim353']:.4f}  "
+            f"simlex999 {result['simlex999']:.4f}  analogy {result['analogy']:.4f}  "
+            f"{result['words_per_second']:,.0f} effective words/s ({result['train_seconds']:.1f} s; load "
+            f"{seen['loadavg_1_5_15'][0]:.2f} before, others used {meter.share:.0%} of the CPUs during)")
     speeds = {name: result["words_per_second"] for name, result in record["contenders"].items()}
-    for name in CONFIGS:
-        record[ratio_key(name)] = speeds[name] / speeds["gensim"]
+    for name in speeds:
+        if name != "gensim":
+            record[ratio_key(name)] = speeds[name] / speeds["gensim"]
     return record
 
 
@@ -166,13 +177,16 @@ def ratio_key(name: str) -> str:
 
 def summarize(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     table: dict[str, Any] = {}
-    for name in (*CONFIGS, "gensim"):
+    names = list(per_seed[0]["contenders"])
+    for name in names:
         runs = [seed["contenders"][name] for seed in per_seed]
         table[name] = {metric: {"mean": statistics.fmean(r[metric] for r in runs),
                                 "per_seed": [r[metric] for r in runs]}
                        for metric in (*QUALITY, "words_per_second", "train_seconds", "effective_words")}
         table[name]["words_per_second"]["median"] = statistics.median(r["words_per_second"] for r in runs)
-    for name in CONFIGS:
+    for name in names:
+        if name == "gensim":
+            continue
         ratios = [seed[ratio_key(name)] for seed in per_seed]
         table[ratio_key(name)] = {"per_seed": ratios, "median": statistics.median(ratios)}
         table[f"quality_{name.replace('-', '_')}_minus_gensim"] = {
@@ -180,15 +194,21 @@ def summarize(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     return table
 
 
-def print_table(summary: dict[str, Any]) -> None:
-    say(f"{'':13s} {'wordsim353':>10s} {'simlex999':>10s} {'analogy':>8s} {'eff. words/s':>13s}  (means; speed: median)")
-    for name in (*CONFIGS, "gensim"):
+def print_table(summary: dict[str, Any], condition: str = "quiet") -> None:
+    names = [name for name in summary if not name.startswith(("speed_ratio", "quality_", "busy"))]
+    say(f"{condition:13s} {'wordsim353':>10s} {'simlex999':>10s} {'analogy':>8s} {'eff. words/s':>13s}  "
+        "(means; speed: median)")
+    for name in names:
         row = summary[name]
         say(f"{name:13s} {row['wordsim353']['mean']:10.4f} {row['simlex999']['mean']:10.4f} "
             f"{row['analogy']['mean']:8.4f} {row['words_per_second']['median']:13,.0f}")
-    for name in CONFIGS:
-        ratio = summary[ratio_key(name)]
-        say(f"speed ratio {name}/gensim: median {ratio['median']:.3f}, per seed {[round(r, 3) for r in ratio['per_seed']]}")
+    for name in names:
+        if name != "gensim":
+            ratio = summary[ratio_key(name)]
+            say(f"speed ratio {name}/gensim ({condition}): median {ratio['median']:.3f}, per seed "
+                f"{[round(r, 3) for r in ratio['per_seed']]}")
+    if "busy" in summary:
+        print_table(summary["busy"], "busy")
 
 
 def file_sha256(path: Path) -> str:
@@ -197,8 +217,13 @@ def file_sha256(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = peer_parser(__doc__, "enwiki-excerpt, 1 seed, 1 epoch", 2, "seconds to wait, before each run, for the "
-                       "load average to drop (default 120)", max_wait=120.0).parse_args(argv)
+    parser = peer_parser(__doc__, "enwiki-excerpt, 1 seed, 1 epoch", 2, "seconds to wait, before each run, for the "
+                         "load average to drop (default 120)", max_wait=120.0)
+    parser.add_argument("--conditions", default="quiet,busy", help="comma-separated: quiet, busy")
+    args = parser.parse_args(argv)
+    conditions = args.conditions.split(",")
+    if not conditions or set(conditions) - {"quiet", "busy"}:
+        raise SystemExit("w2v_vs_gensim.py: --conditions takes quiet, busy")
     check(args)
     seeds, out_path, command = peer_run(args, "w2v_vs_gensim", 2)
     dataset, epochs = ("enwiki-excerpt", 1) if args.quick else ("gcide", GENSIM_SETTING["epochs"])
@@ -212,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "cadence w2v (skip-gram, negative sampling) vs gensim 4.4.0 Word2Vec(sg=1) "
                      "(benchmarks/w2v_vs_gensim.py)",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "command": command,
-        "quick": args.quick, "machine": machine_info(), "seeds": seeds,
+        "quick": args.quick, "machine": machine_info(), "seeds": seeds, "conditions": conditions,
         "corpus": {"dataset": dataset, "file": str(corpus).replace(str(Path.home()), "~"),
                    "sha256": file_sha256(corpus), "bytes": corpus.stat().st_size},
         "settings": {
@@ -227,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             "quality": "gensim: its own evaluate_word_pairs / evaluate_word_analogies; cadence: its summary "
                        "(cadence.evaluation.word_vectors, the same computation)",
             "gate": f"before each run, wait up to {args.max_wait:g} s for the 1-minute load average < {LOAD_THRESHOLD}",
+            "busy": "another process spinning on one core for the whole run (cadence and gensim only)",
         },
     }
     say(f"corpus {corpus} ({dataset}), seeds {seeds}, {epochs} epoch(s)")
@@ -236,12 +262,22 @@ def main(argv: list[str] | None = None) -> int:
                              run_cadence(config, seed, work / f"{name}-{seed}", dataset, epochs))
                       for name, config in CONFIGS.items()}
         contenders["gensim"] = lambda seed: run_gensim(seed, corpus, epochs)
-        per_seed = [run_seed(seed, contenders, gate) for seed in seeds]
+        busy_contenders = {name: contenders[name] for name in ("cadence", "gensim")}
+        per_seed, busy = [], []
+        for seed in seeds:
+            if "quiet" in conditions:
+                per_seed.append(run_seed(seed, contenders, gate))
+            if "busy" in conditions:
+                busy.append(run_seed(seed, busy_contenders, gate, "busy"))
+        per_seed = per_seed or busy
     report["versions"] = {"gensim": per_seed[0]["contenders"]["gensim"]["versions"],
                           "cadence": report["machine"].get("cadence_version"),
                           "torch": report["machine"].get("torch_version")}
     report["summary"] = summarize(per_seed)
     report["per_seed"] = per_seed
+    if busy and per_seed is not busy:
+        report["summary"]["busy"] = summarize(busy)
+        report["per_seed_busy"] = busy
     report["wall_seconds"] = round(time.perf_counter() - started_all, 1)
     report["waited_for_load_seconds"] = round(gate.waited_s, 1)
     out_path.parent.mkdir(parents=True, exist_ok=True)
