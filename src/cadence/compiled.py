@@ -23,7 +23,9 @@ Kernels:
 - ``skipgram_in_place``: word2vec's own loop (``w2v.update: pair``): for each centre word, its
   window and its noise words drawn in the kernel from a counter-based generator (``mix``), and each
   pair's SGD step applied to the rows in place as soon as it is computed, as word2vec.c and gensim
-  do. Threads may run it at once on the same rows (Hogwild): the only kernel that writes shared rows.
+  do. Threads may run it at once on the same rows (Hogwild).
+- ``biased_mf_in_place``: biased MF's per-rating SGD step (``mf.update: rating``, Surprise's
+  ``SVD`` step) applied to the rows in place, rating by rating; Hogwild between threads too.
 """
 
 from __future__ import annotations
@@ -285,7 +287,7 @@ def unique_keys(keys: Tensor, num_keys: int) -> tuple[Tensor, Tensor]:
 
 def warm_up(*kernels: str) -> None:
     """Load (or compile) these kernels (``biased_mf``, ``skipgram``, ``unique_keys``,
-    ``skipgram_in_place``) now, on tiny inputs: the first call of a kernel in a process costs 0.3 s (machine code from the cache) to 1-2 s
+    ``skipgram_in_place``, ``biased_mf_in_place``) now, on tiny inputs: the first call of a kernel in a process costs 0.3 s (machine code from the cache) to 1-2 s
     (compiled), which a task pays when it is built rather than inside its first timed batch."""
     if not AVAILABLE:
         return
@@ -297,11 +299,51 @@ def warm_up(*kernels: str) -> None:
             skipgram_loss_and_gradient(rows, first, second.view(1, 1), 1.0)
         elif kernel == "unique_keys":
             unique_keys(second, 2)
+        elif kernel == "biased_mf_in_place":
+            biased_mf_in_place(torch.zeros(2, 3), first, second, torch.zeros(1), 0.0, 0.0, 0.0)
         elif kernel == "skipgram_in_place":
             skipgram_in_place(torch.zeros(2, 3), first, first, first, 1, True, 1, torch.ones(1, dtype=torch.float64),
                               first, 1, 0, 0.0)
         else:
             raise ValueError(f"no kernel {kernel!r}")
+
+
+if AVAILABLE:
+    @numba.njit(nogil=True, cache=True, fastmath=FAST)
+    def _biased_mf_in_place(table, users, items, ratings, mean, reg, lr):  # pragma: no cover - compiled
+        factors = table.shape[1] - 1
+        total = 0.0
+        for b in range(users.shape[0]):
+            u, i = users[b], items[b]
+            dot, norm_u, norm_i = np.float32(0.0), np.float32(0.0), np.float32(0.0)
+            for k in range(factors):
+                x, y = table[u, k], table[i, k]
+                dot += x * y
+                norm_u += x * x
+                norm_i += y * y
+            bias_u, bias_i = table[u, factors], table[i, factors]
+            error = ratings[b] - (mean + dot + bias_u + bias_i)
+            total += error * error + reg * (norm_u + bias_u * bias_u + norm_i + bias_i * bias_i)
+            step, decay = np.float32(lr * error), np.float32(lr * reg)
+            for k in range(factors):
+                x, y = table[u, k], table[i, k]
+                table[u, k] = x + step * y - decay * x
+                table[i, k] = y + step * x - decay * y
+            table[u, factors] = bias_u + step - decay * bias_u
+            table[i, factors] = bias_i + step - decay * bias_i
+        return total
+
+
+def biased_mf_in_place(table: Tensor, users: Tensor, items: Tensor, ratings: Tensor, mean: float, reg: float,
+                       lr: float) -> float:
+    """Biased MF's SGD, rating by rating, in place on ``table`` [rows, dim + 1] (``[p | b]`` rows;
+    ``users`` and ``items`` are rows of it): ``e = r - (mean + <p_u, q_i> + b_u + b_i)``, then
+    ``p_u += lr (e q_i - reg p_u)``, ``q_i += lr (e p_u - reg q_i)`` (both from the values before the
+    step), ``b_u += lr (e - reg b_u)``, ``b_i += lr (e - reg b_i)``: Surprise's ``SVD`` step, an SGD
+    step on half the rating's loss. Returns the ratings' summed loss ``e^2 + reg (|u|^2 + |i|^2)``
+    at the values each rating met. Threads may call it at once on the same ``table``."""
+    return _biased_mf_in_place(table.numpy(), _array(users), _array(items), _array(ratings), float(mean), float(reg),
+                               float(lr))
 
 
 def biased_mf_loss_and_gradient(rows: Tensor, users: Tensor, items: Tensor, ratings: Tensor, mean: float,

@@ -276,6 +276,11 @@ class MfConfig:
     # 0: off. Not with mf.strata.
     row_blocks: int = 0
     column_blocks: int = 1
+    # batch: each batch's mean gradient and the entity optimizer (every strategy); rating: Surprise's
+    # SVD step, each rating's SGD step of size optimizer.lr applied to the rows in place as it is
+    # computed, the batch split among the threads (Hogwild); strategies sync and async on one process,
+    # the CPU, optimizer.entity sgd (docs/tasks/mf.md)
+    update: Literal["batch", "rating"] = "batch"
     synthetic: SyntheticRatingsConfig = field(default_factory=SyntheticRatingsConfig)
 
 

@@ -13,6 +13,13 @@ Surprise clips to its rating scale).
 Data (``data.dataset``): ``ml-100k`` (MovieLens-100k from the pinned recbole wheel), a user's file
 (``user<TAB>item<TAB>rating[<TAB>timestamp]``) or ``synthetic-zipf`` (``mf.synthetic.*``).
 Splits: random 80/10/10 by seed, or fold ``mf.fold`` of a ``mf.folds``-fold protocol.
+
+Updates (``mf.update``): ``batch`` (the default) returns the batch loss above and the runtime
+applies its gradient with the entity optimizer, under every strategy. ``rating`` is Surprise's
+``SVD`` loop (``compiled.biased_mf_in_place``): the batch's ratings are split among the threads and
+each rating's SGD step of size ``optimizer.lr`` (on half its loss, as Surprise) is applied to the rows
+in place at once (Hogwild between threads); ``sync`` and ``async`` on one process, the CPU, the
+``sgd`` entity optimizer.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from torch import Tensor, nn
 
 from cadence import compiled
 from cadence.config import Config
+from cadence.device import resolve_device
 from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
 from cadence.errors import ConfigError
 from cadence.core.batch import Batch, BatchPlan, plan_epoch, unique_keys
@@ -115,9 +123,28 @@ class MfTask(Task):
         if not len(self.splits["train"]):
             raise ConfigError(f"{self.dataset.name}: the training split is empty")
         # the kernels' first calls (loading their machine code) outside the epochs
-        compiled.warm_up("unique_keys", *(("biased_mf",) if config.train.compiled else ()))
+        compiled.warm_up(*(("biased_mf_in_place",) if self.updates_in_place else
+                           ("unique_keys", *(("biased_mf",) if config.train.compiled else ()))))
         train = self.splits["train"].values
         self.mean, self.low, self.high = float(train.double().mean()), float(train.min()), float(train.max())
+
+    @classmethod
+    def in_place_setting(cls, config: Config) -> str | None:
+        if config.mf.update != "rating":
+            return None
+        key = "mf.update"
+        if config.optimizer.entity != "sgd":
+            raise ConfigError(f"{key}: the per-rating updates (rating) apply Surprise's SGD step to the rows themselves: "
+                              f"optimizer.entity must be sgd (got {config.optimizer.entity or 'the default, adagrad'}); use mf.update: batch for "
+                              "another optimizer")
+        if not config.train.compiled or not compiled.AVAILABLE:
+            raise ConfigError(f"{key}: the per-rating updates (rating) are a compiled loop (numba): it needs "
+                              "train.compiled on and numba installed"
+                              f"{'' if compiled.AVAILABLE else ' (numba cannot be imported here)'}")
+        if config.device != "auto" and resolve_device(config.device).type != "cpu":
+            raise ConfigError(f"{key}: the per-rating updates (rating) run on the CPU, where the rows are "
+                              f"(device: {config.device}); use device: cpu or mf.update: batch")
+        return key
 
     @property
     def dataset_name(self) -> str:
@@ -208,6 +235,8 @@ class MfTask(Task):
         return [[plan for plan in plans if plan.part % columns == column] for column in range(columns)]
 
     def prepare(self, plan: BatchPlan) -> Batch:
+        if self.updates_in_place:  # the kernel reads the ratings by position (``step_in_place``)
+            return Batch(plan, torch.empty(0, dtype=torch.int64))
         train, index = self.splits["train"], plan.examples
         users, items = train.users.index_select(0, index), train.items.index_select(0, index)
         keys = torch.cat([users, items + self.dataset.num_users])
@@ -221,6 +250,19 @@ class MfTask(Task):
         kind = CompiledBiasedMfLoss if self.config.train.compiled and compiled.usable(rows) else BiasedMfLoss
         return kind.apply(rows, inputs["users"], inputs["items"], inputs["ratings"], dense.mean,
                                   self.config.mf.reg)
+
+    def step_in_place(self, batch: Batch, values: Tensor, piece: int, pieces: int) -> float:
+        """Surprise's SGD over this piece's share of the batch's ratings (a contiguous slice of the
+        shuffled positions), in place on ``values`` (``compiled.biased_mf_in_place``); returns the
+        piece's summed loss over the batch's size (the pieces sum to the batch's mean)."""
+        train, examples = self.splits["train"], batch.plan.examples
+        size = examples.shape[0]
+        mine = examples[piece * size // pieces:(piece + 1) * size // pieces]
+        total = compiled.biased_mf_in_place(values, train.users.index_select(0, mine),
+                                            train.items.index_select(0, mine) + self.dataset.num_users,
+                                            train.values.index_select(0, mine), self.mean, self.config.mf.reg,
+                                            self.config.optimizer.lr)
+        return total / max(1, size)
 
     @staticmethod
     def _predict(user: Tensor, item: Tensor, dense: nn.Module) -> Tensor:
