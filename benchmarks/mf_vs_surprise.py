@@ -11,6 +11,9 @@ that test part, each in a fresh process:
   ``.venv`` (cadence trains on the same ``random_split(seed)`` of ml-100k; checkpoints off, which
   changes neither the model nor the timing: ``train_seconds`` excludes evaluation and checkpoints);
 - ``cadence_1_thread``: the same with ``threads=1``, Surprise's thread count;
+- ``cadence_rating``: ``configs/ml100k-mf-rating.yaml``, Surprise's own loop (``mf.update: rating``:
+  per-rating SGD in place, Hogwild on 2 threads) with the setting the search below picks for
+  ``surprise_tuned`` (128 factors, 80 epochs, lr 0.005, reg 0.1), ``threads=2``;
 - ``surprise_default``: ``SVD()`` defaults (100 factors, 20 epochs, lr 0.005, reg 0.02, init std 0.1)
   through ``benchmarks/surprise_contender.py`` in ``.venv-bench-surprise``;
 - ``surprise_tuned``: ``SVD`` with cadence-like capacity (128 factors, heavier L2, more epochs): lr,
@@ -53,6 +56,8 @@ from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "ml100k-mf.yaml"
+RATING_CONFIG = REPO / "configs" / "ml100k-mf-rating.yaml"
+CADENCE_CONTENDERS = ("cadence", "cadence_1_thread", "cadence_rating")
 CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
 SURPRISE_PYTHON = REPO / ".venv-bench-surprise" / "bin" / "python"
 SURPRISE_CONTENDER = REPO / "benchmarks" / "surprise_contender.py"
@@ -61,7 +66,7 @@ SURPRISE_DEFAULT = {"factors": 100, "epochs": 20, "lr": 0.005, "reg": 0.02, "ini
 TUNED_GRID = {"factors": [128], "epochs": [40, 80], "lr": [0.005, 0.01], "reg": [0.05, 0.1, 0.15], "init_std": [0.1]}
 TUNED_FALLBACK = {"factors": 128, "epochs": 80, "lr": 0.005, "reg": 0.1, "init_std": 0.1}
 CLEAN_OTHERS_SHARE = 0.15  # a run during which other processes used more of the CPUs counts as contended
-QUICK_EPOCHS = {"cadence": 4, "surprise_default": 5, "surprise_tuned": 10}
+QUICK_EPOCHS = {"cadence": 4, "cadence_rating": 8, "surprise_default": 5, "surprise_tuned": 10}
 # two-sided 95% quantiles of Student's t by degrees of freedom (no scipy in .venv)
 
 
@@ -93,16 +98,17 @@ def write_split(dataset: RatingDataset, seed: int, directory: Path) -> dict[str,
 
 
 # ---- contenders ----------------------------------------------------------------------------------
-def cadence_command(seed: int | str, threads: int, out: Path, quick: bool) -> list[str]:
-    command = [str(CADENCE_CLI), "train", "--config", str(CONFIG), "--seed", str(seed), "--set", f"threads={threads}",
+def cadence_command(seed: int | str, threads: int, out: Path, quick: bool, config: Path = CONFIG) -> list[str]:
+    command = [str(CADENCE_CLI), "train", "--config", str(config), "--seed", str(seed), "--set", f"threads={threads}",
                "--set", "checkpoint.every=0", "--no-progress", "--out", str(out), "--overwrite"]
     if quick:
-        command += ["--epochs", str(QUICK_EPOCHS["cadence"]), "--set", f"eval.every={QUICK_EPOCHS['cadence']}"]
+        epochs = QUICK_EPOCHS["cadence_rating" if config == RATING_CONFIG else "cadence"]
+        command += ["--epochs", str(epochs), "--set", f"eval.every={epochs}"]
     return command
 
 
-def run_cadence(seed: int, threads: int, out: Path, quick: bool) -> dict[str, Any]:
-    subprocess.run(cadence_command(seed, threads, out, quick), check=True, capture_output=True, text=True)
+def run_cadence(seed: int, threads: int, out: Path, quick: bool, config: Path = CONFIG) -> dict[str, Any]:
+    subprocess.run(cadence_command(seed, threads, out, quick, config), check=True, capture_output=True, text=True)
     summary = json.loads((out / "summary.json").read_text())
     return {"rmse": summary["rmse"], "mae": summary["mae"], "ratings_per_second": summary["examples_per_second"],
             "train_seconds": summary["train_seconds"], "epochs": summary["epochs"], "threads": threads,
@@ -153,9 +159,12 @@ def summarize(per_seed: list[dict[str, Any]], names: list[str]) -> dict[str, Any
         if name.startswith("surprise"):
             # paired by seed: the split's own difficulty (it moves RMSE by ~0.03) cancels out
             for metric in ("rmse", "mae"):
-                gaps = [seed["contenders"]["cadence"][metric] - seed["contenders"][name][metric] for seed in per_seed]
-                table[f"{metric}_cadence_minus_{name}"] = {**mean_ci(gaps), "per_seed": gaps}
-            for who in ("cadence", "cadence_1_thread"):
+                for who in ("cadence", "cadence_rating"):
+                    if who not in names:
+                        continue
+                    gaps = [seed["contenders"][who][metric] - seed["contenders"][name][metric] for seed in per_seed]
+                    table[f"{metric}_{who}_minus_{name}"] = {**mean_ci(gaps), "per_seed": gaps}
+            for who in (who for who in CADENCE_CONTENDERS if who in names):
                 ratios = [seed["ratios"][f"{who}_over_{name}"] for seed in per_seed]
                 clean = [r for r, seed in zip(ratios, per_seed) if seed["uncontended"]]
                 table[f"speed_ratio_{who}_over_{name}"] = {
@@ -180,7 +189,7 @@ def run_seed(seed: int, order: list[str], contenders: dict[str, Any], gate_keepe
     record["uncontended"] = all(result["others_cpu_share_during"] < CLEAN_OTHERS_SHARE
                                 for result in record["contenders"].values())
     record["ratios"] = {f"{who}_over_{name}": speeds[who] / speeds[name]
-                        for who in ("cadence", "cadence_1_thread") for name in speeds if name.startswith("surprise")}
+                        for who in CADENCE_CONTENDERS if who in speeds for name in speeds if name.startswith("surprise")}
     return record
 
 
@@ -229,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         contenders = {
             "cadence": lambda seed: run_cadence(seed, 2, work / f"cadence-{seed}", args.quick),
             "cadence_1_thread": lambda seed: run_cadence(seed, 1, work / f"cadence1-{seed}", args.quick),
+            "cadence_rating": lambda seed: run_cadence(seed, 2, work / f"cadence-rating-{seed}", args.quick,
+                                                       RATING_CONFIG),
             "surprise_default": lambda seed: run_surprise(splits[seed], seed, default),
             "surprise_tuned": lambda seed: run_surprise(splits[seed], seed, tuning["chosen"]),
         }
@@ -242,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         "cadence": {"config": str(CONFIG.relative_to(REPO)), "threads": 2, "checkpoint.every": 0,
                     "command": " ".join(shlex.quote(a) for a in cadence_command("SEED", 2, Path("RUN_DIR"), args.quick))
                     .replace(str(REPO) + "/", "")},
+        "cadence_rating": {"config": str(RATING_CONFIG.relative_to(REPO)), "threads": 2, "checkpoint.every": 0},
         "surprise_default": default, "surprise_tuned": tuning["chosen"],
         "speed": "ratings/s of training only (cadence examples_per_second; Surprise ratings x epochs / fit seconds); "
                  "Surprise SVD is single-threaded",
