@@ -74,6 +74,20 @@ class KernelLoss(torch.autograd.Function):
 FAST = {"reassoc", "contract", "nsz", "arcp"}
 
 if AVAILABLE:
+    @numba.njit(nogil=True, cache=True, fastmath=FAST, inline="always")
+    def _mf_error(rows, u, i, rating, mean, reg):  # pragma: no cover - compiled
+        """(the rating's error ``r - (mean + <p_u, q_i> + b_u + b_i)``, its penalty ``reg (|u|^2 + |i|^2)``),
+        the sums in float32."""
+        factors = rows.shape[1] - 1
+        dot, norm_u, norm_i = np.float32(0.0), np.float32(0.0), np.float32(0.0)
+        for k in range(factors):
+            x, y = rows[u, k], rows[i, k]
+            dot += x * y
+            norm_u += x * x
+            norm_i += y * y
+        bias_u, bias_i = rows[u, factors], rows[i, factors]
+        return rating - (mean + dot + bias_u + bias_i), reg * (norm_u + bias_u * bias_u + norm_i + bias_i * bias_i)
+
     @numba.njit(nogil=True, cache=True, fastmath=FAST)
     def _biased_mf(rows, users, items, ratings, mean, reg, scale, grad):  # pragma: no cover - compiled
         width = rows.shape[1]
@@ -81,15 +95,9 @@ if AVAILABLE:
         total = 0.0
         for b in range(users.shape[0]):
             u, i = users[b], items[b]
-            dot, norm_u, norm_i = np.float32(0.0), np.float32(0.0), np.float32(0.0)
-            for k in range(factors):
-                x, y = rows[u, k], rows[i, k]
-                dot += x * y
-                norm_u += x * x
-                norm_i += y * y
+            error, penalty = _mf_error(rows, u, i, ratings[b], mean, reg)
+            total += error * error + penalty
             bias_u, bias_i = rows[u, factors], rows[i, factors]
-            error = ratings[b] - (mean + dot + bias_u + bias_i)
-            total += error * error + reg * (norm_u + bias_u * bias_u + norm_i + bias_i * bias_i)
             residual = np.float32(-2.0 * error * scale)
             decay = np.float32(2.0 * reg * scale)
             for k in range(factors):
@@ -315,15 +323,9 @@ if AVAILABLE:
         total = 0.0
         for b in range(users.shape[0]):
             u, i = users[b], items[b]
-            dot, norm_u, norm_i = np.float32(0.0), np.float32(0.0), np.float32(0.0)
-            for k in range(factors):
-                x, y = table[u, k], table[i, k]
-                dot += x * y
-                norm_u += x * x
-                norm_i += y * y
+            error, penalty = _mf_error(table, u, i, ratings[b], mean, reg)
+            total += error * error + penalty
             bias_u, bias_i = table[u, factors], table[i, factors]
-            error = ratings[b] - (mean + dot + bias_u + bias_i)
-            total += error * error + reg * (norm_u + bias_u * bias_u + norm_i + bias_i * bias_i)
             step, decay = np.float32(lr * error), np.float32(lr * reg)
             for k in range(factors):
                 x, y = table[u, k], table[i, k]

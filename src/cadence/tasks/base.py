@@ -37,7 +37,10 @@ from typing import Any, Callable, ClassVar, Iterable
 import torch
 from torch import Tensor, nn
 
+from cadence import compiled
 from cadence.config import Config
+from cadence.device import resolve_device
+from cadence.errors import ConfigError
 from cadence.data.fingerprint import fingerprint
 from cadence.core.batch import Batch, BatchPlan
 from cadence.registry import Registry
@@ -213,3 +216,22 @@ class Task(ABC):
 
 def _same(task: Task) -> Task:
     return task
+
+
+def in_place_key(config: Config, key: str, loop: str, default_optimizer: str) -> str:
+    """``key`` (a task's ``in_place_setting``), once the rest of the config fits an in-place loop:
+    the ``sgd`` entity optimizer (the loop applies its own SGD step), the compiled kernels, the CPU
+    where the rows are; else a ``ConfigError`` naming ``key``. ``loop`` says what the setting asks for
+    (``"word2vec's per-pair updates (pair)"``); ``key: batch`` is every in-place task's alternative; ``default_optimizer``: the task's entity
+    optimizer where the config names none."""
+    if (config.optimizer.entity or default_optimizer) != "sgd":
+        raise ConfigError(f"{key}: {loop} apply their SGD step to the rows themselves: optimizer.entity must be sgd "
+                          f"(got {config.optimizer.entity or 'the default, ' + default_optimizer}); use {key}: batch "
+                          "for another optimizer")
+    if not config.train.compiled or not compiled.AVAILABLE:
+        raise ConfigError(f"{key}: {loop} are a compiled loop (numba): it needs train.compiled on and numba installed"
+                          f"{'' if compiled.AVAILABLE else ' (numba cannot be imported here)'}")
+    if config.device != "auto" and resolve_device(config.device).type != "cpu":
+        raise ConfigError(f"{key}: {loop} run on the CPU, where the rows are (device: {config.device}); use device: "
+                          f"cpu or {key}: batch")
+    return key

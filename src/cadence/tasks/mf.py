@@ -32,12 +32,11 @@ from torch import Tensor, nn
 
 from cadence import compiled
 from cadence.config import Config
-from cadence.device import resolve_device
 from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
 from cadence.errors import ConfigError
 from cadence.core.batch import Batch, BatchPlan, plan_epoch, unique_keys
 from cadence.seeding import derive_seed
-from cadence.tasks.base import TASKS, ParameterView, Progress, TablePart, TableSpec, Task
+from cadence.tasks.base import TASKS, ParameterView, Progress, TablePart, TableSpec, Task, in_place_key
 
 EVAL_BATCH = 65536
 
@@ -132,19 +131,7 @@ class MfTask(Task):
     def in_place_setting(cls, config: Config) -> str | None:
         if config.mf.update != "rating":
             return None
-        key = "mf.update"
-        if config.optimizer.entity != "sgd":
-            raise ConfigError(f"{key}: the per-rating updates (rating) apply Surprise's SGD step to the rows themselves: "
-                              f"optimizer.entity must be sgd (got {config.optimizer.entity or 'the default, adagrad'}); use mf.update: batch for "
-                              "another optimizer")
-        if not config.train.compiled or not compiled.AVAILABLE:
-            raise ConfigError(f"{key}: the per-rating updates (rating) are a compiled loop (numba): it needs "
-                              "train.compiled on and numba installed"
-                              f"{'' if compiled.AVAILABLE else ' (numba cannot be imported here)'}")
-        if config.device != "auto" and resolve_device(config.device).type != "cpu":
-            raise ConfigError(f"{key}: the per-rating updates (rating) run on the CPU, where the rows are "
-                              f"(device: {config.device}); use device: cpu or mf.update: batch")
-        return key
+        return in_place_key(config, "mf.update", "the per-rating updates (rating)", "adagrad")
 
     @property
     def dataset_name(self) -> str:

@@ -46,13 +46,12 @@ from torch import Tensor, nn
 
 from cadence import compiled
 from cadence.config import Config
-from cadence.device import resolve_device
 from cadence.data.corpus import Corpus, keep_probabilities, load_corpus, noise_distribution
 from cadence.errors import ConfigError
 from cadence.evaluation.word_vectors import evaluate_word_vectors
 from cadence.core.batch import Batch, BatchPlan, plan_epoch, unique_keys
 from cadence.seeding import derive_seed
-from cadence.tasks.base import TASKS, ParameterView, Progress, TablePart, TableSpec, Task
+from cadence.tasks.base import TASKS, ParameterView, Progress, TablePart, TableSpec, Task, in_place_key
 
 
 class SkipGramLoss(torch.autograd.Function):
@@ -159,19 +158,7 @@ class Word2VecTask(Task):
     def in_place_setting(cls, config: Config) -> str | None:
         if config.w2v.update != "pair":
             return None
-        key = "w2v.update"
-        if config.optimizer.entity not in (None, "sgd"):
-            raise ConfigError(f"{key}: word2vec's per-pair updates (pair) apply the SGD step to the rows themselves: "
-                              f"optimizer.entity must be sgd (got {config.optimizer.entity}); use w2v.update: batch "
-                              "for another optimizer")
-        if not config.train.compiled or not compiled.AVAILABLE:
-            raise ConfigError(f"{key}: word2vec's per-pair updates (pair) are a compiled loop (numba): it needs "
-                              "train.compiled on and numba installed"
-                              f"{'' if compiled.AVAILABLE else ' (numba cannot be imported here)'}")
-        if config.device != "auto" and resolve_device(config.device).type != "cpu":
-            raise ConfigError(f"{key}: word2vec's per-pair updates (pair) run on the CPU, where the rows are "
-                              f"(device: {config.device}); use device: cpu or w2v.update: batch")
-        return key
+        return in_place_key(config, "w2v.update", "word2vec's per-pair updates (pair)", "sgd")
 
     @property
     def dataset_name(self) -> str:
