@@ -1,6 +1,7 @@
 """Threads of this process as a place where code runs: a group of threads in which the first error
-stops all, a job split into parts run at once on kept threads (``Parts``), the scope of torch's intra-op threads on one thread, the cores this process may use, and
-a governor that re-chooses a thread's intra-op thread count from the throughput it measures.
+stops all, a job's parts run at once on kept threads (``Parts``), the scope of torch's intra-op
+threads on one thread, the cores this process may use, and a governor that re-chooses a thread's
+intra-op thread count from the throughput it measures.
 
 Every runtime that runs threads (the pipeline's stages, pdASGD's backward threads, the parameter
 server's workers, ShadowSync's trainers, AdaPM's nodes, workers and sync threads) starts them through
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-from concurrent.futures import ThreadPoolExecutor
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 

@@ -4,7 +4,7 @@
     device -> compute (the task's loss, backward, optimizer steps: the critical section)
     -> download -> write (rows into the store)
 
-For a task that updates its rows in place (``task.updates_in_place``: word2vec's own loop), the
+For a task that updates its rows in place (``task.updates_in_place``: word2vec's or Surprise's loop), the
 compute stage is ``InPlaceStage``: the task's steps on the store's rows, the batch split among
 threads; the load and write stages then move no row (the batch has no ids).
 
