@@ -2,6 +2,7 @@
 """cadence's biased MF vs scikit-surprise 1.1.5 ``SVD`` on MovieLens-100k, side by side in one invocation.
 
     .venv/bin/python benchmarks/mf_vs_surprise.py [--quick] [--seeds N] [--max-wait S] [--out FILE]
+        [--synthetic USERS,ITEMS,RATINGS]
 
 For each seed, cadence's own split (``RatingDataset.random_split(seed)``: train 80% / valid 10% /
 test 10%) is written to TSV files, and every contender trains on that train part and is scored on
@@ -19,6 +20,12 @@ that test part, each in a fresh process:
 - ``surprise_tuned``: ``SVD`` with cadence-like capacity (128 factors, heavier L2, more epochs): lr,
   reg and epochs picked by RMSE on the *validation* part of the first seed (never on test), then
   kept for every seed. ``--quick`` skips the search and uses ``TUNED_FALLBACK``.
+
+``--synthetic U,I,R``: instead of ML-100k, each seed's ``synthetic-zipf`` matrix of that size
+(``cadence.data.ratings.synthetic_zipf``: Zipf-skewed users and items, planted low-rank ratings; the
+seed draws the matrix and its split, and cadence generates the same one from ``--set
+data.dataset=synthetic-zipf --set mf.synthetic.*``), contenders ``cadence``, ``cadence_rating`` and
+``surprise_default`` only (no search), results in ``mf_vs_surprise_synthetic.json``.
 
 Contenders run interleaved (the order reverses every other seed), so a speed ratio compares runs made
 seconds apart on the same machine. The machine is shared: before each run the script waits (within
@@ -52,6 +59,7 @@ from provenance import check  # same folder: every result traces to a commit
 from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
 from peer_stats import OthersMeter, mean_ci, peer_parser, peer_run, write_report
 
+from cadence.config import SyntheticRatingsConfig
 from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,17 +106,20 @@ def write_split(dataset: RatingDataset, seed: int, directory: Path) -> dict[str,
 
 
 # ---- contenders ----------------------------------------------------------------------------------
-def cadence_command(seed: int | str, threads: int, out: Path, quick: bool, config: Path = CONFIG) -> list[str]:
+def cadence_command(seed: int | str, threads: int, out: Path, quick: bool, config: Path = CONFIG,
+                    data: tuple[str, ...] = ()) -> list[str]:
     command = [str(CADENCE_CLI), "train", "--config", str(config), "--seed", str(seed), "--set", f"threads={threads}",
-               "--set", "checkpoint.every=0", "--no-progress", "--out", str(out), "--overwrite"]
+               "--set", "checkpoint.every=0", "--no-progress", "--out", str(out), "--overwrite", *data]
     if quick:
         epochs = QUICK_EPOCHS["cadence_rating" if config == RATING_CONFIG else "cadence"]
         command += ["--epochs", str(epochs), "--set", f"eval.every={epochs}"]
     return command
 
 
-def run_cadence(seed: int, threads: int, out: Path, quick: bool, config: Path = CONFIG) -> dict[str, Any]:
-    subprocess.run(cadence_command(seed, threads, out, quick, config), check=True, capture_output=True, text=True)
+def run_cadence(seed: int, threads: int, out: Path, quick: bool, config: Path = CONFIG,
+                data: tuple[str, ...] = ()) -> dict[str, Any]:
+    subprocess.run(cadence_command(seed, threads, out, quick, config, data), check=True, capture_output=True,
+                   text=True)
     summary = json.loads((out / "summary.json").read_text())
     return {"rmse": summary["rmse"], "mae": summary["mae"], "ratings_per_second": summary["examples_per_second"],
             "train_seconds": summary["train_seconds"], "epochs": summary["epochs"], "threads": threads,
@@ -208,10 +219,25 @@ def print_summary(summary: dict[str, Any], names: list[str]) -> None:
                 f"per seed {[round(r, 3) for r in value['per_seed']]}")
 
 
+def synthetic_sizes(text: str) -> SyntheticRatingsConfig:
+    try:
+        users, items, ratings = (int(part) for part in text.split(","))
+    except ValueError:
+        raise SystemExit(f"mf_vs_surprise.py: --synthetic takes USERS,ITEMS,RATINGS, got {text!r}") from None
+    return SyntheticRatingsConfig(users=users, items=items, ratings=ratings)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = peer_parser(__doc__, "1 seed, a few epochs, no tuning search", 3, "total seconds to wait for other "
-                       "processes to go idle before runs (default 300, 0 with --quick)").parse_args(argv)
+    parser = peer_parser(__doc__, "1 seed, a few epochs, no tuning search", 3, "total seconds to wait for other "
+                         "processes to go idle before runs (default 300, 0 with --quick)")
+    parser.add_argument("--synthetic", metavar="USERS,ITEMS,RATINGS",
+                        help="each seed's synthetic-zipf matrix of that size instead of ML-100k")
+    args = parser.parse_args(argv)
     check(args)
+    sizes = synthetic_sizes(args.synthetic) if args.synthetic else None
+    if sizes is not None and args.out is None:
+        args.out = str(Path(__file__).resolve().parent / "results" /
+                       f"mf_vs_surprise_synthetic{'_quick' if args.quick else ''}.json")
     seeds, out_path, command = peer_run(args, "mf_vs_surprise", 3)
     if not SURPRISE_PYTHON.exists():
         raise SystemExit(f"{SURPRISE_PYTHON} is missing: see benchmarks/requirements-surprise.txt")
@@ -221,13 +247,25 @@ def main(argv: list[str] | None = None) -> int:
                                            "(benchmarks/mf_vs_surprise.py)",
                               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                               "command": command, "quick": args.quick, "machine": machine_info(), "seeds": seeds}
-    dataset = load_rating_dataset("ml-100k", 0)
+    data: tuple[str, ...] = ()
+    if sizes is not None:
+        data = ("--set", "data.dataset=synthetic-zipf", "--set", f"mf.synthetic.users={sizes.users}", "--set",
+                f"mf.synthetic.items={sizes.items}", "--set", f"mf.synthetic.ratings={sizes.ratings}")
+        report["benchmark"] = report["benchmark"].replace("on MovieLens-100k", "on a synthetic Zipf matrix")
+        report["synthetic"] = {"users": sizes.users, "items": sizes.items, "ratings": sizes.ratings,
+                               "exponent": sizes.exponent}
     with tempfile.TemporaryDirectory(prefix="cadence-mf-bench-") as scratch:
         work = Path(scratch)
         splits = {seed: work / f"split-{seed}" for seed in seeds}
-        report["splits"] = {seed: write_split(dataset, seed, path) for seed, path in splits.items()}
+        report["splits"] = {}
+        for seed, path in splits.items():
+            dataset = (load_rating_dataset("ml-100k", 0) if sizes is None else
+                       load_rating_dataset("synthetic-zipf", seed, sizes))
+            report["splits"][seed] = write_split(dataset, seed, path)
         default = dict(SURPRISE_DEFAULT)
-        if args.quick:
+        if sizes is not None:
+            tuning = {"chosen": None, "chosen_on": "not run (--synthetic: no search)"}
+        elif args.quick:
             default["epochs"] = QUICK_EPOCHS["surprise_default"]
             tuning = {"chosen": {**TUNED_FALLBACK, "epochs": QUICK_EPOCHS["surprise_tuned"]},
                       "chosen_on": "fixed (--quick: no search)"}
@@ -236,13 +274,15 @@ def main(argv: list[str] | None = None) -> int:
             tuning = tune_surprise(splits[seeds[0]], seeds[0])
         report["surprise_tuned_selection"] = tuning
         contenders = {
-            "cadence": lambda seed: run_cadence(seed, 2, work / f"cadence-{seed}", args.quick),
+            "cadence": lambda seed: run_cadence(seed, 2, work / f"cadence-{seed}", args.quick, CONFIG, data),
             "cadence_1_thread": lambda seed: run_cadence(seed, 1, work / f"cadence1-{seed}", args.quick),
             "cadence_rating": lambda seed: run_cadence(seed, 2, work / f"cadence-rating-{seed}", args.quick,
-                                                       RATING_CONFIG),
+                                                       RATING_CONFIG, data),
             "surprise_default": lambda seed: run_surprise(splits[seed], seed, default),
             "surprise_tuned": lambda seed: run_surprise(splits[seed], seed, tuning["chosen"]),
         }
+        if sizes is not None:
+            contenders = {name: contenders[name] for name in ("cadence", "cadence_rating", "surprise_default")}
         names = list(contenders)
         per_seed = [run_seed(seed, names if index % 2 == 0 else names[::-1], contenders, gate_keeper)
                     for index, seed in enumerate(seeds)]
@@ -251,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                           "torch": report["machine"].get("torch_version")}
     report["settings"] = {
         "cadence": {"config": str(CONFIG.relative_to(REPO)), "threads": 2, "checkpoint.every": 0,
-                    "command": " ".join(shlex.quote(a) for a in cadence_command("SEED", 2, Path("RUN_DIR"), args.quick))
+                    "command": " ".join(shlex.quote(a) for a in cadence_command("SEED", 2, Path("RUN_DIR"), args.quick,
+                                                                                CONFIG, data))
                     .replace(str(REPO) + "/", "")},
         "cadence_rating": {"config": str(RATING_CONFIG.relative_to(REPO)), "threads": 2, "checkpoint.every": 0},
         "surprise_default": default, "surprise_tuned": tuning["chosen"],
