@@ -39,8 +39,12 @@ TEXT = st.one_of(st.binary(max_size=400),
                      "utf-8", "surrogatepass")))
 
 
+# every example's files live under one folder, removed when the tests end (thousands of examples)
+_SCRATCH = tempfile.TemporaryDirectory(prefix="cdn-prop-")
+
+
 def _file(content: bytes, name: str) -> Path:
-    directory = Path(tempfile.mkdtemp(prefix="cdn-prop-"))
+    directory = Path(tempfile.mkdtemp(dir=_SCRATCH.name))
     path = directory / name
     path.write_bytes(content)
     return path
