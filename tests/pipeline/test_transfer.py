@@ -75,3 +75,28 @@ def test_the_three_stages_run_on_three_streams() -> None:
     link = DeviceLink(torch.device("cuda"))
     streams = {link.upload_stream, link.compute_stream, link.download_stream, torch.cuda.current_stream()}
     assert len(streams) == 4
+
+
+@needs_cuda
+def test_runs_in_one_process_share_the_streams_and_hold_no_more_memory_each(tiny_graph, tmp_path) -> None:
+    """Streams made anew for each run kept cuBLAS's workspace and the allocator's cached blocks of the
+    old ones: 64 MiB more allocated after every run of a process (H200, fourth lease)."""
+    import gc
+
+    from cadence import api
+    from tests.conftest import make_config
+
+    first = DeviceLink(torch.device("cuda"))
+    second = DeviceLink(torch.device("cuda", torch.cuda.current_device()))
+    assert (first.upload_stream, first.compute_stream, first.download_stream) == (
+        second.upload_stream, second.compute_stream, second.download_stream)
+    assert first.side_stream(0) == second.side_stream(0) != first.side_stream(1)
+
+    held = []
+    for run, strategy in enumerate(["sync", "async", "sync", "async", "async"]):
+        api.train(make_config(tmp_path / str(run), f"data.dataset={tiny_graph}", f"strategy={strategy}", "device=cuda",
+                              "model.dim=64"))
+        gc.collect()
+        torch.cuda.synchronize()
+        held.append(torch.cuda.memory_allocated())
+    assert held[2:] == held[1:-1], f"allocated after each run (bytes): {held}"

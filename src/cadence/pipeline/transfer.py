@@ -20,10 +20,16 @@ writer threads beside the next batch's compute, and no thread reads a copy that 
 A tensor made on one stream and used on another is ``record_stream``-ed, so the caching allocator
 does not hand its memory out again while the other stream may still use it. The batch keeps its
 host ids (``host_ids``) for the store write: they never travel back.
+
+The streams are the process's, one per device and role (``stream_for``), not each run's: the caching
+allocator keeps a freed block for the stream it was made on, and cuBLAS keeps a workspace for each
+stream it ran on, so streams made anew for every run held 64 MiB more allocated and ~80 MiB more
+reserved memory per run of a process (measured on an H200, docs/benchmarks.md "The GPU path").
 """
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -38,6 +44,23 @@ def accelerated(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+_STREAMS: dict[tuple[torch.device, str], "torch.cuda.Stream"] = {}
+_STREAMS_LOCK = threading.Lock()
+
+
+def stream_for(device: torch.device, role: str) -> "torch.cuda.Stream":
+    """The process's CUDA stream on ``device`` for ``role`` (``upload``, ``compute``, ``download``,
+    ``side-0``, ...): made on first use, the same one for every later run (module docstring)."""
+    device = torch.device(device)
+    if device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    key = (device, role)
+    with _STREAMS_LOCK:
+        if key not in _STREAMS:
+            _STREAMS[key] = torch.cuda.Stream(device)
+        return _STREAMS[key]
+
+
 class DeviceLink:
     """The streams between the host and one device, shared by the upload, compute and download
     stages of a run; on the CPU it holds none and every method passes the batch through."""
@@ -46,9 +69,9 @@ class DeviceLink:
         self.device = device
         self.accelerated = accelerated(device)
         if self.accelerated:
-            self.upload_stream = torch.cuda.Stream(device)
-            self.compute_stream = torch.cuda.Stream(device)
-            self.download_stream = torch.cuda.Stream(device)
+            self.upload_stream = stream_for(device, "upload")
+            self.compute_stream = stream_for(device, "compute")
+            self.download_stream = stream_for(device, "download")
 
     # ---- loader threads ---------------------------------------------------------------------------
     def upload(self, batch: Batch) -> Batch:
@@ -64,16 +87,16 @@ class DeviceLink:
         return batch
 
     # ---- the compute thread -----------------------------------------------------------------------
-    def new_stream(self):
-        """A compute stream of its own for a thread that computes beside the compute thread (pdASGD's
-        backward threads); None on the CPU."""
-        return torch.cuda.Stream(self.device) if self.accelerated else None
+    def side_stream(self, index: int):
+        """The compute stream of the ``index``-th thread that computes beside the compute thread
+        (pdASGD's backward threads), its own among them; None on the CPU."""
+        return stream_for(self.device, f"side-{index}") if self.accelerated else None
 
     @contextmanager
     def computing(self, batch: Batch, stream=None) -> Iterator[None]:
         """Everything the compute thread does to a batch on the device (validation, compute, the
         stamp into the validation cache) runs inside this, on the compute stream (or ``stream``: a
-        thread's own, ``new_stream``), after its upload."""
+        thread's own, ``side_stream``), after its upload."""
         if not self.accelerated:
             yield
             return

@@ -127,11 +127,11 @@ class Pdasgd(Schedule):
         self.next_timestamp = 0
         self.staleness: Staleness | None = None
         self.busy = {"forward_busy_seconds": 0.0, "backward_busy_seconds": 0.0}
-        self.streams: list = []  # CUDA: backward thread i's stream, made once for the run
+        self.streams: list = []  # CUDA: backward thread i's stream (the process's ``side-i`` stream)
 
     def _streams(self, stages: Stages, threads: int) -> list:
         if len(self.streams) != threads:
-            self.streams = [stages.link.new_stream() for _ in range(threads)]
+            self.streams = [stages.link.side_stream(index) for index in range(threads)]
         return self.streams
 
     # ---- the epoch ------------------------------------------------------------------------------
