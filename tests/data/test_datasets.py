@@ -38,6 +38,41 @@ def test_fetch_checks_the_pinned_sha256(tmp_path: Path, monkeypatch) -> None:
     assert not (tmp_path / "datasets" / "umls").exists()  # nothing half-written
 
 
+def test_two_fetches_of_one_dataset_at_once_take_turns_and_write_it_once(tmp_path: Path, monkeypatch) -> None:
+    """Two runs started at once on a fresh machine (or two test workers) fetch the same dataset: the
+    second waits for the first and finds it there, rather than deleting the copy the first reads."""
+    import threading
+
+    monkeypatch.setenv("CADENCE_HOME", str(tmp_path))
+    target = fetching.dataset_dir("shared")
+    writing, release, writes, results = threading.Event(), threading.Event(), [], []
+
+    def write(label: str, wait: bool):
+        def fill(staging: Path) -> None:
+            writes.append(label)
+            if wait:
+                writing.set()
+                release.wait(10)
+            (staging / "data.txt").write_text(label)
+        return fill
+
+    def fetched() -> bool:
+        return (target / "data.txt").is_file()
+
+    first = threading.Thread(target=lambda: results.append(fetching.publish("shared", write("first", True), fetched)))
+    first.start()
+    assert writing.wait(10)
+    second = threading.Thread(target=lambda: results.append(fetching.publish("shared", write("second", False), fetched)))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive(), "the second fetch went ahead while the first was writing"
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert writes == ["first"] and results == [target, target] and (target / "data.txt").read_text() == "first"
+    assert fetching.publish("shared", write("third", False), fetched) == target and writes == ["first"]
+
+
 def test_unknown_dataset_suggests_a_name() -> None:
     with pytest.raises(ConfigError, match=r"unknown dataset 'umsl' \(did you mean 'umls'\?\)"):
         load_graph(DataConfig(dataset="umsl"), seed=0)

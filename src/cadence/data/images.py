@@ -131,15 +131,13 @@ class ImageSource:
         return [stem + ".gz" for pair in FILES.values() for stem in pair]
 
     def fetch(self) -> Path:
-        if self.is_fetched():
-            return fetching.dataset_dir(self.name)
         wanted = [self.directory + stem for stem in self.stems()]
 
         def write(staging: Path) -> None:
             for path, body in debian_members(self.package, wanted).items():
                 (staging / Path(path).name).write_bytes(body)
 
-        return fetching.publish(self.name, write)
+        return fetching.publish(self.name, write, self.is_fetched)
 
     def is_fetched(self) -> bool:
         return all((fetching.dataset_dir(self.name) / stem).is_file() for stem in self.stems())
