@@ -13,10 +13,23 @@ import torch
 import yaml
 
 from cadence.cli import main, print_comparison
+from tests.reliability.harness import Runner
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cadence.cli", *args], capture_output=True, text=True)
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``cadence ARGS`` in this process (``cadence.cli.main``, its stdout and stderr captured, a
+    traceback caught as exit 1): a process start costs ~3 s of imports here. What only a process
+    shows (the interpreter's own output, its teardown, signals) is tested with ``run_process``."""
+    result = Runner(in_process=True)(list(args), env=env)
+    return subprocess.CompletedProcess(["cadence", *args], result.code, result.out, result.err)
+
+
+def run_process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m cadence.cli ARGS``: a real process."""
+    import os
+
+    return subprocess.run([sys.executable, "-m", "cadence.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
 
 
 def test_train_eval_export_on_a_user_directory(tiny_graph: Path, tmp_path: Path, capsys) -> None:
@@ -80,12 +93,22 @@ def test_config_mistakes_exit_2_without_traceback_or_output(tiny_graph: Path, tm
     assert not out.exists()
 
 
+def test_a_config_mistake_in_a_real_process_is_one_line_and_exit_2(tiny_graph: Path, tmp_path: Path) -> None:
+    """The in-process tests above see what ``main`` writes; a process also shows what the interpreter
+    and the libraries write to its stderr: still exactly one line."""
+    out = tmp_path / "run"
+    done = run_process("train", "--dataset", str(tiny_graph), "--out", str(out), "--model", "complx")
+    assert done.returncode == 2 and not out.exists() and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cadence: error: ") and "unknown model 'complx'" in lines[0], lines
+
+
 def test_bad_data_line_exits_2_naming_file_and_line(tiny_graph: Path, tmp_path: Path) -> None:
     with open(tiny_graph / "valid.txt", "a") as handle:
         handle.write("e1\tr1\n")
     lines = (tiny_graph / "valid.txt").read_text().count("\n")
     out = tmp_path / "run"
-    done = run_cli("train", "--dataset", str(tiny_graph), "--out", str(out))
+    done = run_process("train", "--dataset", str(tiny_graph), "--out", str(out))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"valid.txt:{lines}: expected 3 tab-separated fields" in done.stderr
     assert not out.exists()
@@ -241,8 +264,8 @@ def test_a_pipeline_stall_exits_3_naming_stage_epoch_and_batch(task_args, strate
     """The watchdog stops a run whose stage threads are busy in torch: the command still exits with
     the stall's code and one line, never an abort from tearing the interpreter down under them."""
     task_args = task_args or ["--dataset", str(tiny_graph), "--set", "train.negatives=8"]
-    done = run_cli("train", *task_args, "--strategy", strategy, "--epochs", "3", "--out", str(tmp_path / "r"),
-                   "--no-progress", "--set", "pipeline.stall_timeout=0.0001")  # no batch is that fast
+    done = run_process("train", *task_args, "--strategy", strategy, "--epochs", "3", "--out", str(tmp_path / "r"),
+                       "--no-progress", "--set", "pipeline.stall_timeout=0.0001")  # no batch is that fast
     assert done.returncode == 3, done.stderr[-2000:]
     error = [line for line in done.stderr.splitlines() if line.startswith("cadence: error:")]
     assert len(error) == 1 and "pipeline stalled" in error[0]
@@ -263,8 +286,6 @@ def test_flag_values_are_taken_as_typed_never_reread_as_yaml(tiny_graph: Path, t
 
 
 def test_os_level_mistakes_are_one_line_errors_naming_the_path(tiny_graph: Path, tmp_path: Path) -> None:
-    import os
-
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     common = ["train", "--dataset", str(tiny_graph), "--epochs", "1", "--no-progress"]
@@ -274,9 +295,8 @@ def test_os_level_mistakes_are_one_line_errors_naming_the_path(tiny_graph: Path,
         (["--dataset", "nations", "--out", str(tmp_path / "r")], {"CADENCE_HOME": str(a_file)},
          f"{a_file}: CADENCE_HOME is not a directory"),
     ]
-    for args, env, message in cases:
-        done = subprocess.run([sys.executable, "-m", "cadence.cli", *common, *args], capture_output=True, text=True,
-                              env={**os.environ, **env})
+    for number, (args, env, message) in enumerate(cases):
+        done = (run_process if number == 0 else run_cli)(*common, *args, env=env)  # one in a real process
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr[-1500:])
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "r").exists()
