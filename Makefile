@@ -25,8 +25,11 @@ demo: install
 		--out runs/demo-umls --overwrite
 	@echo "Why the three run alike here: UMLS fits in memory and sync's compute already uses every core, so async and oac run their epochs inline (pipeline.overlap: auto; inline_epochs in each summary.json) and train sync's model at sync's speed; the pipeline pays where reads and writes wait on a slow disk, or a GPU computes (docs/strategies/pipelined.md, 'When the pipeline runs')."
 
+# TEST_JOBS: pytest-xdist workers for the default suite (0: one process). Two on this 2-core machine:
+# much of the suite waits on processes starting (imports, Ray actors), and the other worker fills it.
+TEST_JOBS ?= 2
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS)
 
 test-slow: install
 	$(PY) -m pytest -q -m slow

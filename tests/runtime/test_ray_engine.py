@@ -80,7 +80,8 @@ def test_sync_with_four_workers_equals_the_thread_engine(tmp_path: Path, local_c
 # checks them against the parameter server)
 @pytest.mark.parametrize("mode, shards", [pytest.param("bsp", 1, marks=pytest.mark.slow), ("gba", 1), pytest.param("hop_bs", 1, marks=pytest.mark.slow),
                                           pytest.param("hop_bw", 1, marks=pytest.mark.slow), ("hop_bw", 2),
-                                          ("gba", 2)])  # (bsp: gba's rule without a tolerance)
+                                          pytest.param("gba", 2, marks=pytest.mark.slow)])
+# (bsp: gba's rule without a tolerance; gba with 2 shards: gba-1 and hop_bw-2 cover its parts)
 def test_one_worker_equals_the_thread_engine_in_every_mode(tmp_path: Path, local_cluster, mode: str,
                                                            shards: int) -> None:
     (threads, threads_state), (on_ray, ray_state) = train_on_both(tmp_path, f"strategy={mode}", "ps.workers=1",
@@ -334,8 +335,10 @@ def test_dense_on_the_workers_on_ray_equals_the_thread_engine(tmp_path: Path, lo
 
 # ---- ShadowSync: each worker actor is a trainer of Hogwild threads ----------------------------------
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", ["fr-easgd", "shadow-ma", pytest.param("fr-bmuf", marks=pytest.mark.slow),
+@pytest.mark.parametrize("mode", ["fr-easgd", pytest.param("shadow-ma", marks=pytest.mark.slow),
+                                  pytest.param("fr-bmuf", marks=pytest.mark.slow),
                                   pytest.param("shadow-easgd", marks=pytest.mark.slow)])
+# (shadow-ma's trainers as actors: also test_one_trainer_of_one_thread_on_ray_equals_the_thread_engine)
 def test_shadow_trainers_as_actors_train_one_pass_and_sync(tmp_path: Path, local_cluster, mode: str) -> None:
     """Two trainer processes of two threads each: every example once, the replicas synced (EASGD with
     the central copy on two sync servers, processes of their own; MA and BMUF over the trainers'
