@@ -49,7 +49,7 @@ bench: install
 	$(PY) benchmarks/pipeline_throughput.py
 
 # Each task against the library its users use today; the peers live in their own virtualenvs.
-PEERS := surprise gensim deepctr pbg
+PEERS := surprise gensim deepctr pbg torchkge
 .venv-bench-%/bin/python: benchmarks/requirements-%.txt
 	$(PYTHON) -m venv .venv-bench-$*
 	.venv-bench-$*/bin/pip install -q --no-deps -r benchmarks/requirements-$*.txt
@@ -59,6 +59,8 @@ bench-peers: install $(PEERS:%=.venv-bench-%/bin/python)
 	$(PY) benchmarks/w2v_vs_gensim.py
 	$(PY) benchmarks/ctr_vs_deepctr.py
 	$(PY) benchmarks/kge_vs_pbg.py
+	$(PY) benchmarks/kge_vs_pbg.py --contenders cadence,torchkge --conditions quiet --reps 2 --torchkge-batches 20 \
+		--out benchmarks/results/kge_vs_torchkge.json
 
 # Where each task's time goes: py-spy (its own venv) on each task's shipped config under sync;
 # results/task_profiles.json and the table in docs/benchmarks.md.

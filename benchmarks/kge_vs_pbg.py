@@ -19,7 +19,11 @@ logistic loss, row-wise Adagrad at lr 0.1, one epoch, both cores:
 - ``cadence-chunked``: ``cadence`` with PBG's chunked negatives (``train.negative_chunk=100``: each
   chunk of 100 edges of a batch draws its own 100 negatives);
 - ``pbg``: ``benchmarks/pbg_contender.py`` in ``.venv-bench-pbg``: 2 Hogwild worker processes of
-  one torch thread each, PBG's chunked negatives (100 uniform entities per chunk of 100 edges).
+  one torch thread each, PBG's chunked negatives (100 uniform entities per chunk of 100 edges);
+- ``torchkge``: ``benchmarks/torchkge_contender.py`` in ``.venv-bench-torchkge`` (the second peer):
+  torchkge 0.17.7's own loop, one process of 2 torch threads, 100 uniform negatives per edge (head or
+  tail), dense Adagrad over ``nn.Embedding`` tables; ``--torchkge-batches M`` stops it after ``M``
+  batches (every step touches all 1M rows), and its MRR is then that of a part of the epoch.
 
 Conditions: ``quiet``, and ``busy``: a busy loop (another process spinning on one core) started
 before the contender and killed after it, as when a user shares the machine.
@@ -33,7 +37,7 @@ unfiltered) against the same 1,000 uniformly drawn candidate entities (entities 
 as PBG's own sampled evaluation does: sampled MRR and Hits@10.
 
 Reps run interleaved (rep 1: every condition x contender, then rep 2, ...); ratios cadence/pbg
-are taken within a rep and condition, and summarised by their median and range.
+(and cadence/torchkge) are taken within a rep and condition, and summarised by their median and range.
 Each side's scores are its own model's: cadence's ComplEx is ``Re(<h r, conj t>)`` on ``[real | imaginary]``
 halves, PBG's applies the relation to the right-hand side, ``<h, r t>`` (the dot of the halves); the
 evaluator ranks each side's vectors by its own formula.
@@ -72,9 +76,12 @@ CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
 PBG_PYTHON = REPO / ".venv-bench-pbg" / "bin" / "python"
 PBG_CONTENDER = REPO / "benchmarks" / "pbg_contender.py"
 PBG_OPERATORS = {"distmult": "diagonal", "complex": "complex_diagonal"}  # the relation operator on PBG's side
+TORCHKGE_PYTHON = REPO / ".venv-bench-torchkge" / "bin" / "python"
+TORCHKGE_CONTENDER = REPO / "benchmarks" / "torchkge_contender.py"
 SETTING = dict(dim=100, negatives=100, batch_size=1000, lr=0.1, threads=2, relations=16, holdout=2000, seed=0)
 EVAL_EDGES, EVAL_CANDIDATES = 2000, 1000
-CONTENDERS = ("cadence", "cadence-fixed", "cadence-chunked", "pbg")
+CONTENDERS = ("cadence", "cadence-fixed", "cadence-chunked", "pbg", "torchkge")
+PEERS = ("pbg", "torchkge")  # the others are cadence's, each compared with every peer that ran
 
 
 def say(message: str) -> None:
@@ -189,7 +196,24 @@ def run_pbg(args, work: Path, data: Path) -> dict[str, Any]:
     return {**record, "_vectors": (entities, relations)}
 
 
-# ---- one evaluator for both ----------------------------------------------------------------------------------
+def run_torchkge(args, work: Path, data: Path) -> dict[str, Any]:
+    s = SETTING
+    command = [str(TORCHKGE_PYTHON), str(TORCHKGE_CONTENDER), "--data", str(data), "--out", str(work),
+               "--entities", str(args.entities), "--dim", str(s["dim"]), "--negatives", str(s["negatives"]),
+               "--batch-size", str(s["batch_size"]), "--lr", str(s["lr"]), "--threads", str(s["threads"]),
+               "--epochs", "1", "--model", args.model, "--max-batches", str(args.torchkge_batches)]
+    code, peak, wall = run_tree(command, work / "log.txt")
+    if code != 0:
+        return {"error": f"exit {code}: {(work / 'log.txt').read_text()[-400:]}"}
+    result = json.loads((work / "result.json").read_text())
+    entities, relations = np.load(work / "entities.npy"), np.load(work / "relations.npy")
+    record = {"edges_per_second": result["edges_per_second"], "train_seconds": result["train_seconds"],
+              "edges_trained": result["edges"], "complete_epoch": result["complete_epochs"], "peak_pss_mib": peak,
+              "process_wall_seconds": round(wall, 2)}
+    return {**record, "_vectors": (entities, relations)}
+
+
+# ---- one evaluator for all ----------------------------------------------------------------------------------
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Complex products of ``[real | imaginary]`` halves."""
     ar, ai = a.chunk(2, dim=-1)
@@ -246,6 +270,8 @@ def main() -> int:
     parser.add_argument("--contenders", default="cadence,pbg", help="comma-separated: " + ", ".join(CONTENDERS))
     parser.add_argument("--model", choices=sorted(PBG_OPERATORS), default="distmult",
                         help="distmult (default) or complex")
+    parser.add_argument("--torchkge-batches", type=int, default=0,
+                        help="stop torchkge after this many batches (default 0: the whole epoch)")
     args = parser.parse_args()
     provenance = check(args)
     args.entities = args.entities or (300_000 if args.quick else 1_000_000)
@@ -258,6 +284,9 @@ def main() -> int:
     if "pbg" in contenders and not PBG_PYTHON.exists():
         raise SystemExit(f"kge_vs_pbg.py: no {PBG_PYTHON}: make .venv-bench-pbg/bin/python "
                          "(benchmarks/requirements-pbg.txt)")
+    if "torchkge" in contenders and not TORCHKGE_PYTHON.exists():
+        raise SystemExit(f"kge_vs_pbg.py: no {TORCHKGE_PYTHON}: make .venv-bench-torchkge/bin/python "
+                         "(benchmarks/requirements-torchkge.txt)")
     _, out, command = peer_run(args, "kge_vs_pbg" if args.model == "distmult" else f"kge_vs_pbg_{args.model}", 1)
     started = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="cadence-kge-vs-pbg-"))
@@ -289,6 +318,7 @@ def main() -> int:
                             busy.__enter__()
                         try:
                             result = (run_pbg(args, work, data) if contender == "pbg"
+                                      else run_torchkge(args, work, data) if contender == "torchkge"
                                       else run_cadence(args, work, fixed=contender == "cadence-fixed",
                                                        chunked=contender == "cadence-chunked"))
                         finally:
@@ -335,23 +365,22 @@ def summarize(records: list[dict[str, Any]], conditions: list[str], contenders: 
             if mine:
                 rows[contender] = {key: mean_ci([r[key] for r in mine])
                                    for key in ("edges_per_second", "peak_pss_mib", "sampled_mrr")}
-        for contender in contenders:
-            if contender == "pbg" or "pbg" not in contenders:
-                continue
-            ratios = {}
-            for key in ("edges_per_second", "peak_pss_mib", "sampled_mrr"):
-                per_rep = []
-                for r in records:
-                    if r["condition"] != condition or r["contender"] != contender or "error" in r:
-                        continue
-                    peer = next((p for p in records if p["condition"] == condition and p["contender"] == "pbg"
-                                 and p["rep"] == r["rep"] and "error" not in p), None)
-                    if peer:
-                        per_rep.append(r[key] / peer[key])
-                if per_rep:
-                    ratios[key] = {"median": statistics.median(per_rep), "min": min(per_rep), "max": max(per_rep),
-                                   "per_rep": per_rep}
-            rows[f"{contender}/pbg"] = ratios
+        for peer_name in [c for c in contenders if c in PEERS]:
+            for contender in [c for c in contenders if c not in PEERS]:
+                ratios = {}
+                for key in ("edges_per_second", "peak_pss_mib", "sampled_mrr"):
+                    per_rep = []
+                    for r in records:
+                        if r["condition"] != condition or r["contender"] != contender or "error" in r:
+                            continue
+                        peer = next((p for p in records if p["condition"] == condition and p["contender"] == peer_name
+                                     and p["rep"] == r["rep"] and "error" not in p), None)
+                        if peer:
+                            per_rep.append(r[key] / peer[key])
+                    if per_rep:
+                        ratios[key] = {"median": statistics.median(per_rep), "min": min(per_rep), "max": max(per_rep),
+                                       "per_rep": per_rep}
+                rows[f"{contender}/{peer_name}"] = ratios
         table[condition] = rows
     return table
 

@@ -45,19 +45,27 @@ def _where(report: dict[str, Any], name: str) -> str:
     return f"{at}, `results/{name}`"
 
 
+KGE_PEERS = (("pbg", "PyTorch-BigGraph 1.0.0"), ("torchkge", "torchkge 0.17.7"))
+
+
 def kge(report: dict[str, Any], name: str) -> list[str]:
     rows, summary = [], report["summary"]
     graph = report["graph"]
     model = {"distmult": "DistMult", "complex": "ComplEx"}[report["setting"].get("model", "distmult")]
     shape = f"{model} d100, {graph['entities'] / 1e6:g}M entities, {graph['training_edges'] / 1e6:.1f}M edges"
-    for condition, label in (("quiet", "edges/s"), ("busy", "edges/s, one core taken")):
+    for (peer_name, peer_label), (condition, label) in [(p, c) for p in KGE_PEERS for c in (
+            ("quiet", "edges/s"), ("busy", "edges/s, one core taken"))]:
         table = summary.get(condition, {})
-        if "cadence" not in table or "pbg" not in table:
+        if "cadence" not in table or peer_name not in table:
             continue
-        ratio = table["cadence/pbg"]
-        mine, peer = table["cadence"], table["pbg"]
+        ratio = table[f"cadence/{peer_name}"]
+        mine, peer = table["cadence"], table[peer_name]
         quality = f"sampled MRR {mine['sampled_mrr']['mean']:.3f} vs {peer['sampled_mrr']['mean']:.3f}"
-        rows.append(f"| kge | {shape}: {label} vs PyTorch-BigGraph 1.0.0 | {_k(mine['edges_per_second']['mean'])} | "
+        partial = [r for r in report["runs"] if r.get("contender") == peer_name and r.get("condition") == condition
+                   and r.get("complete_epoch") is False]
+        if partial:  # a peer stopped after part of the epoch: its MRR is of that part
+            quality += f" (after {partial[0]['edges_trained'] / graph['training_edges']:.0%} of the epoch)"
+        rows.append(f"| kge | {shape}: {label} vs {peer_label} | {_k(mine['edges_per_second']['mean'])} | "
                     f"{_k(peer['edges_per_second']['mean'])} | {_ratio(ratio['edges_per_second'])} | {quality} | "
                     f"{_where(report, name)} |")
         if condition == "quiet":
@@ -121,7 +129,8 @@ def ctr(report: dict[str, Any], name: str) -> list[str]:
 
 
 SOURCES: tuple[tuple[str, Callable[[dict[str, Any], str], list[str]]], ...] = (
-    ("kge_vs_pbg.json", kge), ("kge_vs_pbg_complex.json", kge), ("w2v_vs_gensim.json", w2v), ("mf_vs_surprise.json", mf), ("ctr_vs_deepctr.json", ctr))
+    ("kge_vs_pbg.json", kge), ("kge_vs_pbg_complex.json", kge), ("kge_vs_torchkge.json", kge),
+    ("w2v_vs_gensim.json", w2v), ("mf_vs_surprise.json", mf), ("ctr_vs_deepctr.json", ctr))
 
 
 def render(results: Path = RESULTS) -> str:

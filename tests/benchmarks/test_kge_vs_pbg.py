@@ -39,3 +39,31 @@ def test_pbg_complex_queries_score_as_pbgs_right_hand_operator() -> None:
     tail_query, head_query = bench.QUERIES[("pbg", "complex")]
     assert torch.allclose((tail_query(h, r) * t).sum(1), expected)
     assert torch.allclose((head_query(r, t) * h).sum(1), expected)
+
+
+def test_torchkge_complex_scores_as_cadences_queries_on_its_halves_side_by_side() -> None:
+    """torchkge's ComplEx keeps real and imaginary tables apart; the contender saves them side by side
+    (``[real | imaginary]``), which cadence's queries score as torchkge's own formula does."""
+    generator = torch.Generator().manual_seed(2)
+    (re_h, im_h), (re_r, im_r), (re_t, im_t) = (
+        (torch.randn(5, 4, generator=generator, dtype=torch.float64),
+         torch.randn(5, 4, generator=generator, dtype=torch.float64)) for _ in range(3))
+    # torchkge 0.17.7, ComplExModel.scoring_function: Re(h^T diag(r) conj(t))
+    expected = (re_h * (re_r * re_t + im_r * im_t) + im_h * (re_r * im_t - im_r * re_t)).sum(1)
+    h, r, t = torch.cat([re_h, im_h], 1), torch.cat([re_r, im_r], 1), torch.cat([re_t, im_t], 1)
+    tail_query, head_query = bench.QUERIES[("cadence", "complex")]
+    assert torch.allclose((tail_query(h, r) * t).sum(1), expected)
+    assert torch.allclose((head_query(r, t) * h).sum(1), expected)
+
+
+def test_every_cadence_contender_is_compared_with_every_peer_that_ran() -> None:
+    def run(contender: str, rep: int, rate: float) -> dict:
+        return {"condition": "quiet", "contender": contender, "rep": rep, "edges_per_second": rate,
+                "peak_pss_mib": 100.0, "sampled_mrr": 0.5}
+
+    records = [run("cadence", 0, 300.0), run("pbg", 0, 200.0), run("torchkge", 0, 50.0),
+               run("cadence", 1, 330.0), run("pbg", 1, 300.0), run("torchkge", 1, 30.0)]
+    rows = bench.summarize(records, ["quiet"], ["cadence", "pbg", "torchkge"])["quiet"]
+    assert rows["cadence/pbg"]["edges_per_second"]["per_rep"] == [1.5, 1.1]
+    assert rows["cadence/torchkge"]["edges_per_second"]["per_rep"] == [6.0, 11.0]
+    assert "torchkge/pbg" not in rows and "pbg/torchkge" not in rows
