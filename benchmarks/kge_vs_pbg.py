@@ -57,7 +57,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from provenance import check  # same folder: every result traces to a commit
 
@@ -180,20 +180,26 @@ def run_cadence(args, work: Path, fixed: bool, chunked: bool = False) -> dict[st
     return {**record, "_vectors": (entities, relations)}
 
 
-def run_pbg(args, work: Path, data: Path) -> dict[str, Any]:
-    s = SETTING
-    command = [str(PBG_PYTHON), str(PBG_CONTENDER), "--data", str(data), "--out", str(work), "--dim", str(s["dim"]),
-               "--negatives", str(s["negatives"]), "--batch-size", str(s["batch_size"]), "--lr", str(s["lr"]),
-               "--workers", str(s["threads"]), "--epochs", "1", "--operator", PBG_OPERATORS[args.model]]
+def run_peer(command: list[str], work: Path, fields: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """A peer's contender script as a process tree: its edges/s and seconds (its ``OUT/result.json``),
+    the tree's peak PSS, its vectors (``OUT/entities.npy``, ``OUT/relations.npy``), and ``fields``
+    of its result; or ``error``."""
     code, peak, wall = run_tree(command, work / "log.txt")
     if code != 0:
         return {"error": f"exit {code}: {(work / 'log.txt').read_text()[-400:]}"}
     result = json.loads((work / "result.json").read_text())
     entities, relations = np.load(work / "entities.npy"), np.load(work / "relations.npy")
     record = {"edges_per_second": result["edges_per_second"], "train_seconds": result["train_seconds"],
-              "train_call_seconds": round(result["train_call_seconds"], 2), "peak_pss_mib": peak,
-              "process_wall_seconds": round(wall, 2)}
+              **fields(result), "peak_pss_mib": peak, "process_wall_seconds": round(wall, 2)}
     return {**record, "_vectors": (entities, relations)}
+
+
+def run_pbg(args, work: Path, data: Path) -> dict[str, Any]:
+    s = SETTING
+    command = [str(PBG_PYTHON), str(PBG_CONTENDER), "--data", str(data), "--out", str(work), "--dim", str(s["dim"]),
+               "--negatives", str(s["negatives"]), "--batch-size", str(s["batch_size"]), "--lr", str(s["lr"]),
+               "--workers", str(s["threads"]), "--epochs", "1", "--operator", PBG_OPERATORS[args.model]]
+    return run_peer(command, work, lambda result: {"train_call_seconds": round(result["train_call_seconds"], 2)})
 
 
 def run_torchkge(args, work: Path, data: Path) -> dict[str, Any]:
@@ -202,15 +208,8 @@ def run_torchkge(args, work: Path, data: Path) -> dict[str, Any]:
                "--entities", str(args.entities), "--dim", str(s["dim"]), "--negatives", str(s["negatives"]),
                "--batch-size", str(s["batch_size"]), "--lr", str(s["lr"]), "--threads", str(s["threads"]),
                "--epochs", "1", "--model", args.model, "--max-batches", str(args.torchkge_batches)]
-    code, peak, wall = run_tree(command, work / "log.txt")
-    if code != 0:
-        return {"error": f"exit {code}: {(work / 'log.txt').read_text()[-400:]}"}
-    result = json.loads((work / "result.json").read_text())
-    entities, relations = np.load(work / "entities.npy"), np.load(work / "relations.npy")
-    record = {"edges_per_second": result["edges_per_second"], "train_seconds": result["train_seconds"],
-              "edges_trained": result["edges"], "complete_epoch": result["complete_epochs"], "peak_pss_mib": peak,
-              "process_wall_seconds": round(wall, 2)}
-    return {**record, "_vectors": (entities, relations)}
+    return run_peer(command, work, lambda result: {"edges_trained": result["edges"],
+                                                   "complete_epoch": result["complete_epochs"]})
 
 
 # ---- one evaluator for all ----------------------------------------------------------------------------------
