@@ -74,11 +74,11 @@ def last_checkpoint(run: Path) -> Path:
 # strategy per task, the rest are slow.
 INTERRUPTED = [(task, runtime) for task in (*TASKS, "image")
                for runtime in ("sync", "async", "oac", "pdasgd", "hop_bw", "gba", "shadow-ma", "fr-easgd", "ray",
-                               "shadow-ray", "adapm")]
+                               "shadow-ray", "adapm")] + [("w2v", "pair"), ("mf", "rating")]
 # one per family of runtimes: the pipeline (sync, oac), the parameter server (gba), ShadowSync
-# (fr-easgd), pdASGD, AdaPM, and Ray
+# (fr-easgd), pdASGD, AdaPM, Ray, and a task's in-place loop (w2v.update: pair, mf.update: rating)
 DEFAULT_INTERRUPTS = {("kge", "sync"), ("ctr", "oac"), ("w2v", "gba"), ("ctr", "ray"), ("kge", "fr-easgd"),
-                      ("image", "pdasgd"), ("mf", "adapm")}
+                      ("image", "pdasgd"), ("mf", "adapm"), ("w2v", "pair")}
 
 
 def _ctrl_c_then_resume(ws: Workspace, task: str, runtime: str) -> None:

@@ -54,6 +54,9 @@ RUNTIMES = {  # strategy flags of each runtime a case can run under
     "fr-easgd": ["--strategy", "fr-easgd", "--workers", "2", "--set", "shadow.threads=2"],
     "shadow-ray": ["--strategy", "shadow-ma", "--workers", "2", "--set", "shadow.threads=2", "--engine", "ray"],
     "ray": ["--strategy", "hop_bw", "--workers", "2", "--set", "ps.backup_workers=0", "--engine", "ray"],
+    # the tasks' own in-place loops (each for its task alone): word2vec's, Surprise's
+    "pair": ["--strategy", "async", "--set", "w2v.update=pair"],
+    "rating": ["--strategy", "sync", "--set", "mf.update=rating", "--set", "optimizer.entity=sgd"],
 }
 
 
