@@ -233,6 +233,7 @@ def _init_checkpoint(config: Config) -> tuple[dict[str, torch.Tensor], dict[str,
 
 # ---- composition -------------------------------------------------------------------------------------------
 def build_runtime(config: Config, task: Task, run: RunDirectory) -> tuple[Runtime, torch.device]:
+    _connect(config)  # (again where ``train`` did: the run's Ray settings hold for this runtime too)
     torch.set_num_threads(config.threads or usable_cores())  # explicitly: never more than the process may use
     device = resolve_device(config.device)
     use_deterministic_kernels(device, config.deterministic)
@@ -246,7 +247,7 @@ def _connect(config: Config) -> None:
     if STRATEGIES.get(config.strategy).runtime(config).engine and config.ps.engine == "ray":
         from cadence.engines.ray import connect
 
-        connect(config.ps.ray_address, config.threads)
+        connect(config.ps.ray_address, config.threads, config.ps.ray_idle_processes)
 
 
 def build_trainer(config: Config, task: Task, run: RunDirectory, hooks: Iterable[TrainerHook] = ()) -> Trainer:

@@ -146,6 +146,9 @@ class ParameterServerConfig:
     kill_workers: list[str] = field(default_factory=list)  # "WORKER:AFTER_STEPS": fault injection
     emulated_latency: float = 0.0  # seconds each batch spends off this machine (emulates one machine per worker)
     ray_address: str | None = None  # engine ray: the cluster to join ("HOST:PORT"); None = ray.init()'s default
+    # engine ray: actor processes a finished run leaves idle, for the next run of the same driver
+    # process to build its roles in (torch and cadence already imported); 0: each run's end with it
+    ray_idle_processes: int = 8
     # where the dense parameters live: on shard 0 (updated from pushed gradients), or a replica on
     # every worker, its gradients all-reduced each round (PERSIA's split; embeddings stay on the servers)
     dense: Literal["server", "workers"] = "server"
@@ -380,7 +383,7 @@ _POSITIVE = {
     "shadow.block_lr", "pdasgd.backward_threads", "image.fc", "adapm.threads", "adapm.initial_rate",
     "mf.column_blocks",
 }
-_NON_NEGATIVE = {"train.negative_chunk", "ps.emulated_latency", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
+_NON_NEGATIVE = {"train.negative_chunk", "ps.emulated_latency", "ps.ray_idle_processes", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "ctr.first_period",
                  "model.init_std",
                  "w2v.sample", "w2v.max_vocab", "w2v.min_lr", "ctr.synthetic.dim", "ctr.synthetic.zipf_exponent",

@@ -26,6 +26,10 @@ from cadence.cli import main  # noqa: E402
 from cadence.strategies.parameter_server import ray_engine  # noqa: E402
 from tests.runtime.ctr_helpers import BATCH, final_state, make_trainer  # noqa: E402
 
+# one worker of a parallel run (make test: --dist loadgroup) runs the module: one cluster, and the
+# processes one test's runs leave are the next test's (engines.ray.Hosts)
+pytestmark = pytest.mark.xdist_group("ray_engine")
+
 COUNTERS = ("global_steps", "gradients_applied", "gradients_dropped", "staleness_mean", "staleness_max",
             "vocabulary_added", "examples_seen", "workers_killed")
 
@@ -190,7 +194,7 @@ def test_a_worker_process_that_dies_releases_its_token_and_is_replaced(tmp_path:
     engine = trainer.runtime.engine
     victim = engine.workers[1]
     shard = trainer.runtime.shards[0]
-    watcher = kill_when(lambda: shard.get_global_step() >= 2, lambda: ray.kill(victim, no_restart=True))
+    watcher = kill_when(lambda: shard.get_global_step() >= 2, lambda: ray.kill(victim.host, no_restart=True))
     started = time.perf_counter()
     try:
         summary = trainer.fit()  # sync: the barrier of the dead worker's step is released, not awaited
@@ -214,7 +218,7 @@ def test_a_shard_process_that_dies_is_restarted_from_its_checkpoint(tmp_path: Pa
                           "ps.engine=ray", "ps.emulated_latency=0.05")
     checkpoint = tmp_path / "ray" / "run" / "checkpoints" / "epoch-000001"
     first = trainer.runtime.shards[1].handle
-    watcher = kill_when(checkpoint.exists, lambda: (time.sleep(0.2), ray.kill(first, no_restart=True)))
+    watcher = kill_when(checkpoint.exists, lambda: (time.sleep(0.2), ray.kill(first.host, no_restart=True)))
     try:
         summary, state = fit(trainer)
     finally:
@@ -378,7 +382,7 @@ def test_a_trainer_process_that_dies_does_not_hang_the_others(tmp_path: Path, lo
     victim = engine.workers[1]
     shard = trainer.runtime.shards[0]
     # early in the first epoch (12 batches of 0.1 s over 4 threads), so the victim dies with a batch in hand
-    watcher = kill_when(lambda: shard.stats()["gradients_applied"] >= 2, lambda: ray.kill(victim, no_restart=True))
+    watcher = kill_when(lambda: shard.stats()["gradients_applied"] >= 2, lambda: ray.kill(victim.host, no_restart=True))
     started = time.perf_counter()
     try:
         summary = trainer.fit()
@@ -461,3 +465,44 @@ def test_a_straggler_is_a_worker_process_under_a_cpu_quota(tmp_path: Path, local
     examples = trainer.runtime.worker_examples
     assert examples[1] < examples[0], examples
     assert not list((cgroups.CPU_ROOT / "cadence").glob("*-worker-*"))
+
+
+# ---- the processes a run leaves for the next (last: its run with ps.ray_idle_processes=0 ends them) ----
+def actor_pids(trainer) -> list[int]:
+    return ray.get([actor.pid.remote() for actor in trainer.runtime.engine.actors])
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_the_next_run_builds_its_roles_in_the_processes_the_last_run_left(tmp_path: Path, local_cluster) -> None:
+    """Sync with 2 workers and 2 shards (5 roles). The second run's roles are built in the first
+    run's processes (no process started) and train to the same bits; a handle kept from the first
+    run cannot reach the second run's role; with ``ps.ray_idle_processes=0`` a run's processes end
+    with it."""
+    from cadence.engines.ray import StaleCall, hosts
+
+    settings = ("strategy=sync", "ps.workers=2", "ps.shards=2", "ps.engine=ray")
+    first = trainer_for(tmp_path / "first", *settings)
+    first_pids, kept_handle = actor_pids(first), first.runtime.engine.workers[0]
+    first_result = fit(first)
+    assert all(alive(pid) for pid in first_pids)  # kept for the next run
+    second = trainer_for(tmp_path / "second", *settings, "ps.ray_idle_processes=0")
+    second_pids = actor_pids(second)
+    assert sorted(second_pids) == sorted(first_pids)
+    with pytest.raises(StaleCall):
+        ray_engine.ray_get(kept_handle.ping.remote())
+    second_result = fit(second)
+    assert second_result[0]["auc"] == first_result[0]["auc"]
+    assert_same(first_result[1], second_result[1])
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in second_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in second_pids)  # ps.ray_idle_processes=0: none kept
+    kept = [host for waiting in hosts().idle.values() for host, _ in waiting]
+    assert not set(ray.get([host.pid.remote() for host in kept])) & set(second_pids)

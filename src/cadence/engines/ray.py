@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import os
+import random
 import socket
+import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
 
@@ -28,15 +31,20 @@ except ModuleNotFoundError as err:  # pragma: no cover - exercised only without 
 
 
 CONNECT_TIMEOUT = 10.0  # seconds to reach a cluster's address before ``ray.init`` is tried
-settings: dict[str, Any] = {"address": None, "threads": 1}
+settings: dict[str, Any] = {"address": None, "threads": 1, "idle_processes": 8}
+HOST_CONCURRENCY = 64  # calls a kept process runs at once (a run that needs more starts processes of its own)
 
 
-def connect(address: str | None = None, threads: int = 0) -> None:
+def connect(address: str | None = None, threads: int = 0, idle_processes: int | None = None) -> None:
     """Join the Ray cluster at ``address`` ("HOST:PORT"), or with None whatever ``ray.init()``
     finds (``RAY_ADDRESS``, the newest local cluster) or starts. ``threads``: torch threads per actor
-    (0 = 1). A process already connected to Ray keeps its connection. An address that cannot be
-    reached fails within ``CONNECT_TIMEOUT`` seconds (``ray.init`` alone would retry for minutes)."""
+    (0 = 1); ``idle_processes``: how many actor processes this driver keeps for its next run
+    (``Hosts``; None: unchanged). A process already connected to Ray keeps its connection. An
+    address that cannot be reached fails within ``CONNECT_TIMEOUT`` seconds (``ray.init`` alone
+    would retry for minutes)."""
     settings.update(address=address, threads=max(1, threads))
+    if idle_processes is not None:
+        settings["idle_processes"] = idle_processes
     if ray.is_initialized():
         return
     if address is not None and address != "auto":
@@ -143,6 +151,201 @@ class Actor:
         return os.getpid()
 
 
+# ---- processes kept between runs --------------------------------------------------------------------
+class StaleCall(RuntimeError):
+    """A call meant for a role that its process has since released (the run that made it is over)."""
+
+
+class Host(Actor):
+    """A Ray actor process that holds one role at a time (``Hosts``): ``build`` makes the role, an
+    object of one of cadence's actor classes; ``invoke`` calls its methods; ``release`` drops it, so
+    that the driver's next run builds its roles here instead of starting processes (a process
+    spends seconds importing torch and cadence). Every role starts from the state a fresh process
+    has: torch's, Python's and numpy's random streams and torch's thread count as they were when
+    this process started. Each build is a new generation; a call made for an earlier one fails with
+    ``StaleCall`` instead of reaching the new role (or a released one), and one for the coming one
+    waits for its build (a threaded actor may start calls out of order)."""
+
+    def __init__(self):
+        self.fresh = (torch.get_rng_state(), random.getstate(), np.random.get_state(), torch.get_num_threads())
+        self.role: Any = None
+        self.generation = 0
+        self.failure: BaseException | None = None
+        self.calls = 0  # invocations running now
+        self.turn = threading.Condition()
+
+    def build(self, generation: int, cls: type, *args: Any) -> None:
+        rng, state, np_state, threads = self.fresh
+        torch.set_rng_state(rng)
+        random.setstate(state)
+        np.random.set_state(np_state)
+        torch.set_num_threads(threads)
+        try:
+            role, failure = cls(*args), None
+        except BaseException as err:  # noqa: BLE001 - raised again by each call of this generation
+            role, failure = None, err
+        with self.turn:  # (a failure is raised by each call of this generation, not here: nobody waits on a build)
+            self.role, self.failure, self.generation = role, failure, generation
+            self.turn.notify_all()
+
+    def invoke(self, generation: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        with self.turn:
+            self.turn.wait_for(lambda: self.generation >= generation)
+            if self.failure is not None and self.generation == generation:
+                raise self.failure
+            if self.generation != generation or self.role is None:
+                raise StaleCall(f"{method}: this process's role from that run was released")
+            role = self.role
+            self.calls += 1
+        try:
+            return getattr(role, method)(*args, **kwargs)
+        finally:
+            with self.turn:
+                self.calls -= 1
+
+    def release(self) -> bool:
+        """Drop the role (after its ``close``, where it has one); whether this process may take
+        another: no call of the role still runs, and closing it succeeded."""
+        with self.turn:
+            role, self.role, self.failure = self.role, None, None  # calls for it are stale from now on
+            busy = self.calls > 0
+        try:
+            close = getattr(role, "close", None)
+            if close is not None:
+                close()
+        except Exception:  # noqa: BLE001 - a role that cannot close leaves its process to be killed
+            return False
+        del role
+        gc.collect()
+        return not busy
+
+
+class Hosted:
+    """A role built in a ``Host``, called as a Ray actor handle is (``hosted.verb.remote(*args)``);
+    picklable, so roles hold their peers' handles. ``host``: the process's actor handle."""
+
+    def __init__(self, host: Any, generation: int, role: str, gpus: float = 0.0):
+        self.host, self.generation, self.role, self.gpus = host, generation, role, gpus
+
+    def __getattr__(self, name: str) -> "_HostedVerb":
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _HostedVerb(self, name)
+
+    def __repr__(self) -> str:
+        return f"Hosted({self.role}, generation {self.generation})"
+
+
+class _HostedVerb:
+    def __init__(self, hosted: Hosted, name: str):
+        self.hosted, self.name = hosted, name
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self.hosted.host.invoke.remote(self.hosted.generation, self.name, *args, **kwargs)
+
+
+class Hosts:
+    """The driver's Ray actor processes: ``take`` builds a role in a kept idle process on the node
+    asked for, or in a new one; ``give_back`` releases roles and keeps up to
+    ``settings["idle_processes"]`` idle processes (``ps.ray_idle_processes``; 0: none) for the
+    next run, killing the rest. A process whose role is
+    still busy (a call in flight) or that died is never kept. GPU processes are never kept (each
+    run asks Ray for its GPU shares anew)."""
+
+    def __init__(self) -> None:
+        self.idle: dict[str, list[tuple[Any, int]]] = {}  # node -> (host, its next generation)
+        self.job: Any = None  # the Ray job (connection) the idle processes belong to
+        self.lock = threading.Lock()
+        self._host = ray.remote(Host)
+
+    def _waiting(self) -> dict[str, list[tuple[Any, int]]]:
+        """The idle processes, forgotten when this driver has joined a cluster anew since they were
+        kept (they ended with the old connection). Call with the lock held."""
+        job = ray.get_runtime_context().get_job_id()
+        if job != self.job:
+            self.idle, self.job = {}, job
+        return self.idle
+
+    def take(self, role: type, args: tuple, node: str | None, concurrency: int, gpus: float = 0.0) -> Hosted:
+        kept = None
+        if not gpus and concurrency <= HOST_CONCURRENCY and node is not None:
+            kept = self._idle_on(node)
+        if kept is None:
+            where = {"num_gpus": gpus} if gpus else {"scheduling_strategy": on_node(node)} if node else {}
+            host = self._host.options(num_cpus=0, max_concurrency=max(concurrency, HOST_CONCURRENCY),
+                                      **where).remote()
+            kept = (host, 1)
+        host, generation = kept
+        host.build.remote(generation, role, *args)
+        return Hosted(host, generation, role.__name__, gpus)
+
+    def _idle_on(self, node: str) -> tuple[Any, int] | None:
+        while True:
+            with self.lock:
+                waiting = self._waiting().get(node)
+                if not waiting:
+                    return None
+                host, generation = waiting.pop()
+            ready, _ = ray.wait([host.ping.remote()], timeout=5.0)
+            if ready:
+                try:
+                    ray.get(ready[0])
+                    return host, generation
+                except ray.exceptions.RayActorError:
+                    pass  # died while idle: the next one
+            kill(host)
+
+    def give_back(self, handles: Iterable[Hosted]) -> None:
+        """Release each role; keep its process where it may take another, kill it otherwise."""
+        handles = [handle for handle in handles if isinstance(handle, Hosted)]
+        if not handles:
+            return
+        releases = [handle.host.release.remote() for handle in handles]
+        nodes = [handle.host.node.remote() for handle in handles]
+        ray.wait(releases + nodes, num_returns=len(releases) + len(nodes), timeout=30.0)
+        for handle, release, node in zip(handles, releases, nodes):
+            try:
+                reusable = ray.get(release, timeout=0) and not handle.gpus
+                where = ray.get(node, timeout=0) if reusable else None
+            except Exception:  # noqa: BLE001 - dead, or did not answer in time
+                reusable, where = False, None
+            with self.lock:
+                idle = self._waiting()
+                if reusable and sum(map(len, idle.values())) < settings["idle_processes"]:
+                    idle.setdefault(where, []).append((handle.host, handle.generation + 1))
+                    continue
+            kill(handle.host)
+
+    def clear(self) -> None:
+        """Kill every idle process."""
+        if not ray.is_initialized():
+            self.idle = {}
+            return
+        with self.lock:
+            idle, self.idle = self._waiting(), {}
+        for waiting in idle.values():
+            for host, _ in waiting:
+                kill(host)
+
+
+def kill(actor: Any) -> None:
+    """Kill an actor's process (a ``Hosted`` role's: its host's); one already gone is no error."""
+    try:
+        ray.kill(actor.host if isinstance(actor, Hosted) else actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone, or its cluster is
+        pass
+
+
+_HOSTS: list[Hosts] = []
+
+
+def hosts() -> Hosts:
+    """This driver's ``Hosts`` (made when first used: Ray is connected by then)."""
+    if not _HOSTS:
+        _HOSTS.append(Hosts())
+    return _HOSTS[0]
+
+
 # ---- roles as actors (``engines.placement``) ----------------------------------------------------------
 class RoleActor(Actor):
     """One role in an actor of its own: its verbs are called by name through ``call`` (the handle
@@ -154,6 +357,12 @@ class RoleActor(Actor):
 
     def call(self, verb: str, *args: Any) -> Any:
         return pack(getattr(self.role, verb)(*unpack(args)))
+
+    def close(self) -> None:
+        """The run is over (``Host.release``): the role's ``close``, where it has one."""
+        close = getattr(self.role, "close", None)
+        if close is not None:
+            close()
 
 
 class RayPending(Pending):
@@ -200,13 +409,10 @@ class Shipped:
         return ray.get(self.box[0])()
 
 
-_ROLE_ACTOR: list[Any] = []
-
-
 class RayPlacement(Placement):
-    """Every role a Ray actor (``ps.engine: ray``), dealt round-robin over the cluster's nodes.
-    ``num_cpus=0``: an actor never waits for a CPU; ``CONCURRENCY`` calls at once, so a role answers
-    its peers while its own verbs run."""
+    """Every role a Ray actor (``ps.engine: ray``: a ``RoleActor`` in a process of ``hosts()``),
+    dealt round-robin over the cluster's nodes. ``num_cpus=0``: an actor never waits for a CPU;
+    ``CONCURRENCY`` calls at once, so a role answers its peers while its own verbs run."""
 
     CONCURRENCY = 16
 
@@ -220,11 +426,8 @@ class RayPlacement(Placement):
         self.start_seconds = 0.0
 
     def place(self, role: type, index: int, *args: Any) -> Handle:
-        if not _ROLE_ACTOR:
-            _ROLE_ACTOR.append(ray.remote(RoleActor))
         machine = self.machines[index % len(self.machines)]
-        actor = _ROLE_ACTOR[0].options(num_cpus=0, max_concurrency=self.CONCURRENCY,
-                                       scheduling_strategy=on_node(machine)).remote(self.threads, role, pack(args))
+        actor = hosts().take(RoleActor, (self.threads, role, pack(args)), machine, self.CONCURRENCY)
         handle = RayHandle(role, index, actor)
         self.handles.append(handle)
         return handle
@@ -253,9 +456,5 @@ class RayPlacement(Placement):
                 "node_hosts": len(set(self.hosts))}
 
     def close(self) -> None:
-        for handle in self.handles:
-            try:
-                ray.kill(handle.actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone, or its cluster is
-                pass
+        hosts().give_back(handle.actor for handle in self.handles)
         self.handles = []

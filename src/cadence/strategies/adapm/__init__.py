@@ -15,7 +15,7 @@ from cadence.errors import ConfigError
 from cadence.strategies.adapm.runtime import AdaPMRuntime
 
 ADAPM = RuntimeKind(
-    "adapm", keys=("adapm", "ps.ray_address"), owns_message="strategy adapm", runs_on="AdaPM's nodes",
+    "adapm", keys=("adapm", "ps.ray_address", "ps.ray_idle_processes"), owns_message="strategy adapm", runs_on="AdaPM's nodes",
     foreign_message="{key} does not apply to strategy adapm (its nodes hold the rows: ps.workers sets the number "
                     "of nodes, adapm.* the rest)",
     engine=True)

@@ -23,7 +23,7 @@ from cadence.strategies.parameter_server.worker import Faults
 PARAMETER_SERVER = RuntimeKind(
     "parameter_server",
     keys=("ps.shards", "ps.stragglers", "ps.straggler_cause", "ps.straggler_quota", "ps.kill_workers",
-          "ps.emulated_latency", "ps.ray_address", "ps.dense"),
+          "ps.emulated_latency", "ps.ray_address", "ps.ray_idle_processes", "ps.dense"),
     owns_message="the parameter-server runtime", runs_on="the parameter server", engine=True)
 
 

@@ -1,6 +1,8 @@
 """The ``ray`` engine: the parameter server as long-lived Ray actors.
 
-Actors, created once per run and dealt round-robin over the cluster's nodes (shards first):
+Actors, created once per run and dealt round-robin over the cluster's nodes (shards first), each
+a role built in a process of the driver's ``engines.ray.Hosts`` (one the last run left idle on that
+node, or a new one):
 
 - ``ShardServer`` i builds server shard i itself (``build_shard``: its rows, optimizer state and
   aggregation rule; shard 0 also the dense module) and holds it for the whole run. Nothing of a
@@ -22,7 +24,8 @@ as numpy arrays, which Ray moves zero-copy through its object store.
 Faults: a worker actor that dies has its batch's token released by the coordinator (the epoch
 goes on without it) and is replaced before the next epoch; a shard actor that dies fails the
 epoch with ``ShardLost`` (the trainer restarts every shard and reloads the last checkpoint); a
-worker that raises abandons the epoch (``WorkerFailed``); every actor is killed with the run.
+worker that raises abandons the epoch (``WorkerFailed``); every role is released with the run (its
+process kept idle for the driver's next run, or killed: ``Hosts.give_back``).
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ from torch import Tensor, nn
 from cadence.device import resolve_device
 from cadence.core.runtime import OnBatch, ShardLost
 from cadence.engines import ray as ray_support
-from cadence.engines.ray import (RayPending, RayPlacement, completed, Actor, cluster_nodes, connect, node_host, on_node,
-                                pack, ray, ray_get, unpack)
+from cadence.engines.ray import (RayPending, RayPlacement, completed, Actor, cluster_nodes, connect, hosts, kill,
+                                node_host, pack, ray, ray_get, unpack)
 from cadence.engines.cgroups import STRAGGLER_QUOTAS, CpuQuota
 from cadence.engines.placement import verb_of
 from cadence.engines.channel import Channel, ChannelClosed, ChannelServer, Reply
@@ -61,9 +64,11 @@ from cadence.strategies.parameter_server.shadow import ShadowTrainer, reset_cent
 from cadence.strategies.parameter_server.worker import ShardRouter, Worker
 
 def shutdown() -> None:
-    """Kill the actors of every engine of this process (the Ray connection itself stays)."""
+    """Kill the actors of every engine of this process, and the processes it kept (the Ray
+    connection itself stays)."""
     for engine in list(_ENGINES):
         engine.close()
+    hosts().clear()
 
 
 class _Call:
@@ -134,6 +139,12 @@ class RemoteShard:
         for call in pending:
             call.result()
 
+    def close_channel(self) -> None:
+        """This copy's channel closed (its calls go through Ray again)."""
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
+
     def __getattr__(self, method: str):
         """``shard.verb(*args)`` as on a ``ServerShard``: only its verbs (another name fails here, as
         it would on a shard of this process)."""
@@ -179,6 +190,10 @@ class ShardServer(Actor):
     def endpoint(self) -> tuple:
         return self.channel.address
 
+    def close(self) -> None:
+        """The run is over: stop listening (its process may host the next run's roles)."""
+        self.channel.close()
+
     def call(self, caller: str, seq: int, method: str, *args: Any) -> Any:
         """Run a caller's calls in its order: each waits for its turn, takes the shard's lock, and
         only then lets the caller's next call start (the lock is re-entrant, and a call that waits
@@ -216,6 +231,9 @@ class CoordinatorActor(Coordinator, Actor):
 
     def endpoint(self) -> tuple:
         return self.channel.address
+
+    def close(self) -> None:
+        self.channel.close()
 
     def _direct(self, request: tuple) -> Any:
         """A worker's request on its channel: only ``take``."""
@@ -356,6 +374,13 @@ class TaskWorker(Actor):
         self.last_quota = quota(f"{os.getpid()}-worker-{self.index}", self.threads, slowdown, known)
         return self.last_quota
 
+    def close(self) -> None:
+        """The run is over: this worker's channels closed, and its gloo group left."""
+        self.channel.close()
+        for shard in self.router.shards:
+            shard.close_channel()
+        _leave_gloo()
+
     # ---- ShadowSync: this actor is a trainer ---------------------------------------------------
     def free_port(self) -> tuple[str, int]:
         """An address for the trainers' gloo rendezvous, on this actor's node."""
@@ -444,14 +469,8 @@ def _leave_gloo() -> None:
 
 
 # ---- the engine (driver side) -----------------------------------------------------------------------------
-_ACTOR_CLASSES: dict[type, Any] = {}
 _ENGINES: "set[RayEngine]" = set()
 
-
-def _remote(cls: type) -> Any:
-    if cls not in _ACTOR_CLASSES:
-        _ACTOR_CLASSES[cls] = ray.remote(cls)
-    return _ACTOR_CLASSES[cls]
 
 
 class RayEngine(Engine):
@@ -478,16 +497,15 @@ class RayEngine(Engine):
         _ENGINES.add(self)
 
     def _new(self, cls: type, *args: Any, gpus: float = 0.0) -> Any:
-        """An actor of ``cls`` on the next node in turn. ``num_cpus=0``: actors never wait for a CPU
-        (three 1-CPU actors on a 2-CPU node would leave one pending forever). An actor that asks
+        """An actor of ``cls`` on the next node in turn, in a process the driver kept from its last
+        run where one is idle there (``engines.ray.Hosts``). ``num_cpus=0``: actors never wait for a
+        CPU (three 1-CPU actors on a 2-CPU node would leave one pending forever). An actor that asks
         for ``gpus`` (a worker of a ``device: cuda`` run: a share of one GPU each) goes wherever
-        Ray finds that share instead."""
+        Ray finds that share instead, in a process of its own."""
         nodes = cluster_nodes()
         node = nodes[self.placed % len(nodes)]
         self.placed += 1
-        where = {"num_gpus": gpus} if gpus else {
-            "scheduling_strategy": on_node(node)}
-        actor = _remote(cls).options(num_cpus=0, max_concurrency=self.concurrency, **where).remote(*args)
+        actor = hosts().take(cls, args, None if gpus else node, self.concurrency, gpus)
         self.actors.append(actor)
         return actor
 
@@ -577,7 +595,7 @@ class RayEngine(Engine):
             if len(plan.workers) == 1 and report.rng_state is not None:
                 torch.set_rng_state(report.rng_state)
             if report.died:  # fault injection: its process goes with it
-                ray.kill(self.workers.pop(report.index), no_restart=True)
+                kill(self.workers.pop(report.index))
             elif report.lost:
                 self.workers[report.index] = self._worker(report.index)
 
@@ -599,25 +617,22 @@ class RayEngine(Engine):
             return False
 
     def recover(self) -> None:
-        """After ``ShardLost``: every actor is replaced; the shards start empty (the trainer reloads
-        the last checkpoint into them)."""
-        self._kill()
+        """After ``ShardLost``: every role is built anew (in the processes still alive); the shards
+        start empty (the trainer reloads the last checkpoint into them)."""
+        self._release()
         self._start()
 
     def close(self) -> None:
-        self._kill()
+        self._release()
         _ENGINES.discard(self)
 
     def sync_server_pids(self) -> list[int]:
         """The process ids of the sync servers' actors (a benchmark puts them under a CPU quota)."""
         return ray_get([server.actor.pid.remote() for server in self.sync_servers])
 
-    def _kill(self) -> None:
+    def _release(self) -> None:
+        """Every role of the run released; its processes kept for the next run, or killed."""
         if getattr(self, "sync_placement", None) is not None:
             self.sync_placement.close()
-        for actor in self.actors:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone, or its cluster is
-                pass
-        self.actors = []
+        actors, self.actors = self.actors, []
+        hosts().give_back(actors)
