@@ -29,7 +29,7 @@ demo: install
 # much of the suite waits on processes starting (imports, Ray actors), and the other worker fills it.
 TEST_JOBS ?= 2
 test: install
-	$(PY) -m pytest -q -n $(TEST_JOBS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
 test-slow: install
 	$(PY) -m pytest -q -m slow

@@ -257,8 +257,13 @@ def test_a_key_of_another_task_or_runtime_is_an_error_naming_it(args, message, t
     assert "Traceback" not in done.stderr and not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("task_args", [["--task", "ctr", "--dataset", "ml-100k", "--dim", "8"], None])
-@pytest.mark.parametrize("strategy", ["async", "oac"])
+CTR_STALL = ["--task", "ctr", "--dataset", "ml-100k", "--dim", "8"]
+
+
+# each strategy and each task once in the default suite (a real process each: ~8 s)
+@pytest.mark.parametrize("task_args, strategy", [(CTR_STALL, "async"), (None, "oac"),
+                                                 pytest.param(CTR_STALL, "oac", marks=pytest.mark.slow),
+                                                 pytest.param(None, "async", marks=pytest.mark.slow)])
 def test_a_pipeline_stall_exits_3_naming_stage_epoch_and_batch(task_args, strategy, tiny_graph: Path,
                                                                tmp_path: Path) -> None:
     """The watchdog stops a run whose stage threads are busy in torch: the command still exits with

@@ -42,7 +42,7 @@ def cli(*args: str) -> list[str]:
 
 TRAIN_ARGS = ["--dataset", "synthetic", "--model", "distmult", "--dim", "32", "--epochs", "8",
               "--batch-size", "500", "--no-progress",
-              "--set", "data.synthetic.num_entities=20000", "--set", "data.synthetic.num_edges=150000",
+              "--set", "data.synthetic.num_entities=20000", "--set", "data.synthetic.num_edges=60000",
               "--set", "data.synthetic.holdout=50", "--set", "threads=1", "--set", "eval.every=0",
               "--set", "checkpoint.keep=3", "--set", "train.negatives=64"]
 
@@ -156,13 +156,23 @@ CTR_ARGS = ["--task", "ctr", "--dataset", "ml-100k", "--model", "fm", "--dim", "
             "--set", "threads=1", "--set", "eval.every=0", "--set", "checkpoint.keep=5"]
 
 
-def killed_then_resumed(tmp_path: Path, args: list[str], whole_args: list[str], sign: int = signal.SIGKILL) -> dict:
-    """Kill ``cadence train args`` after its epoch-2 checkpoint, resume it, train ``whole_args``
-    uninterrupted; assert both end with the same AUC, steps and rows; the resumed run's summary."""
-    killed_dir, whole_dir = tmp_path / "killed", tmp_path / "whole"
+def uninterrupted(args: list[str], out: Path) -> Path:
+    subprocess.run(cli("train", *args, "--out", str(out)), check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def whole_ctr_run(tmp_path_factory) -> Path:
+    """``CTR_ARGS`` trained without interruption (once for the module's tests)."""
+    return uninterrupted(CTR_ARGS, tmp_path_factory.mktemp("whole") / "run")
+
+
+def killed_then_resumed(tmp_path: Path, args: list[str], whole_dir: Path, sign: int = signal.SIGKILL) -> dict:
+    """Kill ``cadence train args`` after its epoch-2 checkpoint and resume it; assert it ends with the
+    same AUC, steps and rows as the uninterrupted run in ``whole_dir``; the resumed run's summary."""
+    killed_dir = tmp_path / "killed"
     kill_after_checkpoint(args, killed_dir, 2, sign)
     subprocess.run(cli("train", "--resume", str(killed_dir)), check=True)
-    subprocess.run(cli("train", *whole_args, "--out", str(whole_dir)), check=True)
     killed, whole = (RunDirectory(d).read_summary() for d in (killed_dir, whole_dir))
     assert killed["epochs"] == 5
     assert killed["auc"] == whole["auc"] and killed["global_steps"] == whole["global_steps"]
@@ -172,10 +182,11 @@ def killed_then_resumed(tmp_path: Path, args: list[str], whole_args: list[str], 
     return killed
 
 
+@pytest.mark.xdist_group("whole_ctr_run")  # one worker trains the shared uninterrupted run (make test: --dist loadgroup)
 @pytest.mark.parametrize("sign", [signal.SIGKILL, signal.SIGINT])
 def test_killed_or_interrupted_then_resumed_equals_an_uninterrupted_run_on_the_parameter_server(
-        sign: int, tmp_path: Path) -> None:
-    assert killed_then_resumed(tmp_path, CTR_ARGS, CTR_ARGS, sign)["runtime"] == "parameter_server"
+        sign: int, tmp_path: Path, whole_ctr_run: Path) -> None:
+    assert killed_then_resumed(tmp_path, CTR_ARGS, whole_ctr_run, sign)["runtime"] == "parameter_server"
 
 
 @pytest.mark.slow
@@ -184,7 +195,8 @@ def test_a_driver_killed_on_the_ray_engine_resumes_where_an_uninterrupted_run_en
     own part of the last checkpoint (sync is deterministic: the results must be equal)."""
     pytest.importorskip("ray")
     shards = ["--set", "ps.shards=2"]
-    killed = killed_then_resumed(tmp_path, [*CTR_ARGS, "--engine", "ray", *shards], [*CTR_ARGS, *shards])
+    killed = killed_then_resumed(tmp_path, [*CTR_ARGS, "--engine", "ray", *shards],
+                                 uninterrupted([*CTR_ARGS, *shards], tmp_path / "whole"))
     assert killed["engine"] == "ray"
 
 
