@@ -49,7 +49,7 @@ bench: install
 	$(PY) benchmarks/pipeline_throughput.py
 
 # Each task against the library its users use today; the peers live in their own virtualenvs.
-PEERS := surprise gensim deepctr pbg torchkge
+PEERS := surprise gensim deepctr torchrec pbg torchkge
 .venv-bench-%/bin/python: benchmarks/requirements-%.txt
 	$(PYTHON) -m venv .venv-bench-$*
 	.venv-bench-$*/bin/pip install -q --no-deps -r benchmarks/requirements-$*.txt
@@ -58,6 +58,7 @@ bench-peers: install $(PEERS:%=.venv-bench-%/bin/python)
 	$(PY) benchmarks/mf_vs_surprise.py
 	$(PY) benchmarks/w2v_vs_gensim.py
 	$(PY) benchmarks/ctr_vs_deepctr.py
+	$(PY) benchmarks/ctr_vs_deepctr.py --peer torchrec
 	$(PY) benchmarks/kge_vs_pbg.py
 	$(PY) benchmarks/kge_vs_pbg.py --contenders cadence,torchkge --conditions quiet --reps 2 --torchkge-batches 20 \
 		--out benchmarks/results/kge_vs_torchkge.json

@@ -1,7 +1,13 @@
 #!/usr/bin/env python
-"""cadence's DeepFM vs DeepCTR-Torch 0.3.0 DeepFM on MovieLens-100k CTR, side by side in one invocation.
+"""cadence's DeepFM vs a peer's DeepFM (DeepCTR-Torch 0.3.0, or TorchRec 1.9.2) on MovieLens-100k CTR, side by side in one invocation.
 
-    .venv/bin/python benchmarks/ctr_vs_deepctr.py [--quick] [--seeds N] [--max-wait S] [--out FILE]
+    .venv/bin/python benchmarks/ctr_vs_deepctr.py [--peer deepctr|torchrec] [--quick] [--seeds N] [--max-wait S] [--out FILE]
+
+``--peer torchrec`` runs ``benchmarks/torchrec_contender.py`` in ``.venv-bench-torchrec`` (its
+docstring: TorchRec's ``FusedEmbeddingBagCollection`` with fbgemm's row-wise Adagrad fused into the
+backward pass, the same DeepFM and optimizers) in the peer's place below; it takes the same flags
+and prints the same JSON, and the result goes to ``ctr_vs_torchrec.json``. The peer's contender
+names are ``deepctr`` / ``torchrec`` (and ``*_1_thread``).
 
 For each seed s (0, 1, 2; ``--quick``: seed 0 and 2 epochs) cadence's CTR split is exported with
 ``benchmarks/ctr_split_export.py --seed s`` (exactly the ``random_split(s)`` that ``task: ctr``
@@ -61,8 +67,10 @@ CONFIG = REPO / "configs" / "ml100k-deepfm.yaml"
 CADENCE_PYTHON = REPO / ".venv" / "bin" / "python"
 CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
 EXPORTER = REPO / "benchmarks" / "ctr_split_export.py"
-DEEPCTR_PYTHON = REPO / ".venv-bench-deepctr" / "bin" / "python"
-DEEPCTR_CONTENDER = REPO / "benchmarks" / "deepctr_contender.py"
+PEER_NAMES = {"deepctr": "DeepCTR-Torch 0.3.0", "torchrec": "TorchRec 1.9.2"}
+# per peer: its virtualenv's python and its contender script (same flags, same JSON)
+PEERS = {peer: (REPO / f".venv-bench-{peer}" / "bin" / "python", REPO / "benchmarks" / f"{peer}_contender.py")
+         for peer in ("deepctr", "torchrec")}
 
 THREADS = 2
 QUICK_EPOCHS = 2
@@ -137,16 +145,17 @@ def run_cadence(seed: int, threads: int, out: Path, setting: dict[str, Any], pip
             "best_valid_auc_over_epochs": summary["best_valid_auc"], "threads": threads}
 
 
-def deepctr_command(split: Path | str, seed: int | str, threads: int, setting: dict[str, Any]) -> list[str]:
-    return [str(DEEPCTR_PYTHON), str(DEEPCTR_CONTENDER), "--data", str(split), "--dim", str(setting["dim"]),
+def peer_command(peer: str, split: Path | str, seed: int | str, threads: int, setting: dict[str, Any]) -> list[str]:
+    python, contender = PEERS[peer]
+    return [str(python), str(contender), "--data", str(split), "--dim", str(setting["dim"]),
             "--hidden", ",".join(map(str, setting["hidden"])), "--dropout", str(setting["dropout"]),
             "--epochs", str(setting["epochs"]), "--batch-size", str(setting["global_batch"]),
             "--optimizer", "cadence", "--lr", str(setting["lr"]), "--dense-lr", str(setting["dense_lr"]),
             "--init-std", str(setting["init_std"]), "--seed", str(seed), "--threads", str(threads)]
 
 
-def run_deepctr(split: Path, seed: int, threads: int, setting: dict[str, Any]) -> dict[str, Any]:
-    result = json.loads(run(deepctr_command(split, seed, threads, setting)).stdout)
+def run_peer(peer: str, split: Path, seed: int, threads: int, setting: dict[str, Any]) -> dict[str, Any]:
+    result = json.loads(run(peer_command(peer, split, seed, threads, setting)).stdout)
     return {"auc": result["auc"], "logloss": result["logloss"], "examples_per_second": result["examples_per_second"],
             "train_seconds": result["train_seconds"], "epochs": result["settings"]["epochs"],
             "examples_seen": result["train_examples"] * result["settings"]["epochs"],
@@ -155,30 +164,30 @@ def run_deepctr(split: Path, seed: int, threads: int, setting: dict[str, Any]) -
 
 
 # ---- driver --------------------------------------------------------------------------------------
-GROUPS = {  # per group: (cadence contenders, the deepctr contender they are divided by)
-    "2_threads": (("cadence_ps", "cadence_pipeline"), "deepctr"),
-    "1_thread": (("cadence_ps_1_thread", "cadence_pipeline_1_thread"), "deepctr_1_thread"),
-}
+def groups(peer: str) -> dict[str, tuple[tuple[str, str], str]]:
+    """Per group: (cadence contenders, the peer's contender they are divided by)."""
+    return {"2_threads": (("cadence_ps", "cadence_pipeline"), peer),
+            "1_thread": (("cadence_ps_1_thread", "cadence_pipeline_1_thread"), f"{peer}_1_thread")}
 
 
-def contenders(work: Path, splits: dict[int, Path], setting: dict[str, Any],
+def contenders(peer: str, work: Path, splits: dict[int, Path], setting: dict[str, Any],
                quick: bool) -> dict[str, Callable[[int], dict[str, Any]]]:
     table: dict[str, Callable[[int], dict[str, Any]]] = {}
     for threads, suffix in ((THREADS, ""), (1, "_1_thread")):
         table[f"cadence_ps{suffix}"] = lambda s, t=threads, n=f"ps{suffix}": run_cadence(
             s, t, work / f"cadence-{n}-{s}", setting, False, quick)
-        table[f"deepctr{suffix}"] = lambda s, t=threads: run_deepctr(splits[s], s, t, setting)
+        table[f"{peer}{suffix}"] = lambda s, t=threads: run_peer(peer, splits[s], s, t, setting)
         table[f"cadence_pipeline{suffix}"] = lambda s, t=threads, n=f"pipeline{suffix}": run_cadence(
             s, t, work / f"cadence-{n}-{s}", setting, True, quick)
     return table
 
 
-def run_seed(seed: int, index: int, runners: dict[str, Callable[[int], dict[str, Any]]],
+def run_seed(peer: str, seed: int, index: int, runners: dict[str, Callable[[int], dict[str, Any]]],
              gate: QuietGate) -> dict[str, Any]:
     record: dict[str, Any] = {"seed": seed, "order": [], "contenders": {}}
-    for cadence_names, deepctr_name in GROUPS.values():
+    for cadence_names, peer_name in groups(peer).values():
         first, second = cadence_names if index % 2 == 0 else cadence_names[::-1]
-        for name in (first, deepctr_name, second):  # deepctr between the two cadence runs
+        for name in (first, peer_name, second):  # the peer between the two cadence runs
             waited, load = gate.wait(), loadavg()
             with OthersMeter() as meter:
                 result = runners[name](seed)
@@ -187,41 +196,41 @@ def run_seed(seed: int, index: int, runners: dict[str, Callable[[int], dict[str,
             record["contenders"][name] = result
             say(f"seed {seed} {name:26s} auc {result['auc']:.4f}  logloss {result['logloss']:.4f}  "
                 f"{result['examples_per_second']:>9,.0f} examples/s  (others used {meter.share:.0%} of the CPUs)")
-    for group, (cadence_names, deepctr_name) in GROUPS.items():
-        names = (*cadence_names, deepctr_name)
+    for group, (cadence_names, peer_name) in groups(peer).items():
+        names = (*cadence_names, peer_name)
         record[f"uncontended_{group}"] = all(record["contenders"][n]["others_cpu_share_during"] < CLEAN_OTHERS_SHARE
                                              for n in names)
     speed = {name: result["examples_per_second"] for name, result in record["contenders"].items()}
-    record["ratios"] = {f"{c}_over_{d}": speed[c] / speed[d] for cs, d in GROUPS.values() for c in cs}
+    record["ratios"] = {f"{c}_over_{d}": speed[c] / speed[d] for cs, d in groups(peer).values() for c in cs}
     record["ratios"]["cadence_pipeline_over_cadence_ps"] = speed["cadence_pipeline"] / speed["cadence_ps"]
     record["ratios"]["cadence_pipeline_1_thread_over_cadence_pipeline"] = (
         speed["cadence_pipeline_1_thread"] / speed["cadence_pipeline"])
-    record["ratios"]["deepctr_1_thread_over_deepctr"] = speed["deepctr_1_thread"] / speed["deepctr"]
+    record["ratios"][f"{peer}_1_thread_over_{peer}"] = speed[f"{peer}_1_thread"] / speed[peer]
     return record
 
 
-def summarize(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(peer: str, per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     names = list(per_seed[0]["contenders"])
     table: dict[str, Any] = {name: {metric: mean_ci([s["contenders"][name][metric] for s in per_seed])
                                     for metric in METRICS} for name in names}
-    for group, (cadence_names, deepctr_name) in GROUPS.items():
+    for group, (cadence_names, peer_name) in groups(peer).items():
         for name in cadence_names:
             # paired by seed: the split's own difficulty cancels out
-            gaps = [s["contenders"][name]["auc"] - s["contenders"][deepctr_name]["auc"] for s in per_seed]
-            table[f"auc_{name}_minus_{deepctr_name}"] = mean_ci(gaps)
-            ratios = [s["ratios"][f"{name}_over_{deepctr_name}"] for s in per_seed]
+            gaps = [s["contenders"][name]["auc"] - s["contenders"][peer_name]["auc"] for s in per_seed]
+            table[f"auc_{name}_minus_{peer_name}"] = mean_ci(gaps)
+            ratios = [s["ratios"][f"{name}_over_{peer_name}"] for s in per_seed]
             clean = [r for r, s in zip(ratios, per_seed) if s[f"uncontended_{group}"]]
-            table[f"speed_ratio_{name}_over_{deepctr_name}"] = {
+            table[f"speed_ratio_{name}_over_{peer_name}"] = {
                 "per_seed": ratios, "median": statistics.median(ratios),
                 "median_uncontended": statistics.median(clean) if clean else None, "uncontended_seeds": len(clean)}
     for key in ("cadence_pipeline_over_cadence_ps", "cadence_pipeline_1_thread_over_cadence_pipeline",
-                "deepctr_1_thread_over_deepctr"):
+                f"{peer}_1_thread_over_{peer}"):
         ratios = [s["ratios"][key] for s in per_seed]
         table[f"speed_ratio_{key}"] = {"per_seed": ratios, "median": statistics.median(ratios)}
     return table
 
 
-def settings_record(setting: dict[str, Any], quick: bool) -> dict[str, Any]:
+def settings_record(peer: str, setting: dict[str, Any], quick: bool) -> dict[str, Any]:
     def shown(command: list[str]) -> str:
         return relative(" ".join(shlex.quote(a) for a in command))
 
@@ -229,13 +238,13 @@ def settings_record(setting: dict[str, Any], quick: bool) -> dict[str, Any]:
         "shared": setting,
         "cadence_ps": shown(cadence_command("SEED", THREADS, Path("RUN_DIR"), setting, False, quick)),
         "cadence_pipeline": shown(cadence_command("SEED", THREADS, Path("RUN_DIR"), setting, True, quick)),
-        "deepctr": shown(deepctr_command("SPLIT_DIR", "SEED", THREADS, setting)),
+        peer: shown(peer_command(peer, "SPLIT_DIR", "SEED", THREADS, setting)),
         "split": shown([str(CADENCE_PYTHON), str(EXPORTER), "--out", "SPLIT_DIR", "--seed", "SEED"]),
         "1_thread_twins": "the same commands with threads=1 / --threads 1",
-        "speed": "examples/s of training only (cadence examples_per_second, evaluation excluded; DeepCTR "
-                 "train examples x epochs / seconds in fit)",
+        "speed": "examples/s of training only (cadence examples_per_second, evaluation excluded; the peer: "
+                 "train examples x epochs / seconds of its training loop, DeepCTR's fit)",
         "auc_logloss": "test split after the last epoch (cadence: its own evaluation; DeepCTR: sklearn "
-                       "roc_auc_score / log_loss on model.predict)",
+                       "roc_auc_score / log_loss on model.predict; TorchRec: the contender's rank AUC and log loss)",
     }
 
 
@@ -256,30 +265,35 @@ def print_table(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = peer_parser(__doc__, f"1 seed, {QUICK_EPOCHS} epochs", 3, "total seconds to wait for other processes "
-                       "to go idle before runs (default 300, 0 with --quick)").parse_args(argv)
+    parser = peer_parser(__doc__, f"1 seed, {QUICK_EPOCHS} epochs", 3, "total seconds to wait for other processes "
+                         "to go idle before runs (default 300, 0 with --quick)")
+    parser.add_argument("--peer", choices=sorted(PEERS), default="deepctr",
+                        help="the library cadence is timed against (default deepctr)")
+    args = parser.parse_args(argv)
     check(args)
-    seeds, out_path, command = peer_run(args, "ctr_vs_deepctr", 3)
-    if not DEEPCTR_PYTHON.exists():
-        raise SystemExit(f"{DEEPCTR_PYTHON} is missing: see benchmarks/requirements-deepctr.txt")
+    peer = args.peer
+    seeds, out_path, command = peer_run(args, f"ctr_vs_{peer}", 3)
+    if not PEERS[peer][0].exists():
+        raise SystemExit(f"{relative(str(PEERS[peer][0]))} is missing: see benchmarks/requirements-{peer}.txt")
     setting = shared_setting(QUICK_EPOCHS if args.quick else None)
     gate = QuietGate(args.max_wait if args.max_wait is not None else (0.0 if args.quick else 300.0))
     started = time.perf_counter()
     report: dict[str, Any] = {
-        "benchmark": "cadence DeepFM vs DeepCTR-Torch DeepFM on MovieLens-100k CTR (benchmarks/ctr_vs_deepctr.py)",
+        "benchmark": f"cadence DeepFM vs {PEER_NAMES[peer]} DeepFM on MovieLens-100k CTR (benchmarks/ctr_vs_deepctr.py)",
+        "peer": peer,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command, "quick": args.quick, "machine": machine_info(), "seeds": seeds,
-        "settings": settings_record(setting, args.quick)}
+        "settings": settings_record(peer, setting, args.quick)}
     with tempfile.TemporaryDirectory(prefix="cadence-ctr-bench-") as scratch:
         work = Path(scratch)
         splits = {seed: work / f"split-{seed}" for seed in seeds}
         report["splits"] = {seed: export_split(seed, path) for seed, path in splits.items()}
-        runners = contenders(work, splits, setting, args.quick)
-        per_seed = [run_seed(seed, index, runners, gate) for index, seed in enumerate(seeds)]
-    report["versions"] = {"deepctr": per_seed[0]["contenders"]["deepctr"]["versions"],
+        runners = contenders(peer, work, splits, setting, args.quick)
+        per_seed = [run_seed(peer, seed, index, runners, gate) for index, seed in enumerate(seeds)]
+    report["versions"] = {peer: per_seed[0]["contenders"][peer]["versions"],
                           "cadence": report["machine"].get("cadence_version"),
                           "torch": report["machine"].get("torch_version")}
-    report["summary"] = summarize(per_seed)
+    report["summary"] = summarize(peer, per_seed)
     report["per_seed"] = per_seed
     say(f"wrote {relative(str(write_report(report, out_path, started, gate.waited_s)))}")
     print_table(report)

@@ -119,18 +119,23 @@ def mf(report: dict[str, Any], name: str) -> list[str]:
     return rows
 
 
+CTR_PEERS = {"deepctr": "DeepCTR-Torch 0.3.0", "torchrec": "TorchRec 1.9.2 (fused fbgemm tables)"}
+
+
 def ctr(report: dict[str, Any], name: str) -> list[str]:
     s = report["summary"]
-    mine, peer = s["cadence_pipeline"], s["deepctr"]
+    peer_name = report.get("peer", "deepctr")  # (results before --peer: DeepCTR)
+    mine, peer = s["cadence_pipeline"], s[peer_name]
     quality = f"AUC {mine['auc']['mean']:.4f} vs {peer['auc']['mean']:.4f}"
-    return [f"| ctr | DeepFM examples/s vs DeepCTR-Torch 0.3.0 | {_k(mine['examples_per_second']['mean'])} | "
-            f"{_k(peer['examples_per_second']['mean'])} | {_ratio(s['speed_ratio_cadence_pipeline_over_deepctr'])} | "
-            f"{quality} | {_where(report, name)} |"]
+    return [f"| ctr | DeepFM examples/s vs {CTR_PEERS[peer_name]} | {_k(mine['examples_per_second']['mean'])} | "
+            f"{_k(peer['examples_per_second']['mean'])} | "
+            f"{_ratio(s[f'speed_ratio_cadence_pipeline_over_{peer_name}'])} | {quality} | {_where(report, name)} |"]
 
 
 SOURCES: tuple[tuple[str, Callable[[dict[str, Any], str], list[str]]], ...] = (
     ("kge_vs_pbg.json", kge), ("kge_vs_pbg_complex.json", kge), ("kge_vs_torchkge.json", kge),
-    ("w2v_vs_gensim.json", w2v), ("mf_vs_surprise.json", mf), ("ctr_vs_deepctr.json", ctr))
+    ("w2v_vs_gensim.json", w2v), ("mf_vs_surprise.json", mf), ("ctr_vs_deepctr.json", ctr),
+    ("ctr_vs_torchrec.json", ctr))
 
 
 def render(results: Path = RESULTS) -> str:
