@@ -93,6 +93,8 @@ import deepctr_torch  # noqa: E402
 from deepctr_torch.inputs import SparseFeat, VarLenSparseFeat  # noqa: E402
 from deepctr_torch.models import DeepFM  # noqa: E402
 
+from ctr_contender_flags import ctr_contender_parser, parse, report  # noqa: E402  (same folder)
+
 
 class RowwiseAdagrad(torch.optim.Optimizer):
     """Adagrad with one accumulator per row of a 2-D parameter (cadence.optim.RowwiseAdagrad):
@@ -175,27 +177,13 @@ def score(model: DeepFM, inputs: dict[str, np.ndarray], labels: np.ndarray) -> t
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, type=Path, help="directory written by ctr_split_export.py")
-    parser.add_argument("--dim", type=int, default=16)
-    parser.add_argument("--hidden", default="64,32", help="comma-separated DNN widths")
-    parser.add_argument("--dropout", type=float, default=0.0, help="dnn_dropout (the config: 0.2)")
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--optimizer", choices=("adagrad", "adam", "cadence"), default="adagrad")
-    parser.add_argument("--lr", type=float, default=0.05, help="learning rate (cadence: of the embedding rows)")
-    parser.add_argument("--dense-lr", type=float, default=0.001, help="Adam lr of the dense part (--optimizer cadence)")
-    parser.add_argument("--init-std", type=float, default=0.001)
+    parser = ctr_contender_parser(__doc__.splitlines()[0], ("adagrad", "adam", "cadence"), "adagrad",
+                                  "the optimizers (module docstring)")
     parser.add_argument("--init", choices=("cadence", "deepctr"), default="cadence")
     parser.add_argument("--l2-linear", type=float, default=0.0)
     parser.add_argument("--l2-embedding", type=float, default=0.0)
     parser.add_argument("--l2-dnn", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", type=Path, help="also write the result here")
-    args = parser.parse_args(argv)
-    args.hidden = [int(width) for width in args.hidden.split(",") if width.strip()]
-    return args
+    return parse(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,17 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         "examples_per_second": len(train_y) * args.epochs / train_seconds,
         "train_examples": len(train_y),
         "train_loss_per_epoch": [float(v) for v in history.history.get("loss", [])],
-        "settings": {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()},
         "versions": {"deepctr_torch": deepctr_torch.__version__, "torch": torch.__version__,
                      "sklearn": sklearn.__version__, "numpy": np.__version__,
                      "python": platform.python_version()},
         "threads": torch.get_num_threads(),
     }
-    text = json.dumps(result)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
-    return 0
+    return report(args, result)
 
 
 if __name__ == "__main__":

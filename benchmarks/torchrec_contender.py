@@ -62,6 +62,8 @@ from torchrec import EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.modules.embedding_configs import PoolingType
 from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
 
+from ctr_contender_flags import ctr_contender_parser, parse, report  # same folder: the flags of every CTR contender
+
 ALIGN = 4  # fbgemm's table kernels: row widths divisible by 4
 
 
@@ -167,24 +169,8 @@ def score(model: DeepFM, data: Fields, keys: list[str]) -> tuple[float, float]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, type=Path, help="directory written by ctr_split_export.py")
-    parser.add_argument("--dim", type=int, default=16)
-    parser.add_argument("--hidden", default="64,32", help="comma-separated MLP widths")
-    parser.add_argument("--dropout", type=float, default=0.0, help="MLP dropout (the config: 0.2)")
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--optimizer", choices=("cadence",), default="cadence",
-                        help="row-wise Adagrad on the tables (fused), Adam on the dense part")
-    parser.add_argument("--lr", type=float, default=0.05, help="row-wise Adagrad's rate on the rows")
-    parser.add_argument("--dense-lr", type=float, default=0.001, help="Adam's rate on the dense part")
-    parser.add_argument("--init-std", type=float, default=0.001)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", type=Path, help="also write the result here")
-    args = parser.parse_args(argv)
-    args.hidden = [int(width) for width in args.hidden.split(",") if width.strip()]
-    return args
+    return parse(ctr_contender_parser(__doc__.splitlines()[0], ("cadence",), "cadence",
+                                      "row-wise Adagrad on the tables (fused), Adam on the dense part"), argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,16 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         "train_seconds": seconds, "train_examples": len(train),
         "examples_per_second": len(train) * args.epochs / seconds, "train_loss_per_epoch": losses,
         "threads": torch.get_num_threads(),
-        "settings": {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()},
         "versions": {"torchrec": torchrec.__version__ if hasattr(torchrec, "__version__") else None,
                      "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", None), "torch": torch.__version__,
                      "numpy": np.__version__, "python": platform.python_version()},
     }
-    text = json.dumps(result)
-    if args.json:
-        args.json.write_text(text + "\n")
-    print(text)
-    return 0
+    return report(args, result)
 
 
 if __name__ == "__main__":
