@@ -510,6 +510,7 @@ class RayEngine(Engine):
         return actor
 
     def _start(self) -> None:
+        started = time.perf_counter()  # every role built (torch imported, the task and its data read)
         self.placed = 0
         handles = [self._new(ShardServer, self.settings, self.spec, self.mode.name, index,
                              self.dense_blob if index == 0 else None, self.threads, self.secret)
@@ -523,9 +524,8 @@ class RayEngine(Engine):
         # EASGD's sync servers: actors of their own (a process each: what a CPU quota or a slow link limits)
         self.sync_placement = RayPlacement(self.settings.ps.ray_address, self.threads)
         self.sync_servers = self.mode.sync_servers(self.settings.shadow, self.sync_placement)
-        # every actor is built (torch imported, the task and its data read) before training starts:
-        # setup, as the thread engine's is, not the first epoch's time
-        started = time.perf_counter()
+        # every actor is built before training starts: setup, as the thread engine's is, not the
+        # first epoch's time (the shards' and the coordinator's waits above included)
         ray_get([actor.ping.remote() for actor in (self.coordinator, *self.workers.values())])
         self.start_seconds += time.perf_counter() - started
 
