@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from cadence.errors import ConfigError
 from cadence.evaluation.classification import auc
+from cadence.models.layers import Dropout
 from cadence.models.ctr import CTR_MODELS, CtrModel, pool_bags
 
 BATCH, FIELDS, DIM, HIDDEN = 3, 4, 3, (5, 4)
@@ -27,7 +28,7 @@ def naive_mlp(layers: nn.Sequential, x: list) -> list:
         elif isinstance(layer, nn.ReLU):
             x = [torch.clamp(value, min=0) for value in x]
         else:
-            assert isinstance(layer, nn.Dropout)  # identity in eval mode
+            assert isinstance(layer, Dropout)  # identity in eval mode
     return x
 
 

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from cadence.errors import ConfigError
+from cadence.models.layers import Dropout
 from cadence.registry import Registry
 
 CTR_MODELS: Registry[type["CtrModel"]] = Registry("ctr model", "model.name")
@@ -70,7 +71,7 @@ def mlp(in_features: int, hidden: tuple[int, ...], dropout: float, out_features:
     for width in hidden:
         layers += [nn.Linear(in_features, width), nn.ReLU()]
         if dropout > 0:
-            layers.append(nn.Dropout(dropout))
+            layers.append(Dropout(dropout))
         in_features = width
     layers.append(nn.Linear(in_features, out_features))
     if final_relu:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from cadence.errors import ConfigError
+from cadence.models.layers import Dropout
 from cadence.registry import Registry
 
 IMAGE_MODELS: Registry[type[nn.Module]] = Registry("image model", "model.name")
@@ -38,7 +39,7 @@ def _hidden(widths: list[int], inputs: int, dropout: float) -> tuple[list[nn.Mod
     for width in widths:
         layers += [nn.Linear(inputs, width), nn.ReLU()]
         if dropout:
-            layers.append(nn.Dropout(dropout))
+            layers.append(Dropout(dropout))
         inputs = width
     return layers, inputs
 
