@@ -248,9 +248,8 @@ class Hosts:
     """The driver's Ray actor processes: ``take`` builds a role in a kept idle process on the node
     asked for, or in a new one; ``give_back`` releases roles and keeps up to
     ``settings["idle_processes"]`` idle processes (``ps.ray_idle_processes``; 0: none) for the
-    next run, killing the rest. A process whose role is
-    still busy (a call in flight) or that died is never kept. GPU processes are never kept (each
-    run asks Ray for its GPU shares anew)."""
+    next run, killing the rest. A process whose role is still busy (a call in flight) or that died
+    is never kept, nor one holding a GPU share (each run asks Ray for its GPU shares anew)."""
 
     def __init__(self) -> None:
         self.idle: dict[str, list[tuple[Any, int]]] = {}  # node -> (host, its next generation)
