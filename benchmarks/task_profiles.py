@@ -104,10 +104,16 @@ def summarize(raw: str) -> dict[str, Any]:
     functions that held the most epoch samples themselves."""
     stages: collections.Counter = collections.Counter()
     own: collections.Counter = collections.Counter()
+    pending = ""
     for line in raw.splitlines():
+        line = pending + line
         if not line.strip():
             continue
-        frames, count = line.rsplit(" ", 1)
+        frames, _, count = line.rpartition(" ")
+        if not count.isdigit():  # a frame's name held a line break: the entry goes on in the next line
+            pending = line + "\\n"
+            continue
+        pending = ""
         stack = frames.split(";")
         where = stage(stack)
         stages[where] += int(count)

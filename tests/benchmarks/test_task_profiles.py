@@ -55,6 +55,15 @@ def test_shares_count_the_samples_of_each_stage() -> None:
     assert summary["top_self_in_epoch"][0] == ["KgeTask.loss", pytest.approx(0.75)]
 
 
+def test_a_frame_name_with_a_line_break_does_not_break_the_count() -> None:
+    """py-spy writes a frame's name as it is: one that holds a newline (a generated function's)
+    splits its sample's line in two; the entry goes on in the next line."""
+    raw = "\n".join([";".join([*COMPUTE, "KgeTask.loss (k.py:1)"]) + " 30",
+                     ";".join([*COMPUTE, "<compiled (\n", "generated.py:3)"]) + " 10"])
+    summary = profiles.summarize(raw)
+    assert summary["samples"] == 40 and summary["share_of_epoch"]["epoch other"] == pytest.approx(0.25)
+
+
 def test_the_docs_table_is_the_one_the_result_file_gives() -> None:
     documented = profiles.doc_tables.block((REPO / "docs" / "benchmarks.md").read_text(), profiles.NAME,
                                            profiles.SCRIPT)
