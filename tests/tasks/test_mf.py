@@ -150,3 +150,22 @@ def test_unique_keys_equals_torch_unique() -> None:
     if compiled.AVAILABLE:
         with pytest.raises(IndexError):
             compiled.unique_keys(torch.tensor([0, 5]), 5)
+
+
+@pytest.mark.parametrize("low, high, size", [(0, 2, 500), (0, 1 << 62, 3000), (-(1 << 62), 1 << 62, 2000),
+                                             (0, 50, 0), (7, 8, 1), (0, 1 << 45, 9000)])
+def test_distinct_keys_of_any_range_equal_torch_unique(low: int, high: int, size: int) -> None:
+    """CTR's feature keys (``field << 40 | value``): the compiled hash kernel, and the torch path
+    it replaces, give torch.unique's integers: the sorted distinct keys and each key's place."""
+    from cadence import compiled
+    from cadence.core.batch import distinct_keys
+
+    keys = torch.randint(low, high, (size,), generator=torch.Generator().manual_seed(size))
+    if size > 100:
+        keys[size // 2:] = keys[: size - size // 2]  # many repeats, in another order
+    expected_ids, expected_inverse = torch.unique(keys, return_inverse=True)
+    ids, inverse = distinct_keys(keys)
+    assert torch.equal(ids, expected_ids) and torch.equal(inverse, expected_inverse)
+    if compiled.AVAILABLE:
+        ids, inverse = compiled.unique_any(keys)
+        assert torch.equal(ids, expected_ids) and torch.equal(inverse, expected_inverse)
