@@ -355,8 +355,9 @@ def warm_up(*kernels: str) -> None:
             biased_mf_loss_and_gradient(rows, first, second, torch.zeros(1), 0.0, 0.0)
         elif kernel == "skipgram":
             skipgram_loss_and_gradient(rows, first, second.view(1, 1), 1.0)
-        elif kernel == "unique_keys":
+        elif kernel == "unique_keys":  # (a large key space takes unique_any: core.batch.unique_keys)
             unique_keys(second, 2)
+            unique_any(second)
         elif kernel == "unique_any":
             unique_any(second)
         elif kernel == "biased_mf_in_place":

@@ -79,10 +79,10 @@ def finished_batch(plan: BatchPlan, loss: float) -> Batch:
 
 def unique_keys(keys: Tensor, num_keys: int) -> tuple[Tensor, Tensor]:
     """``torch.unique(keys, return_inverse=True)`` for keys in ``[0, num_keys)``: a bitmap and a
-    cumulative sum (linear, multi-threaded) when the key space is small next to the batch, else a
-    sort. Same result either way."""
+    cumulative sum (linear, multi-threaded) when the key space is small next to the batch, else
+    ``distinct_keys`` (a hash table, or a sort). Same result either way."""
     if num_keys > 32 * keys.shape[0]:
-        return torch.unique(keys, return_inverse=True)
+        return distinct_keys(keys)
     if compiled.AVAILABLE and keys.device.type == "cpu" and keys.dtype == torch.int64:
         return compiled.unique_keys(keys, num_keys)  # the same integers in one compiled pass
     present = torch.zeros(num_keys, dtype=torch.bool)
