@@ -147,7 +147,7 @@ class ParameterServerConfig:
     emulated_latency: float = 0.0  # seconds each batch spends off this machine (emulates one machine per worker)
     ray_address: str | None = None  # engine ray: the cluster to join ("HOST:PORT"); None = ray.init()'s default
     # engine ray: actor processes a finished run leaves idle, for the next run of the same driver
-    # process to build its roles in (torch and cadence already imported); 0: each run's end with it
+    # process to build its roles in (torch and cadence already imported); 0: a run's processes end with it
     ray_idle_processes: int = 8
     # where the dense parameters live: on shard 0 (updated from pushed gradients), or a replica on
     # every worker, its gradients all-reduced each round (PERSIA's split; embeddings stay on the servers)
