@@ -59,8 +59,11 @@ def test_the_trainer_wide_foreground_baseline_syncs_every_k_batches_of_a_trainer
 
 @pytest.mark.parametrize("mode", ["shadow-easgd", "shadow-ma", "shadow-bmuf", "fr-ma"])
 def test_a_killed_trainer_does_not_hang_the_others(tmp_path: Path, mode: str) -> None:
+    # 20 ms off the CPU per batch: each of the 6 threads takes its turn at the 12 batches, so trainer
+    # 1 reaches its second push on a loaded machine too (without it, its threads could be starved
+    # until the data ran out: CI saw no kill once)
     trainer, _, splits = make_trainer(tmp_path, f"strategy={mode}", "ps.workers=3", "shadow.threads=2",
-                                      'ps.kill_workers=["1:2"]')
+                                      'ps.kill_workers=["1:2"]', "ps.emulated_latency=0.02")
     summary = trainer.fit()
     assert summary["workers_killed"] == [1] and summary["epochs"] == 2
     # trainer 1 dies once its threads pushed 2 batches together; each of its threads dies with the
