@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/kge_vs_pbg.py [--quick] [--reps N] [--entities N] [--edges N]
         [--conditions quiet,busy] [--contenders cadence,pbg[,cadence-fixed]] [--model distmult|complex]
-        [--out FILE] [--dirty]
+        [--epochs E] [--out FILE] [--dirty]
 
 One synthetic graph (``cadence.data.synthetic.power_law_graph``: Zipf-distributed endpoints, seed 0;
 default 1M entities, 2M edges, 16 relations, the last 2 x 2,000 edges held out), written as TSV for
@@ -41,8 +41,16 @@ Reps run interleaved (rep 1: every condition x contender, then rep 2, ...); rati
 Each side's scores are its own model's: cadence's ComplEx is ``Re(<h r, conj t>)`` on ``[real | imaginary]``
 halves, PBG's applies the relation to the right-hand side, ``<h, r t>`` (the dot of the halves); the
 evaluator ranks each side's vectors by its own formula.
-Writes ``benchmarks/results/kge_vs_pbg.json`` (``kge_vs_pbg_complex.json`` for ComplEx; ``_quick``
-with ``--quick``).
+**Time to a target MRR** (``--epochs E`` > 1): every contender trains E epochs and keeps each
+epoch's model (cadence: ``checkpoint.keep=E``, each checkpoint's ``train_seconds``; PBG: every
+version, its buckets' seconds), and each is ranked by the evaluator above. The targets are PBG's
+sampled MRR after each of its epochs in the same rep and condition; a contender's time to a target
+is its training seconds up to the end of its first epoch whose MRR reaches it (an upper bound at
+epoch granularity, the same for both sides), and ``time_to_target`` in the summary is PBG's time
+over the contender's (> 1: the contender gets there first), or ``null`` where it never does.
+
+Writes ``benchmarks/results/kge_vs_pbg.json`` (``kge_vs_pbg_complex.json`` for ComplEx; ``_epochsE``
+with ``--epochs E`` > 1; ``_quick`` with ``--quick``).
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ from peer_stats import BusyCore, OthersMeter, mean_ci, peer_parser, peer_run, wr
 
 from cadence import api
 from cadence.config import SyntheticGraphConfig
+from cadence.core import checkpoint as ckpt
 from cadence.data.synthetic import power_law_graph
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,10 +165,10 @@ def cadence_overrides(args, fixed: bool, chunked: bool = False) -> list[str]:
             f"data.synthetic.num_edges={g.num_edges}", f"data.synthetic.holdout={g.holdout}",
             f"model.name={args.model}", f"model.dim={s['dim']}", "train.scoring=sampled",
             f"train.negatives={s['negatives']}", "train.loss=logistic", f"train.batch_size={s['batch_size']}",
-            "train.epochs=1", "optimizer.entity=rowwise_adagrad", "optimizer.dense=adagrad", f"optimizer.lr={s['lr']}",
+            f"train.epochs={args.epochs}", "optimizer.entity=rowwise_adagrad", "optimizer.dense=adagrad", f"optimizer.lr={s['lr']}",
             f"threads={s['threads']}", f"adapt_threads={'false' if fixed else 'true'}", "eval.every=0",
             f"train.negative_chunk={s['negatives'] if chunked else 0}",
-            "eval.test=false", "checkpoint.every=1", "progress=false"]
+            "eval.test=false", "checkpoint.every=1", f"checkpoint.keep={max(2, args.epochs)}", "progress=false"]
 
 
 def run_cadence(args, work: Path, fixed: bool, chunked: bool = False) -> dict[str, Any]:
@@ -177,7 +186,18 @@ def run_cadence(args, work: Path, fixed: bool, chunked: bool = False) -> dict[st
     record = {"edges_per_second": summary["examples_per_second"], "train_seconds": summary["train_seconds"],
               "peak_pss_mib": peak, "process_wall_seconds": round(wall, 2)}
     record.update({k: summary[k] for k in ("intra_op_threads", "intra_op_switches", "intra_op_probes") if k in summary})
+    if args.epochs > 1:
+        record["_epochs"] = [epoch_vectors(path, args.entities) for path in ckpt.epoch_checkpoints(out)]
     return {**record, "_vectors": (entities, relations)}
+
+
+def epoch_vectors(path: Path, entities: int) -> tuple[float, tuple[np.ndarray, np.ndarray]]:
+    """One epoch checkpoint of a cadence run: its training seconds so far, and its entity rows (in
+    id order) and relation vectors."""
+    tensors, state = ckpt.load_checkpoint(path)
+    rows = np.zeros((entities, tensors["table.values"].shape[1]), dtype=np.float32)
+    rows[tensors["table.keys"].numpy()] = tensors["table.values"].numpy()
+    return state["progress"]["train_seconds"], (rows, tensors["dense.relations"].numpy())
 
 
 def run_peer(command: list[str], work: Path, fields: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
@@ -191,6 +211,11 @@ def run_peer(command: list[str], work: Path, fields: Callable[[dict[str, Any]], 
     entities, relations = np.load(work / "entities.npy"), np.load(work / "relations.npy")
     record = {"edges_per_second": result["edges_per_second"], "train_seconds": result["train_seconds"],
               **fields(result), "peak_pss_mib": peak, "process_wall_seconds": round(wall, 2)}
+    if len(result.get("epoch_seconds", [])) > 1:
+        seconds = np.cumsum(result["epoch_seconds"])
+        record["_epochs"] = [(float(seconds[e - 1]), (np.load(work / f"entities.e{e}.npy"),
+                                                      np.load(work / f"relations.e{e}.npy")))
+                             for e in range(1, len(seconds) + 1)]
     return {**record, "_vectors": (entities, relations)}
 
 
@@ -198,7 +223,7 @@ def run_pbg(args, work: Path, data: Path) -> dict[str, Any]:
     s = SETTING
     command = [str(PBG_PYTHON), str(PBG_CONTENDER), "--data", str(data), "--out", str(work), "--dim", str(s["dim"]),
                "--negatives", str(s["negatives"]), "--batch-size", str(s["batch_size"]), "--lr", str(s["lr"]),
-               "--workers", str(s["threads"]), "--epochs", "1", "--operator", PBG_OPERATORS[args.model]]
+               "--workers", str(s["threads"]), "--epochs", str(args.epochs), "--operator", PBG_OPERATORS[args.model]]
     return run_peer(command, work, lambda result: {"train_call_seconds": round(result["train_call_seconds"], 2)})
 
 
@@ -271,6 +296,9 @@ def main() -> int:
                         help="distmult (default) or complex")
     parser.add_argument("--torchkge-batches", type=int, default=0,
                         help="stop torchkge after this many batches (default 0: the whole epoch)")
+    parser.add_argument("--epochs", type=int, default=1,
+                        help="epochs per run (default 1); > 1: each epoch's model is ranked, and the time to "
+                             "PBG's MRR after each of its epochs is compared")
     args = parser.parse_args()
     provenance = check(args)
     args.entities = args.entities or (300_000 if args.quick else 1_000_000)
@@ -280,13 +308,17 @@ def main() -> int:
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     if set(conditions) - {"quiet", "busy"} or set(contenders) - set(CONTENDERS):
         raise SystemExit("kge_vs_pbg.py: --conditions takes quiet, busy; --contenders " + ", ".join(CONTENDERS))
+    if args.epochs < 1 or (args.epochs > 1 and "torchkge" in contenders):
+        raise SystemExit("kge_vs_pbg.py: --epochs takes a positive count (and > 1 not with torchkge)")
     if "pbg" in contenders and not PBG_PYTHON.exists():
         raise SystemExit(f"kge_vs_pbg.py: no {PBG_PYTHON}: make .venv-bench-pbg/bin/python "
                          "(benchmarks/requirements-pbg.txt)")
     if "torchkge" in contenders and not TORCHKGE_PYTHON.exists():
         raise SystemExit(f"kge_vs_pbg.py: no {TORCHKGE_PYTHON}: make .venv-bench-torchkge/bin/python "
                          "(benchmarks/requirements-torchkge.txt)")
-    _, out, command = peer_run(args, "kge_vs_pbg" if args.model == "distmult" else f"kge_vs_pbg_{args.model}", 1)
+    name = "kge_vs_pbg" + ("" if args.model == "distmult" else f"_{args.model}") + (
+        f"_epochs{args.epochs}" if args.epochs > 1 else "")
+    _, out, command = peer_run(args, name, 1)
     started = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="cadence-kge-vs-pbg-"))
     try:
@@ -324,11 +356,15 @@ def main() -> int:
                             if busy:
                                 busy.__exit__()
                     record["others_cpu_share"] = round(meter.share, 3)
-                    vectors = result.pop("_vectors", None)
+                    vectors, epochs = result.pop("_vectors", None), result.pop("_epochs", None)
                     record.update(result)
+                    side = "pbg" if contender == "pbg" else "cadence"
                     if vectors is not None:
-                        record.update(sampled_ranking(vectors, test, candidates,
-                                                      "pbg" if contender == "pbg" else "cadence", args.model))
+                        record.update(sampled_ranking(vectors, test, candidates, side, args.model))
+                    if epochs is not None:
+                        record["epochs"] = [{"epoch": e, "train_seconds": round(seconds, 3),
+                                             **sampled_ranking(vecs, test, candidates, side, args.model)}
+                                            for e, (seconds, vecs) in enumerate(epochs, 1)]
                     records.append(record)
                     say(describe(record))
                     shutil.rmtree(work, ignore_errors=True)
@@ -337,7 +373,7 @@ def main() -> int:
                             "training_edges": int(graph.train.shape[0]), "relations": SETTING["relations"],
                             "exponent": graph_config(args).exponent},
                   "evaluation": {"edges": EVAL_EDGES, "candidates": EVAL_CANDIDATES, "filtered": False},
-                  "cadence_config": cadence_overrides(args, False), "runs": records,
+                  "cadence_config": cadence_overrides(args, False), "epochs": args.epochs, "runs": records,
                   "summary": summarize(records, conditions, contenders)}
         path = write_report(report, out, started, 0.0)
         say(json.dumps(report["summary"], indent=1))
@@ -351,8 +387,22 @@ def describe(record: dict[str, Any]) -> str:
     head = f"rep {record['rep']} {record['condition']:5s} {record['contender']:13s}"
     if "error" in record:
         return f"{head} FAILED {record['error']}"
-    return (f"{head} {record['edges_per_second']:>10,.0f} edges/s  peak {record['peak_pss_mib']:>7,.0f} MiB  "
+    line = (f"{head} {record['edges_per_second']:>10,.0f} edges/s  peak {record['peak_pss_mib']:>7,.0f} MiB  "
             f"MRR {record['sampled_mrr']:.4f}  others {record['others_cpu_share']:.2f}")
+    for epoch in record.get("epochs", []):
+        line += f"\n    epoch {epoch['epoch']}: {epoch['train_seconds']:8.1f} s  MRR {epoch['sampled_mrr']:.4f}"
+    return line
+
+
+def time_to_targets(mine: list[dict[str, Any]], peer: list[dict[str, Any]]) -> list[float | None]:
+    """For each of the peer's epochs: the peer's training seconds to reach its MRR after that epoch,
+    over ``mine``'s seconds to the end of its first epoch whose MRR reaches the same value (> 1:
+    mine gets there first); ``None`` where mine never reaches it."""
+    ratios: list[float | None] = []
+    for target in peer:
+        reached = next((e for e in mine if e["sampled_mrr"] >= target["sampled_mrr"]), None)
+        ratios.append(None if reached is None else target["train_seconds"] / reached["train_seconds"])
+    return ratios
 
 
 def summarize(records: list[dict[str, Any]], conditions: list[str], contenders: list[str]) -> dict[str, Any]:
@@ -379,6 +429,16 @@ def summarize(records: list[dict[str, Any]], conditions: list[str], contenders: 
                     if per_rep:
                         ratios[key] = {"median": statistics.median(per_rep), "min": min(per_rep), "max": max(per_rep),
                                        "per_rep": per_rep}
+                targets = [time_to_targets(r["epochs"], p["epochs"]) for r in records for p in records
+                           if r["condition"] == p["condition"] == condition and r["rep"] == p["rep"]
+                           and r["contender"] == contender and p["contender"] == peer_name and "epochs" in r
+                           and "epochs" in p]
+                if targets:  # per peer epoch: the ratio in each rep (None: never reached)
+                    ratios["time_to_target"] = {
+                        f"{peer_name}_epoch_{e + 1}": {"per_rep": [t[e] for t in targets],
+                                               "median": (statistics.median([t[e] for t in targets])
+                                                          if all(t[e] is not None for t in targets) else None)}
+                        for e in range(len(targets[0]))}
                 rows[f"{contender}/{peer_name}"] = ratios
         table[condition] = rows
     return table

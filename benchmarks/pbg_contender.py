@@ -13,9 +13,13 @@ chunked negatives: ``num_uniform_negs = K`` uniformly drawn entities per chunk o
 Adagrad, ``W`` Hogwild worker processes of one torch thread each (PBG's own layout), no global
 embeddings, no held-out evaluation during training.
 
-Writes ``OUT/result.json`` (``train_seconds``: the wall time of ``train()``; ``edges``; the config) and
-``OUT/entities.npy`` (rows in cadence's id order: row i is the entity named ``i``; entities PBG never
-saw are NaN) and ``OUT/relations.npy`` (each relation's operator parameters, in id order).
+Writes ``OUT/result.json`` (``train_seconds``: the seconds of PBG's buckets, ``train_call_seconds``:
+the wall time of ``train()``; ``edges``; ``epoch_seconds``: each epoch's bucket seconds; the config)
+and ``OUT/entities.npy`` (rows in cadence's id order: row i is the entity named ``i``; entities PBG
+never saw are NaN) and ``OUT/relations.npy`` (each relation's operator parameters, in id order): the
+model after the last epoch. With ``--epochs E`` > 1 every epoch's model is kept
+(``checkpoint_preservation_interval: 1``) and also written as ``OUT/entities.e{N}.npy`` and
+``OUT/relations.e{N}.npy`` for epochs N = 1..E.
 """
 
 from __future__ import annotations
@@ -48,13 +52,43 @@ class BucketTimes(logging.Handler):
 
     def __init__(self):
         super().__init__(logging.INFO)
-        self.edges, self.seconds = 0, 0.0
+        self.buckets: list[tuple[int, float]] = []  # (edges, seconds) of each bucket, in order
 
     def emit(self, record: logging.LogRecord) -> None:
         found = self.PATTERN.search(record.getMessage())
         if found:
-            self.edges += int(found.group(1))
-            self.seconds += float(found.group(2))
+            self.buckets.append((int(found.group(1)), float(found.group(2))))
+
+    @property
+    def edges(self) -> int:
+        return sum(edges for edges, _ in self.buckets)
+
+    @property
+    def seconds(self) -> float:
+        return sum(seconds for _, seconds in self.buckets)
+
+
+def vectors(model: Path, version: int, imported: Path) -> tuple[np.ndarray, np.ndarray, str]:
+    """The entity rows (in cadence's id order; NaN rows for entities PBG never saw) and the
+    relation parameters (in id order) of checkpoint version ``version``, and the parameter's name."""
+    names = json.loads((imported / "entities" / "entity_names_all_0.json").read_text())
+    with h5py.File(model / f"embeddings_all_0.v{version}.h5", "r") as handle:
+        embeddings = handle["embeddings"][...]
+    entities = int(max(int(n) for n in names)) + 1
+    ordered = np.full((entities, embeddings.shape[1]), np.nan, dtype=np.float32)
+    ordered[np.array([int(n) for n in names])] = embeddings
+    relation_names = json.loads((imported / "entities" / "dynamic_rel_names.json").read_text())
+    with h5py.File(model / f"model.v{version}.h5", "r") as handle:
+        group = handle["model"]["relations"]["0"]["operator"]["rhs"]
+        params = {key: group[key][...] for key in group}
+    if {"real", "imag"} <= set(params):  # complex_diagonal: [real | imaginary] halves, as the evaluator reads them
+        key, values = "real|imag", np.concatenate([params["real"], params["imag"]], axis=1)
+    else:
+        key = "diagonal" if "diagonal" in params else sorted(params)[0]
+        values = params[key]  # [relations, ...] in PBG's relation order
+    ordered_rel = np.empty_like(values)
+    ordered_rel[np.array([int(n) for n in relation_names])] = values
+    return ordered, ordered_rel, key
 
 
 def main() -> int:
@@ -93,6 +127,8 @@ def main() -> int:
         "eval_fraction": 0,
         "workers": args.workers,
         "verbose": 0,
+        # keep every epoch's model (one partition, one chunk: version N is the model after epoch N)
+        **({"checkpoint_preservation_interval": 1} if args.epochs > 1 else {}),
     })
     if not (imported / "done").exists():
         convert_input_data(config.entities, config.relations, config.entity_path, config.edge_paths,
@@ -109,30 +145,21 @@ def main() -> int:
     if buckets.edges != edges:
         raise SystemExit(f"pbg_contender: PBG reported {buckets.edges} edges trained, expected {edges}")
 
-    names = json.loads((imported / "entities" / "entity_names_all_0.json").read_text())
-    with h5py.File(work / "model" / f"embeddings_all_0.v{args.epochs}.h5", "r") as handle:
-        embeddings = handle["embeddings"][...]
-    entities = int(max(int(n) for n in names)) + 1
-    ordered = np.full((entities, embeddings.shape[1]), np.nan, dtype=np.float32)
-    ordered[np.array([int(n) for n in names])] = embeddings
-    np.save(args.out / "entities.npy", ordered)
-    relation_names = json.loads((imported / "entities" / "dynamic_rel_names.json").read_text())
-    with h5py.File(work / "model" / f"model.v{args.epochs}.h5", "r") as handle:
-        group = handle["model"]["relations"]["0"]["operator"]["rhs"]
-        params = {key: group[key][...] for key in group}
-    if {"real", "imag"} <= set(params):  # complex_diagonal: [real | imaginary] halves, as the evaluator reads them
-        key, values = "real|imag", np.concatenate([params["real"], params["imag"]], axis=1)
-    else:
-        key = "diagonal" if "diagonal" in params else sorted(params)[0]
-        values = params[key]  # [relations, ...] in PBG's relation order
-    ordered_rel = np.empty_like(values)
-    ordered_rel[np.array([int(n) for n in relation_names])] = values
-    np.save(args.out / "relations.npy", ordered_rel)
+    if len(buckets.buckets) != args.epochs:
+        raise SystemExit(f"pbg_contender: {len(buckets.buckets)} buckets for {args.epochs} epochs (one partition)")
+    entities, relations, key = vectors(work / "model", args.epochs, imported)
+    np.save(args.out / "entities.npy", entities)
+    np.save(args.out / "relations.npy", relations)
+    if args.epochs > 1:
+        for epoch in range(1, args.epochs + 1):
+            entities, relations, _ = vectors(work / "model", epoch, imported)
+            np.save(args.out / f"entities.e{epoch}.npy", entities)
+            np.save(args.out / f"relations.e{epoch}.npy", relations)
     (args.out / "result.json").write_text(json.dumps({
         # PBG's own time of its buckets (what it reports as M/sec), and of train() as a whole (with
         # the workers' start, the model's initialisation and the checkpoint written)
         "train_seconds": buckets.seconds, "edges": edges, "edges_per_second": edges / buckets.seconds,
-        "train_call_seconds": seconds,
+        "train_call_seconds": seconds, "epoch_seconds": [seconds for _, seconds in buckets.buckets],
         "torch": torch.__version__, "torch_threads_per_worker": 1, "relation_parameter": key,
         "config": {k: v for k, v in attr.asdict(train_config).items() if isinstance(v, (int, float, str, bool))},
     }, indent=2))

@@ -67,3 +67,33 @@ def test_every_cadence_contender_is_compared_with_every_peer_that_ran() -> None:
     assert rows["cadence/pbg"]["edges_per_second"]["per_rep"] == [1.5, 1.1]
     assert rows["cadence/torchkge"]["edges_per_second"]["per_rep"] == [6.0, 11.0]
     assert "torchkge/pbg" not in rows and "pbg/torchkge" not in rows
+
+
+def test_time_to_target_is_the_first_epoch_that_reaches_each_peer_epochs_mrr() -> None:
+    def epochs(*points: tuple[float, float]) -> list[dict]:
+        return [{"epoch": e, "train_seconds": s, "sampled_mrr": m} for e, (s, m) in enumerate(points, 1)]
+
+    # mine passes 0.50 at its 2nd epoch (after a dip it does not count twice), never reaches 0.70
+    mine = epochs((10.0, 0.40), (20.0, 0.55), (30.0, 0.52))
+    peer = epochs((15.0, 0.50), (30.0, 0.70), (45.0, 0.40))
+    assert bench.time_to_targets(mine, peer) == [15.0 / 20.0, None, 45.0 / 10.0]
+
+
+def test_an_epoch_checkpoint_holds_the_rows_the_run_trained_and_its_seconds(tmp_path) -> None:
+    from cadence import api
+    from cadence.config import load_config
+
+    overrides = ["task=kge", "strategy=sync", "data.dataset=synthetic", "data.synthetic.num_entities=300",
+                 "data.synthetic.num_relations=3", "data.synthetic.num_edges=3000", "data.synthetic.holdout=50",
+                 "model.name=distmult", "model.dim=8", "train.epochs=2", "train.batch_size=200", "eval.every=0",
+                 "eval.test=false", "checkpoint.every=1", "checkpoint.keep=2", "progress=false", "threads=1",
+                 f"out={tmp_path / 'run'}"]
+    api.train(load_config(None, overrides))
+    paths = bench.ckpt.epoch_checkpoints(tmp_path / "run")
+    assert [p.name for p in paths] == ["epoch-000001", "epoch-000002"]
+    (first_seconds, first), (last_seconds, last) = (bench.epoch_vectors(p, 300) for p in paths)
+    _, _, view, dense = api.load_model(tmp_path / "run")  # the library's own reading of the final model
+    assert torch.equal(torch.from_numpy(last[0]), view.values(torch.arange(300)))
+    assert torch.equal(torch.from_numpy(last[1]), dense.relations.detach())
+    assert not torch.equal(torch.from_numpy(first[0]), torch.from_numpy(last[0]))
+    assert 0 < first_seconds < last_seconds
