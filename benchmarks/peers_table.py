@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -75,6 +76,40 @@ def kge(report: dict[str, Any], name: str) -> list[str]:
     return rows
 
 
+def kge_epochs(report: dict[str, Any], name: str) -> list[str]:
+    """Time to PBG's sampled MRR after its first epoch, from runs of several epochs (``--epochs``)."""
+    rows, graph = [], report["graph"]
+    model = {"distmult": "DistMult", "complex": "ComplEx"}[report["setting"].get("model", "distmult")]
+    for condition, label in (("quiet", ""), ("busy", ", one core taken")):
+        runs = [r for r in report["runs"] if r.get("condition") == condition and "epochs" in r]
+        pairs = [(r, p) for r in runs for p in runs if r["contender"] == "cadence" and p["contender"] == "pbg"
+                 and r["rep"] == p["rep"]]
+        if not pairs:
+            continue
+        ratio = report["summary"][condition]["cadence/pbg"]["time_to_target"]["pbg_epoch_1"]
+        target = [p["epochs"][0] for _, p in pairs]
+        reached = [next((e for e in r["epochs"] if e["sampled_mrr"] >= t["sampled_mrr"]), None)
+                   for (r, _), t in zip(pairs, target)]
+        got = [e for e in reached if e is not None]
+        mine = f"{sum(e['train_seconds'] for e in got) / len(got):.1f} s" if got else "not reached"
+        if len(got) < len(reached):  # reps where cadence never reached the peer's MRR: say so
+            mine += f" ({len(reached) - len(got)} of {len(reached)} reps: not reached)"
+        per_rep = [r for r in ratio["per_rep"] if r is not None]
+        stats = {"median": statistics.median(per_rep), "min": min(per_rep), "max": max(per_rep),
+                 "per_rep": per_rep} if per_rep else None
+        shown = _ratio(stats) if stats else "never"
+        if stats and len(per_rep) < len(ratio["per_rep"]):
+            shown += f" in {len(per_rep)} of {len(ratio['per_rep'])} reps"
+        quality = (f"target: PBG's epoch-1 MRR {sum(t['sampled_mrr'] for t in target) / len(target):.3f}; best "
+                   f"{max(e['sampled_mrr'] for r, _ in pairs for e in r['epochs']):.3f} vs "
+                   f"{max(e['sampled_mrr'] for _, p in pairs for e in p['epochs']):.3f} in {report['epochs']} epochs")
+        rows.append(f"| kge | {model} d100, {graph['entities'] / 1e6:g}M entities: seconds to PBG's MRR after its first "
+                    f"epoch{label} (lower is better; ratio: PBG's / cadence's) | {mine} | "
+                    f"{sum(t['train_seconds'] for t in target) / len(target):.1f} s | "
+                    f"{shown} | {quality} | {_where(report, name)} |")
+    return rows
+
+
 def w2v(report: dict[str, Any], name: str) -> list[str]:
     s = report["summary"]
     peer = s["gensim"]
@@ -133,7 +168,8 @@ def ctr(report: dict[str, Any], name: str) -> list[str]:
 
 
 SOURCES: tuple[tuple[str, Callable[[dict[str, Any], str], list[str]]], ...] = (
-    ("kge_vs_pbg.json", kge), ("kge_vs_pbg_complex.json", kge), ("kge_vs_torchkge.json", kge),
+    ("kge_vs_pbg.json", kge), ("kge_vs_pbg_epochs3.json", kge_epochs), ("kge_vs_pbg_complex.json", kge),
+    ("kge_vs_torchkge.json", kge),
     ("w2v_vs_gensim.json", w2v), ("mf_vs_surprise.json", mf), ("ctr_vs_deepctr.json", ctr),
     ("ctr_vs_torchrec.json", ctr))
 
