@@ -27,13 +27,16 @@ from cadence.errors import ConfigError
 
 @dataclass
 class SyntheticGraphConfig:
-    """A seeded power-law graph (dataset ``synthetic``), for scale rather than quality."""
+    """A seeded power-law graph (dataset ``synthetic``), for scale; with communities, for quality too."""
 
     num_entities: int = 100_000
     num_relations: int = 16
     num_edges: int = 1_000_000
     exponent: float = 1.1  # Zipf exponent of the endpoint distribution (degree ~ rank^-exponent)
     holdout: int = 1_000  # triples in each of valid and test
+    # 0: independent endpoints (only popularity to learn); C > 0: each relation pairs C communities
+    # of entities and every edge follows its relation's pairing (structure to learn; docs/data.md)
+    communities: int = 0
 
 
 @dataclass
@@ -383,7 +386,7 @@ _POSITIVE = {
     "shadow.block_lr", "pdasgd.backward_threads", "image.fc", "adapm.threads", "adapm.initial_rate",
     "mf.column_blocks",
 }
-_NON_NEGATIVE = {"train.negative_chunk", "ps.emulated_latency", "ps.ray_idle_processes", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
+_NON_NEGATIVE = {"data.synthetic.communities", "train.negative_chunk", "ps.emulated_latency", "ps.ray_idle_processes", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "ctr.first_period",
                  "model.init_std",
                  "w2v.sample", "w2v.max_vocab", "w2v.min_lr", "ctr.synthetic.dim", "ctr.synthetic.zipf_exponent",

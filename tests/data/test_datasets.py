@@ -1,15 +1,17 @@
 """The dataset registry on real package-shipped data, the fetcher, and the synthetic generator."""
 
+import dataclasses
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from cadence.config import DataConfig, SyntheticGraphConfig
 from cadence.data import fetch as fetching
 from cadence.data.datasets import load_graph
-from cadence.data.synthetic import power_law_graph
+from cadence.data.synthetic import community_pairs, entity_communities, power_law_graph
 from cadence.errors import ConfigError, FetchError
 
 
@@ -93,3 +95,31 @@ def test_synthetic_graph_is_seeded_and_skewed() -> None:
     degree = torch.bincount(first.train[:, [0, 2]].flatten(), minlength=5000).sort(descending=True).values
     top_share = degree[:50].sum() / degree.sum()  # 1% of the entities
     assert top_share > 0.2, "a power law concentrates edges on few entities"
+
+
+@pytest.mark.parametrize("count", [10, 7])
+def test_synthetic_communities_join_each_head_community_to_the_one_its_relation_pairs(count: int) -> None:
+    plain = SyntheticGraphConfig(num_entities=5000, num_relations=5, num_edges=40_000, exponent=1.1, holdout=100)
+    config = dataclasses.replace(plain, communities=count)
+    graph, independent = power_law_graph(config, seed=2), power_law_graph(plain, seed=2)
+    pairs = community_pairs(count, 5, seed=2)
+    assert (pairs[np.arange(5)[:, None], pairs] == np.arange(count)).all(), "each relation's pairing is its own inverse"
+    assert (pairs != np.arange(count)).sum(1).tolist() == [count - count % 2] * 5  # only an odd one out stays
+    of = torch.from_numpy(entity_communities(config, seed=2))
+    assert torch.bincount(of).tolist() == [len(range(c, 5000, count)) for c in range(count)]
+    for mine, theirs in ((graph.train, independent.train), (graph.valid, independent.valid),
+                         (graph.test, independent.test)):
+        h, r, t = mine.unbind(1)
+        assert torch.equal(of[t], torch.from_numpy(pairs)[r, of[h]]), "every edge, held-out ones too"
+        assert torch.equal(mine[:, :2], theirs[:, :2]), "the same draws: heads and relations as without communities"
+    assert (graph.train[:, 2] != independent.train[:, 2]).float().mean() > 0.5
+    degree = torch.bincount(graph.train[:, 2], minlength=5000).sort(descending=True).values
+    assert degree[:50].sum() / degree.sum() > 0.2, "tails keep their power law"
+
+
+def test_synthetic_communities_are_checked() -> None:
+    config = SyntheticGraphConfig(num_entities=100, num_edges=1000, holdout=10, communities=101)
+    with pytest.raises(ConfigError, match="data.synthetic.communities"):
+        power_law_graph(config, seed=0)
+    with pytest.raises(ConfigError, match="no communities"):
+        entity_communities(dataclasses.replace(config, communities=0), seed=0)
