@@ -2,7 +2,7 @@
 """cadence's biased MF vs scikit-surprise 1.1.5 ``SVD`` on MovieLens-100k, side by side in one invocation.
 
     .venv/bin/python benchmarks/mf_vs_surprise.py [--quick] [--seeds N] [--max-wait S] [--out FILE]
-        [--synthetic USERS,ITEMS,RATINGS]
+        [--synthetic USERS,ITEMS,RATINGS] [--rating-config FILE] [--contenders NAME,...]
 
 For each seed, cadence's own split (``RatingDataset.random_split(seed)``: train 80% / valid 10% /
 test 10%) is written to TSV files, and every contender trains on that train part and is scored on
@@ -25,7 +25,12 @@ that test part, each in a fresh process:
 (``cadence.data.ratings.synthetic_zipf``: Zipf-skewed users and items, planted low-rank ratings; the
 seed draws the matrix and its split, and cadence generates the same one from ``--set
 data.dataset=synthetic-zipf --set mf.synthetic.*``), contenders ``cadence``, ``cadence_rating`` and
-``surprise_default`` only (no search), results in ``mf_vs_surprise_synthetic.json``.
+``surprise_default`` only (no search), results in ``mf_vs_surprise_synthetic.json``;
+``cadence_rating`` there runs ``configs/zipf-mf-rating.yaml`` (the rating loop with a setting picked
+on the 10M-rating matrix's validation part, not ML-100k's).
+
+``--rating-config FILE``: ``cadence_rating``'s config instead. ``--contenders a,b``: run only those
+(default: every contender of the setting).
 
 Contenders run interleaved (the order reverses every other seed), so a speed ratio compares runs made
 seconds apart on the same machine. The machine is shared: before each run the script waits (within
@@ -65,6 +70,7 @@ from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "ml100k-mf.yaml"
 RATING_CONFIG = REPO / "configs" / "ml100k-mf-rating.yaml"
+SYNTHETIC_RATING_CONFIG = REPO / "configs" / "zipf-mf-rating.yaml"
 CADENCE_CONTENDERS = ("cadence", "cadence_1_thread", "cadence_rating")
 CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
 SURPRISE_PYTHON = REPO / ".venv-bench-surprise" / "bin" / "python"
@@ -111,7 +117,7 @@ def cadence_command(seed: int | str, threads: int, out: Path, quick: bool, confi
     command = [str(CADENCE_CLI), "train", "--config", str(config), "--seed", str(seed), "--set", f"threads={threads}",
                "--set", "checkpoint.every=0", "--no-progress", "--out", str(out), "--overwrite", *data]
     if quick:
-        epochs = QUICK_EPOCHS["cadence_rating" if config == RATING_CONFIG else "cadence"]
+        epochs = QUICK_EPOCHS["cadence" if config == CONFIG else "cadence_rating"]
         command += ["--epochs", str(epochs), "--set", f"eval.every={epochs}"]
     return command
 
@@ -232,9 +238,17 @@ def main(argv: list[str] | None = None) -> int:
                          "processes to go idle before runs (default 300, 0 with --quick)")
     parser.add_argument("--synthetic", metavar="USERS,ITEMS,RATINGS",
                         help="each seed's synthetic-zipf matrix of that size instead of ML-100k")
+    parser.add_argument("--rating-config", type=Path, default=None,
+                        help="cadence_rating's config (default configs/ml100k-mf-rating.yaml; with --synthetic "
+                             "configs/zipf-mf-rating.yaml)")
+    parser.add_argument("--contenders", default=None, help="comma-separated: run only these contenders")
     args = parser.parse_args(argv)
     check(args)
     sizes = synthetic_sizes(args.synthetic) if args.synthetic else None
+    rating_config = (args.rating_config.resolve() if args.rating_config
+                     else SYNTHETIC_RATING_CONFIG if sizes is not None else RATING_CONFIG)
+    if not rating_config.is_file():
+        raise SystemExit(f"mf_vs_surprise.py: --rating-config {args.rating_config}: no such file")
     if sizes is not None and args.out is None:
         args.out = str(Path(__file__).resolve().parent / "results" /
                        f"mf_vs_surprise_synthetic{'_quick' if args.quick else ''}.json")
@@ -277,16 +291,24 @@ def main(argv: list[str] | None = None) -> int:
             "cadence": lambda seed: run_cadence(seed, 2, work / f"cadence-{seed}", args.quick, CONFIG, data),
             "cadence_1_thread": lambda seed: run_cadence(seed, 1, work / f"cadence1-{seed}", args.quick),
             "cadence_rating": lambda seed: run_cadence(seed, 2, work / f"cadence-rating-{seed}", args.quick,
-                                                       RATING_CONFIG, data),
+                                                       rating_config, data),
             "surprise_default": lambda seed: run_surprise(splits[seed], seed, default),
             "surprise_tuned": lambda seed: run_surprise(splits[seed], seed, tuning["chosen"]),
         }
         if sizes is not None:
             contenders = {name: contenders[name] for name in ("cadence", "cadence_rating", "surprise_default")}
+        if args.contenders:
+            chosen = [name.strip() for name in args.contenders.split(",") if name.strip()]
+            unknown = [name for name in chosen if name not in contenders]
+            if unknown or not any(name.startswith("surprise") for name in chosen):
+                raise SystemExit(f"mf_vs_surprise.py: --contenders takes some of {', '.join(contenders)}, a Surprise "
+                                 f"one among them (got {args.contenders!r})")
+            contenders = {name: contenders[name] for name in chosen}
         names = list(contenders)
         per_seed = [run_seed(seed, names if index % 2 == 0 else names[::-1], contenders, gate_keeper)
                     for index, seed in enumerate(seeds)]
-    report["versions"] = {"scikit-surprise": per_seed[0]["contenders"]["surprise_default"]["versions"],
+    surprise = next(name for name in names if name.startswith("surprise"))
+    report["versions"] = {"scikit-surprise": per_seed[0]["contenders"][surprise]["versions"],
                           "cadence": report["machine"].get("cadence_version"),
                           "torch": report["machine"].get("torch_version")}
     report["settings"] = {
@@ -294,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                     "command": " ".join(shlex.quote(a) for a in cadence_command("SEED", 2, Path("RUN_DIR"), args.quick,
                                                                                 CONFIG, data))
                     .replace(str(REPO) + "/", "")},
-        "cadence_rating": {"config": str(RATING_CONFIG.relative_to(REPO)), "threads": 2, "checkpoint.every": 0},
+        "cadence_rating": {"config": str(rating_config.relative_to(REPO)) if rating_config.is_relative_to(REPO)
+                           else str(rating_config), "threads": 2, "checkpoint.every": 0},
         "surprise_default": default, "surprise_tuned": tuning["chosen"],
         "speed": "ratings/s of training only (cadence examples_per_second; Surprise ratings x epochs / fit seconds); "
                  "Surprise SVD is single-threaded",
