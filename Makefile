@@ -48,11 +48,17 @@ bench: install
 	$(PY) benchmarks/kge_throughput.py
 	$(PY) benchmarks/pipeline_throughput.py
 
-# Each task against the library its users use today; the peers live in their own virtualenvs.
+# Each task against the library its users use today; the peers live in their own virtualenvs, built
+# from benchmarks/peers/requirements-PEER.txt (each peer's side of a comparison: benchmarks/peers/).
 PEERS := surprise gensim deepctr torchrec pbg torchkge
-.venv-bench-%/bin/python: benchmarks/requirements-%.txt
+.venv-bench-%/bin/python: benchmarks/peers/requirements-%.txt
 	$(PYTHON) -m venv .venv-bench-$*
-	.venv-bench-$*/bin/pip install -q --no-deps -r benchmarks/requirements-$*.txt
+	.venv-bench-$*/bin/pip install -q --no-deps -r $<
+
+# Tools the benchmarks run beside the library (py-spy), in their own virtualenvs too.
+.venv-bench-pyspy/bin/python: benchmarks/requirements-pyspy.txt
+	$(PYTHON) -m venv .venv-bench-pyspy
+	.venv-bench-pyspy/bin/pip install -q --no-deps -r $<
 
 bench-peers: install $(PEERS:%=.venv-bench-%/bin/python)
 	$(PY) benchmarks/mf_vs_surprise.py

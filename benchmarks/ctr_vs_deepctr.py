@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/ctr_vs_deepctr.py [--peer deepctr|torchrec] [--quick] [--seeds N] [--max-wait S] [--out FILE]
 
-``--peer torchrec`` runs ``benchmarks/torchrec_contender.py`` in ``.venv-bench-torchrec`` (its
+``--peer torchrec`` runs ``benchmarks/peers/torchrec_contender.py`` in ``.venv-bench-torchrec`` (its
 docstring: TorchRec's ``FusedEmbeddingBagCollection`` with fbgemm's row-wise Adagrad fused into the
 backward pass, the same DeepFM and optimizers) in the peer's place below; it takes the same flags
 and prints the same JSON, and the result goes to ``ctr_vs_torchrec.json``. The peer's contender
@@ -19,7 +19,7 @@ the dense part, 8 epochs, global batch 1024), each in a fresh process with 2 thr
   256), ``.venv/bin/cadence train --config ... --seed s --set threads=2``;
 - ``cadence_pipeline``: the same with ``--workers 1 --set train.batch_size=1024``: one worker, so
   ``sync`` runs on the one-process pipeline, same global batch and math;
-- ``deepctr``: ``benchmarks/deepctr_contender.py --optimizer cadence`` in ``.venv-bench-deepctr``
+- ``deepctr``: ``benchmarks/peers/deepctr_contender.py --optimizer cadence`` in ``.venv-bench-deepctr``
   on the exported split (its docstring lists what still differs from cadence), batch 1024, seed s.
 
 Both cadence runs use ``checkpoint.every=0`` (no checkpoint files; neither the model nor
@@ -69,7 +69,7 @@ CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
 EXPORTER = REPO / "benchmarks" / "ctr_split_export.py"
 PEER_NAMES = {"deepctr": "DeepCTR-Torch 0.3.0", "torchrec": "TorchRec 1.9.2"}
 # per peer: its virtualenv's python and its contender script (same flags, same JSON)
-PEERS = {peer: (REPO / f".venv-bench-{peer}" / "bin" / "python", REPO / "benchmarks" / f"{peer}_contender.py")
+PEERS = {peer: (REPO / f".venv-bench-{peer}" / "bin" / "python", REPO / "benchmarks" / "peers" / f"{peer}_contender.py")
          for peer in ("deepctr", "torchrec")}
 
 THREADS = 2
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     peer = args.peer
     seeds, out_path, command = peer_run(args, f"ctr_vs_{peer}", 3)
     if not PEERS[peer][0].exists():
-        raise SystemExit(f"{relative(str(PEERS[peer][0]))} is missing: see benchmarks/requirements-{peer}.txt")
+        raise SystemExit(f"{relative(str(PEERS[peer][0]))} is missing: see benchmarks/peers/requirements-{peer}.txt")
     setting = shared_setting(QUICK_EPOCHS if args.quick else None)
     gate = QuietGate(args.max_wait if args.max_wait is not None else (0.0 if args.quick else 300.0))
     started = time.perf_counter()

@@ -9,7 +9,7 @@ Three parts (docs/benchmarks.md explains each and lists the measured results):
 1. ``pykeen``: cadence vs PyKEEN 1.11.1 on Kinships, DistMult dim 128, 16 negatives, batch 1024,
    Adagrad lr 0.1, logistic (softplus) loss: positives/second of training and training seconds to a
    common validation MRR. PyKEEN runs in its own environment (``.venv-bench``) through
-   ``benchmarks/pykeen_contender.py``; without that environment the contender is recorded as skipped.
+   ``benchmarks/peers/pykeen_contender.py``; without that environment the contender is recorded as skipped.
 2. ``bare``: cadence vs a bare PyTorch loop with the same math (written below), interleaved.
 3. ``store``: ``EmbeddingStore.pull`` + ``set`` on a table over 2 GiB (memory and mmap backends) vs
    plain ``index_select`` + ``index_copy_`` on an in-memory tensor of the same shape and ids.
@@ -58,7 +58,7 @@ from cadence.training.trainer import TrainerHook
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "benchmarks" / "results"
 BENCH_PYTHON = REPO / ".venv-bench" / "bin" / "python"
-PYKEEN_CONTENDER = REPO / "benchmarks" / "pykeen_contender.py"
+PYKEEN_CONTENDER = REPO / "benchmarks" / "peers" / "pykeen_contender.py"
 PARTS = ("pykeen", "bare", "store")
 
 # Part 1 and the first setting of part 2: the issue's headline settings.
@@ -338,7 +338,7 @@ def pykeen_run(setting: dict[str, Any], epochs: int, data: Path, threads: int | 
     """One PyKEEN run in its own interpreter; returns its JSON, or {'skipped': reason}."""
     if not BENCH_PYTHON.exists():
         return {"skipped": f"{BENCH_PYTHON.relative_to(REPO)} not found (create it with: python3 -m venv "
-                           ".venv-bench && .venv-bench/bin/pip install -r benchmarks/requirements-pykeen.txt)"}
+                           ".venv-bench && .venv-bench/bin/pip install -r benchmarks/peers/requirements-pykeen.txt)"}
     gate = GATE.wait()
     with tempfile.TemporaryDirectory(prefix="pykeen-bench-") as tmp:
         out = Path(tmp) / "pykeen.json"
@@ -359,7 +359,7 @@ def pykeen_run(setting: dict[str, Any], epochs: int, data: Path, threads: int | 
             return {"skipped": f"pykeen_contender.py exited {proc.returncode}: " + " | ".join(tail)}
         record = json.loads(out.read_text())
     record["command"] = " ".join(
-        [".venv-bench/bin/python", "benchmarks/pykeen_contender.py", "--data-dir", "<kinships dir>"]
+        [".venv-bench/bin/python", "benchmarks/peers/pykeen_contender.py", "--data-dir", "<kinships dir>"]
         + [shlex.quote(c) for c in command[4:-1]] + ["<tmp>.json"])
     per_epoch = record["per_epoch"]
     record["epoch_seconds"] = _epoch_seconds([e["train_seconds_cumulative"] for e in per_epoch])

@@ -18,9 +18,9 @@ logistic loss, row-wise Adagrad at lr 0.1, one epoch, both cores:
   the thread governor;
 - ``cadence-chunked``: ``cadence`` with PBG's chunked negatives (``train.negative_chunk=100``: each
   chunk of 100 edges of a batch draws its own 100 negatives);
-- ``pbg``: ``benchmarks/pbg_contender.py`` in ``.venv-bench-pbg``: 2 Hogwild worker processes of
+- ``pbg``: ``benchmarks/peers/pbg_contender.py`` in ``.venv-bench-pbg``: 2 Hogwild worker processes of
   one torch thread each, PBG's chunked negatives (100 uniform entities per chunk of 100 edges);
-- ``torchkge``: ``benchmarks/torchkge_contender.py`` in ``.venv-bench-torchkge`` (the second peer):
+- ``torchkge``: ``benchmarks/peers/torchkge_contender.py`` in ``.venv-bench-torchkge`` (the second peer):
   torchkge 0.17.7's own loop, one process of 2 torch threads, 100 uniform negatives per edge (head or
   tail), dense Adagrad over ``nn.Embedding`` tables; ``--torchkge-batches M`` stops it after ``M``
   batches (every step touches all 1M rows), and its MRR is then that of a part of the epoch.
@@ -87,10 +87,10 @@ from cadence.data.synthetic import power_law_graph
 REPO = Path(__file__).resolve().parents[1]
 CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
 PBG_PYTHON = REPO / ".venv-bench-pbg" / "bin" / "python"
-PBG_CONTENDER = REPO / "benchmarks" / "pbg_contender.py"
+PBG_CONTENDER = REPO / "benchmarks" / "peers" / "pbg_contender.py"
 PBG_OPERATORS = {"distmult": "diagonal", "complex": "complex_diagonal"}  # the relation operator on PBG's side
 TORCHKGE_PYTHON = REPO / ".venv-bench-torchkge" / "bin" / "python"
-TORCHKGE_CONTENDER = REPO / "benchmarks" / "torchkge_contender.py"
+TORCHKGE_CONTENDER = REPO / "benchmarks" / "peers" / "torchkge_contender.py"
 SETTING = dict(dim=100, negatives=100, batch_size=1000, lr=0.1, threads=2, relations=16, holdout=2000, seed=0)
 EVAL_EDGES, EVAL_CANDIDATES = 2000, 1000
 CONTENDERS = ("cadence", "cadence-fixed", "cadence-chunked", "pbg", "torchkge")
@@ -319,10 +319,10 @@ def main() -> int:
         raise SystemExit("kge_vs_pbg.py: --epochs takes a positive count (and > 1 not with torchkge)")
     if "pbg" in contenders and not PBG_PYTHON.exists():
         raise SystemExit(f"kge_vs_pbg.py: no {PBG_PYTHON}: make .venv-bench-pbg/bin/python "
-                         "(benchmarks/requirements-pbg.txt)")
+                         "(benchmarks/peers/requirements-pbg.txt)")
     if "torchkge" in contenders and not TORCHKGE_PYTHON.exists():
         raise SystemExit(f"kge_vs_pbg.py: no {TORCHKGE_PYTHON}: make .venv-bench-torchkge/bin/python "
-                         "(benchmarks/requirements-torchkge.txt)")
+                         "(benchmarks/peers/requirements-torchkge.txt)")
     name = "kge_vs_pbg" + ("" if args.model == "distmult" else f"_{args.model}") + (
         f"_epochs{args.epochs}" if args.epochs > 1 else "") + (
         f"_communities{args.communities}" if args.communities else "")

@@ -16,7 +16,7 @@ that test part, each in a fresh process:
   per-rating SGD in place, Hogwild on 2 threads) with the setting the search below picks for
   ``surprise_tuned`` (128 factors, 80 epochs, lr 0.005, reg 0.1), ``threads=2``;
 - ``surprise_default``: ``SVD()`` defaults (100 factors, 20 epochs, lr 0.005, reg 0.02, init std 0.1)
-  through ``benchmarks/surprise_contender.py`` in ``.venv-bench-surprise``;
+  through ``benchmarks/peers/surprise_contender.py`` in ``.venv-bench-surprise``;
 - ``surprise_tuned``: ``SVD`` with cadence-like capacity (128 factors, heavier L2, more epochs): lr,
   reg and epochs picked by RMSE on the *validation* part of the first seed (never on test), then
   kept for every seed. ``--quick`` skips the search and uses ``TUNED_FALLBACK``.
@@ -74,7 +74,7 @@ SYNTHETIC_RATING_CONFIG = REPO / "configs" / "zipf-mf-rating.yaml"
 CADENCE_CONTENDERS = ("cadence", "cadence_1_thread", "cadence_rating")
 CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
 SURPRISE_PYTHON = REPO / ".venv-bench-surprise" / "bin" / "python"
-SURPRISE_CONTENDER = REPO / "benchmarks" / "surprise_contender.py"
+SURPRISE_CONTENDER = REPO / "benchmarks" / "peers" / "surprise_contender.py"
 
 SURPRISE_DEFAULT = {"factors": 100, "epochs": 20, "lr": 0.005, "reg": 0.02, "init_std": 0.1}
 TUNED_GRID = {"factors": [128], "epochs": [40, 80], "lr": [0.005, 0.01], "reg": [0.05, 0.1, 0.15], "init_std": [0.1]}
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"mf_vs_surprise_synthetic{'_quick' if args.quick else ''}.json")
     seeds, out_path, command = peer_run(args, "mf_vs_surprise", 3)
     if not SURPRISE_PYTHON.exists():
-        raise SystemExit(f"{SURPRISE_PYTHON} is missing: see benchmarks/requirements-surprise.txt")
+        raise SystemExit(f"{SURPRISE_PYTHON} is missing: see benchmarks/peers/requirements-surprise.txt")
     gate_keeper = QuietGate(args.max_wait if args.max_wait is not None else (0.0 if args.quick else 300.0))
     started_all = time.perf_counter()
     report: dict[str, Any] = {"benchmark": "cadence biased MF vs scikit-surprise SVD on MovieLens-100k "

@@ -13,7 +13,7 @@ sample 1e-3, alpha 0.025 -> 1e-4, 2 threads. For each seed, each contender runs 
   algorithm) with ``--seed s --set threads=2`` through the CLI of ``.venv`` (checkpoints off, which
   changes neither the model nor the timing);
 - ``cadence-batch``: ``configs/w2v.yaml``, the same setting with batch updates (every strategy);
-- ``gensim``: ``benchmarks/gensim_contender.py`` in ``.venv-bench-gensim``, ``--seed s --workers 2``
+- ``gensim``: ``benchmarks/peers/gensim_contender.py`` in ``.venv-bench-gensim``, ``--seed s --workers 2``
   (gensim with 2 workers is not deterministic even with a seed).
 
 Conditions: ``quiet``, and ``busy``: another process spins on one core for the whole run
@@ -61,7 +61,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {"cadence": REPO / "configs" / "w2v-pair.yaml", "cadence-batch": REPO / "configs" / "w2v.yaml"}
 CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
 GENSIM_PYTHON = REPO / ".venv-bench-gensim" / "bin" / "python"
-GENSIM_CONTENDER = REPO / "benchmarks" / "gensim_contender.py"
+GENSIM_CONTENDER = REPO / "benchmarks" / "peers" / "gensim_contender.py"
 
 THREADS = 2
 LOAD_THRESHOLD = 1.5  # 1-minute load average below which a run may start
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds, out_path, command = peer_run(args, "w2v_vs_gensim", 2)
     dataset, epochs = ("enwiki-excerpt", 1) if args.quick else ("gcide", GENSIM_SETTING["epochs"])
     if not GENSIM_PYTHON.exists():
-        raise SystemExit(f"{GENSIM_PYTHON} is missing: see benchmarks/gensim_contender.py")
+        raise SystemExit(f"{GENSIM_PYTHON} is missing: see benchmarks/peers/gensim_contender.py")
     check_setting()
     corpus = CORPORA.get(dataset).fetch() / CORPUS_FILE
     gate = LoadGate(args.max_wait)

@@ -1,13 +1,13 @@
 #!/usr/bin/env python
 """TorchRec DeepFM on cadence's MovieLens-100k CTR split (a peer of configs/ml100k-deepfm.yaml).
 
-Runs in its own environment (benchmarks/requirements-torchrec.txt, ``.venv-bench-torchrec``) and
+Runs in its own environment (benchmarks/peers/requirements-torchrec.txt, ``.venv-bench-torchrec``) and
 never imports cadence; the split comes from ``benchmarks/ctr_split_export.py``, and the flags and
-the JSON printed are those of ``benchmarks/deepctr_contender.py``, so ``benchmarks/ctr_vs_deepctr.py
+the JSON printed are those of ``benchmarks/peers/deepctr_contender.py``, so ``benchmarks/ctr_vs_deepctr.py
 --peer torchrec`` drives it the same way::
 
     .venv/bin/python benchmarks/ctr_split_export.py --out DIR --seed 0
-    .venv-bench-torchrec/bin/python benchmarks/torchrec_contender.py --data DIR \\
+    .venv-bench-torchrec/bin/python benchmarks/peers/torchrec_contender.py --data DIR \\
         --dim 16 --hidden 64,32 --dropout 0.2 --epochs 8 --batch-size 1024 \\
         --optimizer cadence --lr 0.05 --dense-lr 0.001 --init-std 0.001 --seed 0 --threads 2
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """DeepCTR-Torch 0.3.0 DeepFM on cadence's MovieLens-100k CTR split (the peer of configs/ml100k-deepfm.yaml).
 
-Runs in its own environment (benchmarks/requirements-deepctr.txt, ``.venv-bench-deepctr``) and never
+Runs in its own environment (benchmarks/peers/requirements-deepctr.txt, ``.venv-bench-deepctr``) and never
 imports cadence; the split comes from ``benchmarks/ctr_split_export.py``::
 
     .venv/bin/python benchmarks/ctr_split_export.py --out DIR --seed 0
-    .venv-bench-deepctr/bin/python benchmarks/deepctr_contender.py --data DIR \
+    .venv-bench-deepctr/bin/python benchmarks/peers/deepctr_contender.py --data DIR \
         --dim 16 --hidden 64,32 --dropout 0.2 --epochs 8 --batch-size 1024 \
         --optimizer cadence --lr 0.05 --dense-lr 0.001 --init-std 0.001 --seed 0 --threads 2
 

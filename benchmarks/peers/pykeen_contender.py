@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """PyKEEN 1.11.1 contender for the cadence throughput benchmark.
 
-Run with the dedicated bench venv (see benchmarks/requirements-pykeen.txt), e.g.::
+Run with the dedicated bench venv (see benchmarks/peers/requirements-pykeen.txt), e.g.::
 
-    .venv-bench/bin/python benchmarks/pykeen_contender.py --data-dir DIR \
+    .venv-bench/bin/python benchmarks/peers/pykeen_contender.py --data-dir DIR \
         --model distmult --dim 128 --negatives 16 --batch-size 1024 --epochs 5 \
         --lr 0.1 --seed 0 --target-mrr 0.0 --json OUT.json
 

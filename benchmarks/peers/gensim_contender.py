@@ -3,9 +3,9 @@
 Runs inside its own virtualenv and never imports cadence or torch:
 
     python3.11 -m venv .venv-bench-gensim
-    .venv-bench-gensim/bin/pip install -r benchmarks/requirements-gensim.txt
+    .venv-bench-gensim/bin/pip install -r benchmarks/peers/requirements-gensim.txt
     .venv/bin/cadence data fetch gcide        # writes ~/.cache/cadence/datasets/gcide/corpus.txt
-    .venv-bench-gensim/bin/python benchmarks/gensim_contender.py --corpus ~/.cache/cadence/datasets/gcide/corpus.txt
+    .venv-bench-gensim/bin/python benchmarks/peers/gensim_contender.py --corpus ~/.cache/cadence/datasets/gcide/corpus.txt
 
 The corpus is one sentence per line, tokens separated by spaces, already tokenised and lowercased
 (cadence's ``corpus.txt``); gensim's ``LineSentence`` reads it. Training is

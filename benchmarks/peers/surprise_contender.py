@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """scikit-surprise 1.1.5 contender for the matrix-factorization benchmark.
 
-Run with its own venv (see benchmarks/requirements-surprise.txt); it imports neither cadence nor torch::
+Run with its own venv (see benchmarks/peers/requirements-surprise.txt); it imports neither cadence nor torch::
 
-    .venv-bench-surprise/bin/python benchmarks/surprise_contender.py --train TRAIN.tsv --test TEST.tsv \
+    .venv-bench-surprise/bin/python benchmarks/peers/surprise_contender.py --train TRAIN.tsv --test TEST.tsv \
         --factors 100 --epochs 20 --lr 0.005 --reg 0.02 --init-std 0.1 --seed 0
 
 TRAIN and TEST hold ``user<TAB>item<TAB>rating[<TAB>timestamp]`` lines (a timestamp is ignored).
