@@ -62,10 +62,14 @@ PEERS := surprise gensim deepctr torchrec pbg torchkge
 
 bench-peers: install $(PEERS:%=.venv-bench-%/bin/python)
 	$(PY) benchmarks/mf_vs_surprise.py
+	$(PY) benchmarks/mf_vs_surprise.py --synthetic 500000,50000,10000000 --seeds 2 --contenders cadence_rating,surprise_default
 	$(PY) benchmarks/w2v_vs_gensim.py
 	$(PY) benchmarks/ctr_vs_deepctr.py
 	$(PY) benchmarks/ctr_vs_deepctr.py --peer torchrec
 	$(PY) benchmarks/kge_vs_pbg.py
+	$(PY) benchmarks/kge_vs_pbg.py --model complex
+	$(PY) benchmarks/kge_vs_pbg.py --epochs 3
+	$(PY) benchmarks/kge_vs_pbg.py --epochs 3 --communities 4096
 	$(PY) benchmarks/kge_vs_pbg.py --contenders cadence,torchkge --conditions quiet --reps 2 --torchkge-batches 20 \
 		--out benchmarks/results/kge_vs_torchkge.json
 

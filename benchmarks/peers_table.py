@@ -159,6 +159,20 @@ def mf(report: dict[str, Any], name: str) -> list[str]:
     return rows
 
 
+def mf_synthetic(report: dict[str, Any], name: str) -> list[str]:
+    """The rating loop on the synthetic Zipf matrix (``--synthetic``) against Surprise's defaults."""
+    s, size = report["summary"], report["synthetic"]
+    if "cadence_rating" not in s:  # (the first synthetic files ran ML-100k's configs only)
+        return []
+    mine, peer = s["cadence_rating"], s["surprise_default"]
+    config = report["settings"]["cadence_rating"]["config"]
+    quality = f"RMSE {mine['rmse']['mean']:.4f} vs {peer['rmse']['mean']:.4f}"
+    return [f"| mf | synthetic Zipf, {size['ratings'] / 1e6:g}M ratings, Surprise's loop (`{config}`) ratings/s vs "
+            f"Surprise 1.1.5 SVD defaults | {_k(mine['ratings_per_second']['mean'])} | "
+            f"{_k(peer['ratings_per_second']['mean'])} | "
+            f"{_ratio(s['speed_ratio_cadence_rating_over_surprise_default'])} | {quality} | {_where(report, name)} |"]
+
+
 CTR_PEERS = {"deepctr": "DeepCTR-Torch 0.3.0", "torchrec": "TorchRec 1.9.2 (fused fbgemm tables)"}
 
 
@@ -176,7 +190,8 @@ SOURCES: tuple[tuple[str, Callable[[dict[str, Any], str], list[str]]], ...] = (
     ("kge_vs_pbg.json", kge), ("kge_vs_pbg_epochs3.json", kge_epochs),
     ("kge_vs_pbg_epochs3_communities4096.json", kge_epochs), ("kge_vs_pbg_complex.json", kge),
     ("kge_vs_torchkge.json", kge),
-    ("w2v_vs_gensim.json", w2v), ("mf_vs_surprise.json", mf), ("ctr_vs_deepctr.json", ctr),
+    ("w2v_vs_gensim.json", w2v), ("mf_vs_surprise.json", mf), ("mf_vs_surprise_synthetic.json", mf_synthetic),
+    ("ctr_vs_deepctr.json", ctr),
     ("ctr_vs_torchrec.json", ctr))
 
 
