@@ -12,12 +12,16 @@ Parts, each in one invocation:
    (``train_seconds``: on Ray the actors are built before the clock starts, as the thread engine's
    task is; that start is recorded apart as ``engine_start_seconds``) and their ratio, as the ratio
    of the medians and per repeat (the issue's bar: ray >= 0.7x threads on one machine).
+   ``--strategies a,b,...``: the same for each of those strategies (``all``: every strategy that runs
+   on both engines), each with 2 workers, interleaved strategy by strategy within each repeat; written
+   as ``throughput_by_strategy`` (``--epochs`` sets the epochs, default 6).
 3. ``dense``: where the dense parameters live, on shard 0 (``ps.dense: server``) or on every worker,
    all-reduced each round (``ps.dense: workers``, PERSIA's split), same data and hyperparameters:
    MovieLens-100k DeepFM, gba, 6 epochs; threads (4 workers, 0.02 s emulated latency per batch) and
    ray (2 workers); examples/s, bytes moved per example, test AUC.
 
     .venv/bin/python benchmarks/ps_cluster.py [--only memory|throughput|dense] [--repeats 3]
+        [--strategies gba,hogwild,...|all] [--epochs 6]
 
 Writes benchmarks/results/ps_cluster.json. The memory part needs about 2 x 8.5 GiB free (the two
 engines run one after the other) and skips itself with a message when there is less.
@@ -39,6 +43,8 @@ from provenance import add_flag, check, stamp  # same folder: every result trace
 
 from cadence import api
 from cadence.config import load_config
+from cadence.errors import ConfigError
+from cadence.strategies import STRATEGIES
 from cadence.training.trainer import TrainerHook
 
 RESULTS = Path(__file__).parent / "results"
@@ -106,25 +112,38 @@ def memory(work: Path) -> dict:
     return results
 
 
-def throughput(work: Path, repeats: int) -> dict:
+def throughput(work: Path, repeats: int, strategy: str = "gba", epochs: int = 6) -> dict:
     speeds: dict[str, list[float]] = {"threads": [], "ray": []}
     starts: list[float] = []
     for repeat in range(repeats):
         for engine in speeds:  # interleaved: machine noise hits both alike
-            config = load_config(DEEPFM, [f"ps.engine={engine}", "ps.workers=2", "strategy=gba", "train.epochs=6",
+            config = load_config(DEEPFM, [f"ps.engine={engine}", "ps.workers=2", f"strategy={strategy}", f"train.epochs={epochs}",
                                           "eval.every=0", "checkpoint.every=0", "progress=false", "threads=1",
                                           f"out={work / f'throughput-{engine}-{repeat}'}"])
             summary = api.train(config, overwrite=True).summary
             speeds[engine].append(summary["examples_per_second"])
             if engine == "ray":
                 starts.append(summary["engine_start_seconds"])
-            say(f"throughput {engine} repeat {repeat}: {summary['examples_per_second']:,.0f} examples/s "
+            say(f"throughput {strategy} {engine} repeat {repeat}: {summary['examples_per_second']:,.0f} examples/s "
                 f"(engine start {summary['engine_start_seconds']:.2f} s)")
     median = {engine: statistics.median(values) for engine, values in speeds.items()}
-    return {"config": "configs/ml100k-deepfm.yaml, gba, 2 workers, 1 shard, 6 epochs, threads=1",
+    return {"config": f"configs/ml100k-deepfm.yaml, {strategy}, 2 workers, 1 shard, {epochs} epochs, threads=1",
             "examples_per_second": speeds, "median": median, "ray_over_threads": median["ray"] / median["threads"],
             "ray_over_threads_per_repeat": [r / t for r, t in zip(speeds["ray"], speeds["threads"])],
             "ray_engine_start_seconds": starts, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def both_engines() -> list[str]:
+    """Every strategy that runs on the thread engine and on Ray (the one-process pipeline's do not)."""
+    found = []
+    for name in sorted(STRATEGIES.names()):
+        try:
+            config = load_config(DEEPFM, [f"strategy={name}", "ps.engine=ray", "ps.workers=2"])
+            if STRATEGIES.get(name).runtime(config).engine:
+                found.append(name)
+        except ConfigError:
+            continue
+    return found
 
 
 def dense(work: Path) -> dict:
@@ -146,14 +165,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=["memory", "throughput", "dense"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--strategies", default=None,
+                        help="throughput: these strategies (comma-separated, or all) instead of gba alone")
+    parser.add_argument("--epochs", type=int, default=6, help="throughput: epochs per run (default 6)")
     add_flag(parser)
     args = parser.parse_args()
     check(args)
+    strategies = both_engines() if args.strategies == "all" else (
+        [name.strip() for name in args.strategies.split(",") if name.strip()] if args.strategies else None)
     out = RESULTS / "ps_cluster.json"
     results = json.loads(out.read_text()) if out.exists() else {}
     with tempfile.TemporaryDirectory(prefix="cadence-ps-cluster-") as tmp:
         work = Path(tmp)
-        if args.only in (None, "throughput"):
+        if args.only in (None, "throughput") and strategies:
+            by_strategy = {name: {"threads": [], "ray": []} for name in strategies}
+            for repeat in range(args.repeats):  # strategy by strategy within a repeat: noise spreads over all
+                for name in strategies:
+                    one = throughput(work / f"{name}-{repeat}", 1, name, args.epochs)
+                    for engine in ("threads", "ray"):
+                        by_strategy[name][engine] += one["examples_per_second"][engine]
+            results["throughput_by_strategy"] = {
+                "config": f"configs/ml100k-deepfm.yaml, 2 workers, 1 shard, {args.epochs} epochs, threads=1",
+                "command": " ".join([".venv/bin/python benchmarks/ps_cluster.py", *sys.argv[1:]]),
+                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "strategies": {name: {"examples_per_second": speeds,
+                                      "ray_over_threads": statistics.median(speeds["ray"]) / statistics.median(speeds["threads"]),
+                                      "ray_over_threads_per_repeat": [r / t for r, t in zip(speeds["ray"], speeds["threads"])]}
+                               for name, speeds in by_strategy.items()}}
+            for name, row in results["throughput_by_strategy"]["strategies"].items():
+                say(f"{name}: ray / threads {row['ray_over_threads']:.2f}  per repeat "
+                    f"{[round(r, 2) for r in row['ray_over_threads_per_repeat']]}")
+        elif args.only in (None, "throughput"):
             results["throughput"] = throughput(work, args.repeats)
             results["throughput"]["command"] = " ".join([".venv/bin/python benchmarks/ps_cluster.py", *sys.argv[1:]])
         if args.only in (None, "memory"):
