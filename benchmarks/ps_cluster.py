@@ -14,7 +14,8 @@ Parts, each in one invocation:
    of the medians and per repeat (the issue's bar: ray >= 0.7x threads on one machine).
    ``--strategies a,b,...``: the same for each of those strategies (``all``: every strategy that runs
    on both engines), each with 2 workers, interleaved strategy by strategy within each repeat; written
-   as ``throughput_by_strategy`` (``--epochs`` sets the epochs, default 6).
+   as ``throughput_by_strategy`` in ``results/ps_cluster_strategies.json``, a file of its own, so its
+   provenance is its own commit (``--epochs`` sets the epochs, default 6).
 3. ``dense``: where the dense parameters live, on shard 0 (``ps.dense: server``) or on every worker,
    all-reduced each round (``ps.dense: workers``, PERSIA's split), same data and hyperparameters:
    MovieLens-100k DeepFM, gba, 6 epochs; threads (4 workers, 0.02 s emulated latency per batch) and
@@ -173,8 +174,8 @@ def main() -> None:
     check(args)
     strategies = both_engines() if args.strategies == "all" else (
         [name.strip() for name in args.strategies.split(",") if name.strip()] if args.strategies else None)
-    out = RESULTS / "ps_cluster.json"
-    results = json.loads(out.read_text()) if out.exists() else {}
+    out = RESULTS / ("ps_cluster_strategies.json" if strategies else "ps_cluster.json")
+    results = json.loads(out.read_text()) if out.exists() and not strategies else {}
     with tempfile.TemporaryDirectory(prefix="cadence-ps-cluster-") as tmp:
         work = Path(tmp)
         if args.only in (None, "throughput") and strategies:
