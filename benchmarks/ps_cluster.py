@@ -124,9 +124,9 @@ def throughput(work: Path, repeats: int, strategy: str = "gba", epochs: int = 6)
             summary = api.train(config, overwrite=True).summary
             speeds[engine].append(summary["examples_per_second"])
             if engine == "ray":
-                starts.append(summary["engine_start_seconds"])
+                starts.append(summary.get("engine_start_seconds"))
             say(f"throughput {strategy} {engine} repeat {repeat}: {summary['examples_per_second']:,.0f} examples/s "
-                f"(engine start {summary['engine_start_seconds']:.2f} s)")
+                f"(engine start {summary.get('engine_start_seconds', 0.0):.2f} s)")
     median = {engine: statistics.median(values) for engine, values in speeds.items()}
     return {"config": f"configs/ml100k-deepfm.yaml, {strategy}, 2 workers, 1 shard, {epochs} epochs, threads=1",
             "examples_per_second": speeds, "median": median, "ray_over_threads": median["ray"] / median["threads"],
