@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow gpu-check bench bench-peers bench-profiles clean
+.PHONY: install demo test test-slow gpu-data gpu-check bench bench-peers bench-profiles clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ test-slow: install
 # src/ on the path: no install, no network. GPU_JOBS: pytest-xdist workers (empty: none).
 GPU_PY ?= python3
 GPU_JOBS ?= 8
+# The data sets the CUDA tests and the GPU benchmark read, fetched on a machine with network into
+# $CADENCE_HOME (the GPU machine may have none): carry that folder there (docs/benchmarks.md).
+GPU_DATA := umls fashion-mnist ml-100k enwiki-excerpt
+gpu-data: install
+	$(VENV)/bin/cadence data fetch $(GPU_DATA)
+
 gpu-check:
 	PYTHONPATH=src $(GPU_PY) -c "import sys, torch; torch.cuda.is_available() or sys.exit('gpu-check: no CUDA device here')"
 	PYTHONPATH=src $(GPU_PY) -m pytest -q -m cuda -p no:cacheprovider $(if $(GPU_JOBS),-n $(GPU_JOBS)) tests

@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Any, Sequence
 
-from cadence.errors import CadenceError, SystemResourceError, describe_os_error
+from cadence.errors import CadenceError, ConfigError, SystemResourceError, describe_os_error
 
 # flags for the common keys: flag -> (dotted config key, type)
 TRAIN_FLAGS: dict[str, tuple[str, type]] = {
@@ -163,9 +163,14 @@ def _data(args: argparse.Namespace) -> int:
                 rows.append((name, task, status, dataset.description))
         _print_table(["dataset", "task", "fetched", "description"], rows)
         return 0
+    known = sorted({name for registry in registries.values() for name in registry})
+    unknown = [name for name in args.names if name not in known]
+    if unknown:
+        raise ConfigError(f"data fetch: unknown dataset {', '.join(map(repr, unknown))}; "
+                          f"choose from: {', '.join(known)}")
     for name in args.names:
-        owners = [registry for registry in registries.values() if name in registry]
-        directory = (owners[0] if owners else registries["kge"]).get(name).fetch()
+        owner = next(registry for registry in registries.values() if name in registry)
+        directory = owner.get(name).fetch()
         print(f"{name}: {directory}" if directory else f"{name}: generated on demand, nothing to fetch")
     return 0
 
