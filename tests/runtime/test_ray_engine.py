@@ -129,6 +129,18 @@ def test_nondeterministic_modes_count_steps_and_examples_exactly(tmp_path: Path,
     assert 0.0 <= summary["auc"] <= 1.0
 
 
+def test_hop_bs_on_ray_keeps_every_worker_within_the_staleness_bound(tmp_path: Path, local_cluster) -> None:
+    """The bounded-staleness gate lives in the coordinator actor and the workers reach it over their
+    channels (wait, and done sent one-way): a fast worker still waits for a slow one, as on threads
+    (tests/runtime/test_ctr_training.py)."""
+    trainer = trainer_for(tmp_path, "strategy=hop_bs", "ps.workers=2", "ps.staleness=1", 'ps.stragglers=["0:8"]',
+                          "train.epochs=1", "ps.engine=ray")
+    fit(trainer)
+    slow, fast = trainer.runtime.worker_examples
+    # without the bound the fast worker would take ~11 of 12 batches; with it, at most bound + 1 more
+    assert fast - slow <= 2 * BATCH, (slow, fast)
+
+
 def test_a_killed_worker_drops_its_batch_and_the_run_finishes(tmp_path: Path, local_cluster) -> None:
     trainer = trainer_for(tmp_path, "strategy=gba", "ps.workers=3", 'ps.kill_workers=["1:1"]', "ps.engine=ray")
     try:

@@ -57,7 +57,7 @@ from cadence.optim import module_optimizer
 from cadence.strategies.parameter_server.epoch import Engine, EpochPlan, ServerSettings, WorkerReport
 from cadence.strategies.parameter_server.dense_sync import CentralSlices, GlooAverager
 from cadence.strategies.parameter_server.gates import NoGate
-from cadence.strategies.parameter_server.coordinator import Coordinator
+from cadence.strategies.parameter_server.coordinator import GATE_VERBS, Coordinator
 from cadence.strategies.parameter_server.modes import PS_MODES
 from cadence.strategies.parameter_server.server import ServerShard, build_shard
 from cadence.strategies.parameter_server.shadow import ShadowTrainer, reset_central
@@ -169,6 +169,7 @@ class RemoteShard:
 
 
 TAKE = (Coordinator.take.__name__,)  # a worker's request on its channel to the coordinator
+DIRECT_VERBS = (Coordinator.take.__name__, *(verb.__name__ for verb in GATE_VERBS))  # what that channel serves
 
 
 # ---- the actors -------------------------------------------------------------------------------------------
@@ -221,12 +222,54 @@ class ShardServer(Actor):
             lock.release()
 
 
+class _PerThreadShard:
+    """A shard as the coordinator's threads see it: each thread calls through a handle of its own
+    (``_own_copy``) over a channel of its own. A channel serves one request at a time, so a take that
+    waits on a shard for its step (backup workers' fresh tokens) holds up only its own worker's
+    channel; and a take's shard calls cost a channel's round trip, not a Ray call's (0.5-1 ms of CPU
+    on each side). Each thread's calls reach the shard in its program order; calls of different
+    threads are ordered by the shard's lock alone, as the thread engine's are by the data list's.
+    ``settle`` waits for every thread's one-way calls."""
+
+    def __init__(self, shard: RemoteShard):
+        self.shard = shard
+        self.local = threading.local()
+        self.copies: list[RemoteShard] = []
+        self.lock = threading.Lock()
+
+    def _mine(self) -> RemoteShard:
+        copy = getattr(self.local, "copy", None)
+        if copy is None:
+            copy = self.local.copy = _own_copy(self.shard)
+            copy.direct()
+            with self.lock:
+                self.copies.append(copy)
+        return copy
+
+    def settle(self) -> None:
+        with self.lock:
+            copies = list(self.copies)
+        for copy in copies:
+            copy.settle()
+
+    def close_channels(self) -> None:
+        with self.lock:
+            copies, self.copies = self.copies, []
+        for copy in copies:  # (the run is over: replies still owed are not read)
+            copy.close_channel()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._mine(), name)
+
+
 class CoordinatorActor(Coordinator, Actor):
     """The coordinator role in an actor: ``begin`` over batch positions, ``take`` served on the
     workers' channels as well (the rest are Ray calls)."""
 
     def __init__(self, settings: ServerSettings, mode_name: str, shards: list[RemoteShard], secret: bytes):
-        super().__init__(settings, PS_MODES.get(mode_name), shards)
+        super().__init__(settings, PS_MODES.get(mode_name), [_PerThreadShard(shard) for shard in shards])
         self.channel = ChannelServer(self._direct, node_host(), secret)
 
     def endpoint(self) -> tuple:
@@ -234,13 +277,15 @@ class CoordinatorActor(Coordinator, Actor):
 
     def close(self) -> None:
         self.channel.close()
+        for shard in self.shards:
+            shard.close_channels()
 
     def _direct(self, request: tuple) -> Any:
-        """A worker's request on its channel: only ``take``."""
-        verb, worker = request
-        if verb != Coordinator.take.__name__:
-            raise ValueError(f"the coordinator's channel serves take, not {verb!r}")
-        return self.take(worker)
+        """A worker's request on its channel: ``take`` or a verb of the gate (``GATE_VERBS``)."""
+        verb, *args = request
+        if verb not in DIRECT_VERBS:
+            raise ValueError(f"the coordinator's channel serves {', '.join(DIRECT_VERBS)}, not {verb!r}")
+        return getattr(self, verb)(*args)
 
     def open(self, batches: int, first_token: int, dead: list[int], live: list[int]) -> tuple[str, ...] | None:
         """``begin`` over positions 0 .. batches - 1; the gate verbs the workers call here."""
@@ -288,22 +333,31 @@ class _RemoteReducer:
 
 
 class _RemoteGate(NoGate):
-    """The coordinator's gate; only the methods its class overrides are called remotely."""
+    """The coordinator's gate, over the worker's channel to it (the takes' channel: one connection
+    keeps the worker's verbs in program order); only the methods the gate's class overrides are
+    called remotely. ``done`` is sent without waiting: the next verb on the channel is served after
+    it, and its reply (an error too) is read before the next ``wait`` or ``leave``."""
 
-    def __init__(self, coordinator: Any, active: tuple[str, ...]):
-        self.coordinator, self.active = coordinator, active
+    def __init__(self, channel: Channel, active: tuple[str, ...]):
+        self.channel, self.active = channel, active
+        self.sent: Reply | None = None  # the last one-way ``done``
+
+    def _call(self, verb: str, *args: Any) -> None:
+        if self.sent is not None:
+            sent, self.sent = self.sent, None
+            sent.result()
+        if verb in self.active:
+            self.channel.submit((verb, *args)).result()
 
     def wait(self, worker, token):
-        if Coordinator.wait.__name__ in self.active:
-            ray_get(self.coordinator.wait.remote(worker, token))
+        self._call(Coordinator.wait.__name__, worker, token)
 
     def done(self, worker):
         if Coordinator.done.__name__ in self.active:
-            ray_get(self.coordinator.done.remote(worker))
+            self.sent = self.channel.submit((Coordinator.done.__name__, worker))
 
     def leave(self, worker):
-        if Coordinator.leave.__name__ in self.active:
-            ray_get(self.coordinator.leave.remote(worker))
+        self._call(Coordinator.leave.__name__, worker)
 
 
 class TaskWorker(Actor):
@@ -351,7 +405,7 @@ class TaskWorker(Actor):
         try:
             with quota or contextlib.nullcontext():
                 worker.run(_RemoteData(self.coordinator, self.channel, self.plans[1], prefetch),
-                           local_gate or _RemoteGate(self.coordinator, gate))
+                           local_gate or _RemoteGate(self.channel, gate))
         finally:
             for shard in self.router.shards:
                 shard.settle()
