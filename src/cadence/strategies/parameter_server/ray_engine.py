@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import functools
 import os
 import pickle
 import secrets
-import socket
 import threading
 import time
 import uuid
@@ -379,6 +379,7 @@ class TaskWorker(Actor):
         self.device = resolve_device(settings.device)  # the GPU Ray gave this actor, when it asked for one
         self.model = self.task.dense_module().to(self.device)
         self.plans: tuple[int, list] | None = None
+        self.store: Any = None  # rank 0 of a ShadowSync epoch: the gloo rendezvous it opened (``rendezvous``)
 
     def run_worker(self, epoch: int, slowdown: float, kill_after: int | None, gate: tuple[str, ...] | None,
                   rng_state: Tensor, dense: Any = None) -> Any:
@@ -431,16 +432,18 @@ class TaskWorker(Actor):
     def close(self) -> None:
         """The run is over: this worker's channels closed, and its gloo group left."""
         self.channel.close()
+        self.store = None
         for shard in self.router.shards:
             shard.close_channel()
         _leave_gloo()
 
     # ---- ShadowSync: this actor is a trainer ---------------------------------------------------
-    def free_port(self) -> tuple[str, int]:
-        """An address for the trainers' gloo rendezvous, on this actor's node."""
-        with socket.socket() as probe:
-            probe.bind((node_host(), 0))
-            return node_host(), probe.getsockname()[1]
+    def rendezvous(self) -> tuple[str, int]:
+        """Open the trainers' gloo rendezvous on this actor's node (this trainer is rank 0 and holds its
+        store): the store listens on a port the OS picks as it binds. (A port probed free and bound
+        later can be taken meanwhile: EADDRINUSE, seen once under ``benchmarks/ps_cluster.py``.)"""
+        self.store = _open_store(node_host())
+        return node_host(), self.store.port
 
     def run_trainer(self, plan: EpochPlan, rng_state: Tensor, dense: Any, rendezvous: tuple | None,
                     sync_servers: list) -> Any:
@@ -456,7 +459,10 @@ class TaskWorker(Actor):
         model_state, optimizer_state = unpack(dense)
         self.model.load_state_dict(model_state)
         central = CentralSlices(sync_servers) if self.mode.central else None
-        averager = _join_gloo(*rendezvous) if rendezvous is not None else None
+        averager = None
+        if rendezvous is not None:
+            host, port, rank, size = rendezvous
+            averager = _join_gloo(self.store if rank == 0 else _open_store(host, port, size), rank, size)
         def abandon_epoch(reason: str) -> None:
             ray_get(self.coordinator.stop.remote(reason))
 
@@ -502,17 +508,27 @@ def _own_copy(shard: RemoteShard) -> RemoteShard:
     return RemoteShard(shard.handle, shard.index, shard.width, shard.address, shard.secret)
 
 
-def _join_gloo(host: str, port: int, rank: int, size: int):
-    """This trainer's place in the epoch's gloo group, and the shadow thread's group within it."""
-    import datetime
+GLOO_TIMEOUT = datetime.timedelta(seconds=60)
 
+
+def _open_store(host: str, port: int = 0, size: int | None = None) -> Any:
+    """The gloo rendezvous's store: with ``port`` 0 the master's, listening on a port the OS picks;
+    else a client of the master at ``host:port``."""
     import torch.distributed as dist
 
+    if port == 0:
+        return dist.TCPStore(host, 0, size, True, GLOO_TIMEOUT, wait_for_workers=False)
+    return dist.TCPStore(host, port, size, False, GLOO_TIMEOUT)
+
+
+def _join_gloo(store: Any, rank: int, size: int):
+    """This trainer's place in the epoch's gloo group (met at ``store``), and the shadow thread's
+    group within it."""
+    import torch.distributed as dist
 
     _leave_gloo()
-    timeout = datetime.timedelta(seconds=60)
-    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=size, timeout=timeout)
-    return GlooAverager(dist.new_group(backend="gloo", timeout=timeout))  # (the shadow thread's own group)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=GLOO_TIMEOUT)
+    return GlooAverager(dist.new_group(backend="gloo", timeout=GLOO_TIMEOUT))  # (the shadow thread's own group)
 
 
 def _leave_gloo() -> None:
@@ -621,7 +637,7 @@ class RayEngine(Engine):
         _, dense, states = self._begin(plan)
         reset_central(self.sync_servers, self.dense)
         collective = self.mode.collective and any(True for _ in self.dense.parameters())
-        host, port = ray_get(self.workers[plan.workers[0]].free_port.remote()) if collective else (None, None)
+        host, port = ray_get(self.workers[plan.workers[0]].rendezvous.remote()) if collective else (None, None)
         return {RayPending(self.workers[index].run_trainer.remote(
                     plan, state, dense, (host, port, rank, len(plan.workers)) if collective else None,
                     self.sync_servers)): index
