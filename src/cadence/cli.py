@@ -4,7 +4,7 @@
     cadence train [--config FILE] [--set key=value]... [--dataset ...] [--resume RUN_DIR]
     cadence compare --strategies sync,async,oac [train options] --out DIR
     cadence eval RUN_DIR [--split test]
-    cadence export RUN_DIR --format npy|word2vec --out DIR
+    cadence export RUN_DIR --format npy|tsv|word2vec --out DIR
 
 A user's mistake (``CadenceError``) prints one line, ``cadence: error: ...``, and exits with 2.
 """
@@ -76,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser("export", help="export embeddings and id maps")
     export.add_argument("run_dir", metavar="RUN_DIR")
-    export.add_argument("--format", default="npy", choices=["npy", "word2vec"],
-                        help="npy (every task); word2vec: the text format gensim's KeyedVectors reads (task w2v)")
+    export.add_argument("--format", default="npy", choices=["npy", "tsv", "word2vec"],
+                        help="npy (every task); tsv: a name, then its vector, per line (every task); word2vec: the "
+                             "text format gensim's KeyedVectors reads (task w2v)")
     export.add_argument("--out", required=True, metavar="DIR")
     return parser
 

@@ -28,12 +28,14 @@ single index of rows.
 from __future__ import annotations
 
 import functools
+import io
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -192,7 +194,7 @@ class Task(ABC):
     def write_metadata(self, run_dir: Path) -> None:
         """Id maps and other files a run directory keeps beside its checkpoints."""
 
-    export_formats: ClassVar[tuple[str, ...]] = ("npy",)
+    export_formats: ClassVar[tuple[str, ...]] = ("npy", "tsv")
 
     @abstractmethod
     def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
@@ -235,3 +237,30 @@ def in_place_key(config: Config, key: str, loop: str, default_optimizer: str) ->
         raise ConfigError(f"{key}: {loop} run on the CPU, where the rows are (device: {config.device}); use device: "
                           f"cpu or {key}: batch")
     return key
+
+
+# ---- export -----------------------------------------------------------------------------------------------
+TSV_DIGITS = "%.9g"  # 9 significant digits: every float32 reads back to itself
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_TSV_BLOCK = 65536  # rows formatted at a time
+
+
+def tsv_name(name: Any) -> str:
+    """A name as one TSV field: a backslash, tab, newline or carriage return in it written as ``\\\\``,
+    ``\\t``, ``\\n``, ``\\r`` (the escapes of PostgreSQL's text format)."""
+    return str(name).translate(_TSV_ESCAPES)
+
+
+def write_vectors_tsv(path: Path, names: Sequence[Any], vectors: Tensor) -> Path:
+    """``--format tsv``: one line per row, ``name<TAB>v1<TAB>...<TAB>vd`` (``tsv_name``; each value with
+    9 significant digits, which reads back to the same float32). ``vectors``: [len(names), ...], each
+    row flattened."""
+    values = vectors.detach().cpu().float().reshape(len(names), -1).numpy()
+    with open(path, "w", encoding="utf-8", newline="\n") as handle:
+        for start in range(0, len(names), _TSV_BLOCK):
+            text = io.StringIO()
+            np.savetxt(text, values[start:start + _TSV_BLOCK], fmt=TSV_DIGITS, delimiter="\t")
+            lines = text.getvalue().splitlines()
+            handle.writelines(f"{tsv_name(name)}\t{line}\n"
+                              for name, line in zip(names[start:start + _TSV_BLOCK], lines, strict=True))
+    return path

@@ -30,14 +30,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cadence.config import Config
-from cadence.data.ctr import CtrDataset, CtrExamples, load_ctr_dataset
+from cadence.data.ctr import MAX_VALUE_INDEX, CtrDataset, CtrExamples, field_of, load_ctr_dataset
 from cadence.errors import ConfigError
 from cadence.evaluation.classification import auc, logloss, normalized_entropy
 from cadence.models.ctr import CTR_MODELS, pool_bags
 from cadence import compiled
 from cadence.core.batch import Batch, BatchPlan, distinct_keys, plan_epoch
 from cadence.seeding import derive_seed
-from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, Validation
+from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, Validation, write_vectors_tsv
 
 log = logging.getLogger("cadence")
 
@@ -181,13 +181,21 @@ class CtrTask(Task):
 
     # ---- outputs --------------------------------------------------------------------------------
     def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
-        """``feature_keys.npy`` [K] int64 (``(field << 40) | value``), ``embeddings.npy`` [K, dim] (not for LR) and
-        ``linear_weights.npy`` [K] of every key in the data, ``fields.tsv`` (field index and name),
-        and ``dense.safetensors`` (the model's dense parameters)."""
+        """``npy``: ``feature_keys.npy`` [K] int64 (``(field << 40) | value``), ``embeddings.npy`` [K, dim] (not
+        for LR) and ``linear_weights.npy`` [K] of every key in the data, ``fields.tsv`` (field index and
+        name), and ``dense.safetensors`` (the model's dense parameters). ``tsv``: ``features.tsv`` (not
+        for LR) and ``linear_weights.tsv``, each feature named ``FIELD=VALUE`` (its field's name and its
+        value's index within the field), then its embedding or its weight."""
         from safetensors.torch import save_file
 
         keys = self.known_keys()
         rows = params.values(keys)
+        if format == "tsv":
+            fields = self.dataset.field_names + self.dataset.bag_names
+            names = [f"{fields[field]}={value}" for field, value in
+                     zip(field_of(keys).tolist(), (keys & MAX_VALUE_INDEX).tolist())]
+            written = [write_vectors_tsv(out / "features.tsv", names, rows[:, :-1])] if rows.shape[1] > 1 else []
+            return [*written, write_vectors_tsv(out / "linear_weights.tsv", names, rows[:, -1:])]
         files = {"feature_keys.npy": keys, "linear_weights.npy": rows[:, -1]}
         if rows.shape[1] > 1:
             files["embeddings.npy"] = rows[:, :-1]

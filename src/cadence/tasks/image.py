@@ -27,7 +27,7 @@ from cadence.errors import ConfigError
 from cadence.models.image import IMAGE_MODELS
 from cadence.core.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
-from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task
+from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, write_vectors_tsv
 
 NO_ROWS = torch.empty(0, dtype=torch.int64)
 
@@ -37,7 +37,7 @@ class ImageTask(Task):
     name = "image"
     primary_metric = "accuracy"
     own_keys = ("image",)
-    export_formats = ("npy",)
+    export_formats = ("npy", "tsv")
 
     def __init__(self, config: Config, dataset: ImageDataset | None = None):
         super().__init__(config)
@@ -110,7 +110,12 @@ class ImageTask(Task):
 
     def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
         """One ``<parameter>.npy`` per entry of the model's state dict (``layers.1.weight.npy``, ...,
-        the standardisation's ``standardise.mean.npy`` and ``.std``) and ``classes.txt``."""
+        the standardisation's ``standardise.mean.npy`` and ``.std``) and ``classes.txt``; ``tsv``:
+        ``classes.tsv``, each class's name, then its row of the output layer's weights and its bias."""
+        if format == "tsv":
+            output = [module for module in dense.modules() if isinstance(module, nn.Linear)][-1]
+            rows = torch.cat([output.weight, output.bias.unsqueeze(1)], dim=1)
+            return [write_vectors_tsv(out / "classes.tsv", self.dataset.classes, rows)]
         files = []
         for name, value in dense.state_dict().items():
             np.save(out / f"{name}.npy", value.detach().cpu().numpy())

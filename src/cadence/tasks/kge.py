@@ -24,7 +24,7 @@ from cadence.models.kge import KgeModel
 from cadence.models.scorers import SCORERS
 from cadence.core.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
-from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task
+from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, write_vectors_tsv
 
 WHOLE_TABLE_FLOATS = 1 << 26  # evaluation reads an entity table of up to 256 MiB whole ...
 ENTITY_BLOCK_FLOATS = 1 << 22  # ... a larger one 16 MiB of rows at a time (where the rows live, a
@@ -124,7 +124,18 @@ class KgeTask(Task):
         write_id_maps(self.graph, run_dir)
 
     def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
+        """``npy``: ``entity_embeddings.npy`` [entities, dim], ``relation_embeddings.npy`` and the id maps;
+        ``tsv``: ``entities.tsv`` and ``relations.tsv`` (name, then the row; a reciprocal run's inverse
+        relation *r* is ``r^-1``; a graph without names is named by id)."""
         entities = params.values(torch.arange(self.graph.num_entities))
+        if format == "tsv":
+            graph = self.graph
+            entity_names = graph.entity_names or range(graph.num_entities)
+            relation_names = list(graph.relation_names or range(graph.num_relations))
+            if self.config.train.reciprocal:
+                relation_names += [f"{name}^-1" for name in relation_names]
+            return [write_vectors_tsv(out / "entities.tsv", entity_names, entities),
+                    write_vectors_tsv(out / "relations.tsv", relation_names, dense.relations)]
         written = []
         for name, value in (("entity_embeddings.npy", entities), ("relation_embeddings.npy", dense.relations)):
             np.save(out / name, value.detach().cpu().numpy())

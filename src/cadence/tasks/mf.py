@@ -36,7 +36,8 @@ from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
 from cadence.errors import ConfigError
 from cadence.core.batch import Batch, BatchPlan, plan_epoch, unique_keys
 from cadence.seeding import derive_seed
-from cadence.tasks.base import TASKS, ParameterView, Progress, TablePart, TableSpec, Task, in_place_key
+from cadence.tasks.base import (TASKS, ParameterView, Progress, TablePart, TableSpec, Task, in_place_key,
+                                write_vectors_tsv)
 
 EVAL_BATCH = 65536
 
@@ -279,11 +280,20 @@ class MfTask(Task):
         self.dataset.write_id_maps(run_dir)
 
     def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
-        """``user_factors.npy`` [U, dim], ``user_biases.npy`` [U], ``item_factors.npy`` [I, dim],
-        ``item_biases.npy`` [I], ``global_mean.npy`` (scalar), and the id maps."""
+        """``npy``: ``user_factors.npy`` [U, dim], ``user_biases.npy`` [U], ``item_factors.npy`` [I, dim],
+        ``item_biases.npy`` [I], ``global_mean.npy`` (scalar), and the id maps. ``tsv``: ``users.tsv`` and
+        ``items.tsv`` (raw id, then the factors), ``user_biases.tsv`` and ``item_biases.tsv`` (raw id,
+        bias), ``global_mean.txt``."""
         users, items = self.dataset.num_users, self.dataset.num_items
         user_rows = params.values(torch.arange(users))
         item_rows = params.values(torch.arange(users, users + items))
+        if format == "tsv":
+            user_ids, item_ids = self.dataset.user_ids, self.dataset.item_ids
+            (out / "global_mean.txt").write_text(f"{float(dense.mean):.9g}\n")
+            return [write_vectors_tsv(out / "users.tsv", user_ids, user_rows[:, :-1]),
+                    write_vectors_tsv(out / "items.tsv", item_ids, item_rows[:, :-1]),
+                    write_vectors_tsv(out / "user_biases.tsv", user_ids, user_rows[:, -1:]),
+                    write_vectors_tsv(out / "item_biases.tsv", item_ids, item_rows[:, -1:]), out / "global_mean.txt"]
         files = {"user_factors.npy": user_rows[:, :-1], "user_biases.npy": user_rows[:, -1],
                  "item_factors.npy": item_rows[:, :-1], "item_biases.npy": item_rows[:, -1],
                  "global_mean.npy": dense.mean}

@@ -51,7 +51,8 @@ from cadence.errors import ConfigError
 from cadence.evaluation.word_vectors import evaluate_word_vectors
 from cadence.core.batch import Batch, BatchPlan, plan_epoch, unique_keys
 from cadence.seeding import derive_seed
-from cadence.tasks.base import TASKS, ParameterView, Progress, TablePart, TableSpec, Task, in_place_key
+from cadence.tasks.base import (TASKS, ParameterView, Progress, TablePart, TableSpec, Task, in_place_key,
+                                write_vectors_tsv)
 
 
 class SkipGramLoss(torch.autograd.Function):
@@ -132,7 +133,7 @@ class Word2VecTask(Task):
     primary_metric = "wordsim353"
     own_keys = ("w2v",)
     loss_reduction = "sum"
-    export_formats = ("npy", "word2vec")
+    export_formats = ("npy", "word2vec", "tsv")
 
     def __init__(self, config: Config, corpus: Corpus | None = None):
         super().__init__(config)
@@ -263,7 +264,10 @@ class Word2VecTask(Task):
     def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
         """``word2vec``: ``vectors.txt`` in word2vec's text format (``V dim``, then ``word v1 .. vdim``
         per line), which ``gensim.models.KeyedVectors.load_word2vec_format`` reads; ``npy``:
-        ``vectors.npy`` [V, dim] and ``vocabulary.tsv`` (word and count, by row)."""
+        ``vectors.npy`` [V, dim] and ``vocabulary.tsv`` (word and count, by row); ``tsv``: ``vectors.tsv``
+        (word, then its vector)."""
+        if format == "tsv":
+            return [write_vectors_tsv(out / "vectors.tsv", self.corpus.words, self.vectors(params))]
         vectors = self.vectors(params).numpy()
         words, counts = self.corpus.words, self.corpus.counts.tolist()
         if format == "word2vec":
