@@ -174,3 +174,16 @@ def test_lines_cut_by_the_block_boundary_are_read_whole(tmp_path: Path, monkeypa
     for size in (1, 5, 7, 64):  # shorter than a line, and a few lines
         monkeypatch.setattr(triples, "BLOCK_BYTES", size)
         assert_same_graph(triples._read_columns(directory, False, None, False), expected)
+
+
+def test_a_large_file_shows_a_progress_bar_of_its_bytes(tmp_path: Path, monkeypatch, capsys) -> None:
+    from cadence.data import triples
+
+    directory = messy_graph(tmp_path / "g", 5, clean=True)
+    size = (directory / "train.txt").stat().st_size
+    monkeypatch.setattr(triples, "PROGRESS_BYTES", size)  # train.txt is large enough, valid and test are not
+    read_graph_directory(directory, progress=True)
+    shown = capsys.readouterr().err
+    assert "reading train.txt" in shown and "reading valid.txt" not in shown and "B/s" in shown
+    read_graph_directory(directory, progress=False)
+    assert "reading" not in capsys.readouterr().err

@@ -133,10 +133,10 @@ def _columns(path: Path, bar) -> Iterator[tuple[list[str], list[str], list[str]]
                     raise _Irregular from None
                 if lines[-1] == "":
                     lines.pop()
-                rows = list(map(str.split, lines, repeat("\t")))
-                if set(map(len, rows)) != {3}:
+                if set(map(str.count, lines, repeat("\t"))) != {2}:  # three fields on every line
                     raise _Irregular
-                heads, relations, tails = (list(map(str.strip, column)) for column in zip(*rows))
+                fields = "\t".join(lines).split("\t")
+                heads, relations, tails = (list(map(str.strip, fields[column::3])) for column in range(3))
                 if "" in heads or "" in relations or "" in tails:
                     raise _Irregular
                 if at_start and {heads[0].lower(), relations[0].lower(), tails[0].lower()} <= HEADER_WORDS:
@@ -184,8 +184,11 @@ def _read_split(path: Path, progress: bool | None, read) -> list[np.ndarray]:
 
 
 def _first_occurrences(keys: np.ndarray, earlier: np.ndarray) -> np.ndarray:
-    """Indices of the keys not in ``earlier`` that come first among equal keys, in order."""
-    fresh = np.flatnonzero(~np.isin(keys, earlier)) if earlier.size else np.arange(keys.size)
+    """Indices of the keys not in ``earlier`` (sorted) that come first among equal keys, in order."""
+    fresh = np.arange(keys.size)
+    if earlier.size:
+        place = np.minimum(np.searchsorted(earlier, keys), earlier.size - 1)
+        fresh = np.flatnonzero(earlier[place] != keys)
     _, first = np.unique(keys[fresh], return_index=True)
     return np.sort(fresh[first])
 
@@ -225,7 +228,7 @@ def _read_columns(directory: Path, strict: bool, name: str | None, progress: boo
                 notes[f"{split}_{label}_dropped"] = count
                 what = "with an entity or relation unseen in train" if label == "unseen" else "duplicates"
                 log.warning("%s: dropped %d triples %s", path, count, what)
-        seen = np.concatenate([seen, keys[kept]])
+        seen = np.sort(np.concatenate([seen, keys[kept]]))
         rows = known[kept]
         tensors[split] = torch.from_numpy(np.stack([h[rows], r[rows], t[rows]], axis=1))
     return KnowledgeGraph(
