@@ -154,10 +154,14 @@ class _Names:
         self.ids: dict[str, int] = {}
 
     def add(self, names: list[str]) -> np.ndarray:
-        ids = self.ids
-        new = set(names).difference(ids)
-        ids.update(zip(new, range(len(ids), len(ids) + len(new))))
-        return np.fromiter(map(ids.__getitem__, names), np.int64, len(names))
+        codes = self.find(names)
+        missing = np.flatnonzero(codes < 0)
+        if missing.size:  # (the names seen before, most of them in a large graph, are looked up once)
+            ids = self.ids
+            fresh = [names[i] for i in missing.tolist()]
+            ids.update(zip(dict.fromkeys(fresh), range(len(ids), len(ids) + len(fresh))))
+            codes[missing] = np.fromiter(map(ids.__getitem__, fresh), np.int64, len(fresh))
+        return codes
 
     def find(self, names: list[str]) -> np.ndarray:
         """Provisional ids, -1 where a name is not known."""
