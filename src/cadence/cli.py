@@ -217,7 +217,7 @@ SECONDARY_METRICS = {"mrr": ["hits@10"], "auc": ["logloss", "ne"], "rmse": ["mae
                      "wordsim353": ["simlex999", "analogy"]}
 COUNTERS = ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes", "peak_cache_rows", "evicted_rows",
             "global_steps", "gradients_dropped", "staleness_mean", "staleness_max", "sync_gap", "syncs_per_second",
-            "examples_in_flight")
+            "examples_in_flight", "eval_candidates")
 
 
 def print_comparison(comparison: dict[str, Any]) -> None:
@@ -235,13 +235,24 @@ def print_comparison(comparison: dict[str, Any]) -> None:
                      *(_format(summary.get(k, float("nan"))) for k in metrics),
                      *(_format(summary[k]) if k in summary else "-" for k in stat_keys)])
     _print_table(header, rows)
+    _note_sampled_ranking(summaries)
+
+
+def _note_sampled_ranking(summaries: Sequence[dict[str, Any]]) -> None:
+    """A line under a table whose ranks were taken against sampled entities (``eval.negatives``)."""
+    sampled = sorted({int(summary["eval_candidates"]) for summary in summaries if "eval_candidates" in summary})
+    if sampled:
+        print(f"mrr and hits@k: each query ranked against {' or '.join(map(str, sampled))} sampled entities "
+              "(eval.negatives), not every entity: not comparable with exact ranking")
 
 
 def _eval(args: argparse.Namespace) -> int:
     from cadence import api
 
     metrics = api.evaluate(args.run_dir, args.split)
-    _print_table(["split", *metrics], [[args.split, *(f"{v:.4f}" for v in metrics.values())]])
+    _print_table(["split", *metrics], [[args.split, *(f"{v:.4f}" if isinstance(v, float) else str(v)
+                                                      for v in metrics.values())]])
+    _note_sampled_ranking([metrics])
     return 0
 
 
@@ -258,13 +269,14 @@ COMMANDS = {"data": _data, "train": _train, "compare": _compare, "eval": _eval, 
 
 def _print_summary(summary: dict[str, Any]) -> None:
     keys = ["task", "strategy", "runtime", "dataset", "model", "epochs", "train_seconds", "examples_per_second",
-            "mrr", "hits@1", "hits@3", "hits@10", "auc", "logloss", "ne", "rmse", "mae", "wordsim353",
+            "mrr", "hits@1", "hits@3", "hits@10", "eval_candidates", "auc", "logloss", "ne", "rmse", "mae", "wordsim353",
             "simlex999", "analogy", "global_steps", "gradients_dropped", "staleness_mean", "staleness_max",
             "sync_gap", "syncs_per_second", "examples_in_flight"]
     if "sync_gap" in summary:  # ShadowSync: every gradient applied on arrival, none stale by a step count
         keys = [k for k in keys if k not in ("global_steps", "gradients_dropped", "staleness_mean", "staleness_max")]
     shown = [k for k in keys if k in summary]
     _print_table(shown, [[_format(summary[k]) for k in shown]])
+    _note_sampled_ranking([summary])
 
 
 def _format(value: Any) -> str:

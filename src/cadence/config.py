@@ -326,6 +326,9 @@ class EvalConfig:
     test: bool = True  # evaluate on test at the end
     patience: int = 0  # early stopping after N validations without a better primary metric; 0 = off
     max_triples: int = 0  # evaluate a fixed random subset of this many triples; 0 = all
+    # kge: rank each query against this many entities drawn once per split (seeded: the same every
+    # evaluation; OGB-style sampled ranking, labelled in every output); 0 = against every entity (exact)
+    negatives: int = 0
 
 
 @dataclass
@@ -386,7 +389,7 @@ _POSITIVE = {
     "shadow.block_lr", "pdasgd.backward_threads", "image.fc", "adapm.threads", "adapm.initial_rate",
     "mf.column_blocks",
 }
-_NON_NEGATIVE = {"data.synthetic.communities", "train.negative_chunk", "ps.emulated_latency", "ps.ray_idle_processes", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "checkpoint.every",
+_NON_NEGATIVE = {"data.synthetic.communities", "train.negative_chunk", "ps.emulated_latency", "ps.ray_idle_processes", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "eval.negatives", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "ctr.first_period",
                  "model.init_std",
                  "w2v.sample", "w2v.max_vocab", "w2v.min_lr", "ctr.synthetic.dim", "ctr.synthetic.zipf_exponent",

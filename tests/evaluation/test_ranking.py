@@ -121,3 +121,31 @@ def test_ranks_read_block_by_block_on_a_gpu_equal_the_cpus() -> None:
     for triples in (graph.test, graph.test.to("cuda")):
         got = metric.ranks_in_blocks(on_gpu, lambda ids: entities[ids].to("cuda"), 12, triples, 5)
         assert torch.equal(got.cpu(), whole)
+
+
+def test_ranks_against_sampled_candidates_match_brute_force() -> None:
+    """Sampled evaluation (``eval.negatives``): each query ranked against a fixed set of candidate
+    entities, its target's own score compared, the known answers among the candidates left out: a
+    brute-force rank over the candidates alone, in both directions, in blocks of every size."""
+    graph = random_graph(5)
+    everything = [tuple(x) for x in graph.all_triples().tolist()]
+    config = load_config(None, ["model.name=distmult", "model.dim=4", "model.init_std=1.0"])
+    model = KgeModel(config, graph.num_relations)
+    metric = FilteredRankingMetric(graph, False)
+    entities = torch.randn(12, 4, generator=torch.Generator().manual_seed(6))
+    candidates = torch.tensor([0, 2, 3, 7, 8, 11])
+    expected = []
+    for side in ("tail", "head"):
+        for h, r, t in graph.test.tolist():
+            if side == "tail":
+                scores = model.score_all_tails(entities, torch.tensor([h]), torch.tensor([r]))[0].tolist()
+                target, known = t, {c for a, b, c in everything if a == h and b == r}
+            else:
+                scores = model.score_all_heads(entities, torch.tensor([r]), torch.tensor([t]))[0].tolist()
+                target, known = h, {a for a, b, c in everything if b == r and c == t}
+            true = scores[target]
+            kept = [scores[e] for e in candidates.tolist() if e not in known]
+            expected.append(1 + sum(s > true for s in kept) + sum(s == true for s in kept) / 2)
+    for block in (1, 4, 6, 50):
+        got = metric.ranks_in_blocks(model, lambda ids: entities[ids], candidates, graph.test, block)
+        assert got.tolist() == expected, block

@@ -41,3 +41,30 @@ def test_a_large_entity_table_is_ranked_a_block_at_a_time_with_the_whole_tables_
     for name, value in whole.items():
         assert blocked[name] == pytest.approx(value, rel=1e-12), name
     runtime.close()
+
+
+def test_sampled_ranking_is_labelled_fixed_per_split_and_exact_with_every_entity(task_data, tmp_path) -> None:
+    """``eval.negatives``: each query ranked against that many entities drawn once per split from the
+    run's seed (the same at every evaluation: valid's metric can drive early stopping), labelled with
+    ``eval_candidates`` in summary.json and metrics.jsonl; with as many as there are entities it is the
+    exact ranking, number for number; with fewer, ranks can only improve (fewer candidates to beat)."""
+    from cadence.tasks import TASKS
+
+    exact = api.train(make_config(tmp_path / "exact", *task_data["kge"], "train.epochs=2"))
+    entities = TASKS.get("kge")(api.prepare_config(make_config(tmp_path / "x", *task_data["kge"]))).graph.num_entities
+    every = api.train(make_config(tmp_path / "every", *task_data["kge"], "train.epochs=2",
+                                  f"eval.negatives={entities}"))
+    assert every.summary["eval_candidates"] == entities and "eval_candidates" not in exact.summary
+    for name in ("mrr", "hits@1", "hits@10"):
+        assert every.summary[name] == exact.summary[name], name
+    sampled = api.train(make_config(tmp_path / "sampled", *task_data["kge"], "train.epochs=2",
+                                    f"eval.negatives={entities // 3}"))
+    assert sampled.summary["eval_candidates"] == entities // 3
+    assert all(row["eval_candidates"] == entities // 3 for row in sampled.metrics)
+    assert sampled.summary["mrr"] >= exact.summary["mrr"]  # the same model (the seed), fewer to beat
+    again = api.evaluate(sampled.run_dir, "test")  # the same candidates as at the run's end
+    assert again["mrr"] == sampled.summary["mrr"]
+    task = TASKS.get("kge")(api.prepare_config(make_config(tmp_path / "y", *task_data["kge"],
+                                                           f"eval.negatives={entities // 3}")))
+    assert torch.equal(task.eval_candidates("valid"), task.eval_candidates("valid"))
+    assert not torch.equal(task.eval_candidates("valid"), task.eval_candidates("test"))

@@ -88,21 +88,25 @@ class FilteredRankingMetric:
                  progress: Callable[[Iterable], Iterable] = iter) -> dict[str, float]:
         return summarize_ranks(self.ranks(model, entities, triples, progress))
 
-    def ranks_in_blocks(self, model: KgeModel, rows: Callable[[Tensor], Tensor], num_entities: int,
+    def ranks_in_blocks(self, model: KgeModel, rows: Callable[[Tensor], Tensor], candidates: int | Tensor,
                         triples: Tensor, block: int, progress: Callable[[Iterable], Iterable] = iter) -> Tensor:
-        """``ranks``, with the entity table read ``block`` rows at a time through ``rows(ids)``: the
+        """``ranks``, with the candidates' rows read ``block`` at a time through ``rows(ids)``: the
         table is never whole in this process (a model larger than it may hold, read from where the
-        rows live). Each query's true score is scored against its own target's row; every block
-        counts the entities that score above it or level with it, the known answers left out, as
-        ``filtered_ranks`` does on the whole table. (Entities whose rows are identical tie exactly
-        within one matrix product; products of other shapes may differ in the last bit, so such a
-        tie may count as one better or worse instead: the rank moves by half.)"""
+        rows live). ``candidates``: the number of entities (each query ranked against every entity:
+        exact), or the sorted, distinct ids of the entities each query is ranked against (sampled
+        evaluation); a query's own target always takes part. Each query's true score is scored against
+        its own target's row; every block counts the candidates that score above it or level with
+        it, the known answers left out, as ``filtered_ranks`` does on the whole table. (Entities whose
+        rows are identical tie exactly within one matrix product; products of other shapes may differ
+        in the last bit, so such a tie may count as one better or worse instead: the rank moves by half.)"""
+        ids_all = torch.arange(candidates) if isinstance(candidates, int) else candidates.cpu()
+        total = ids_all.shape[0]
         step = max(1, min(1024, SCORE_BUDGET // max(1, block)))
         tail_ranks, head_ranks = [], []
         for start in progress(range(0, triples.shape[0], step)):
             # rows are read by host ids from wherever they live; the scores are computed where ``rows``
             # puts them (an accelerator), and the queries go there
-            h, r, t = triples[start:start + step].cpu().unbind(1)
+            h, r, t = (column.contiguous() for column in triples[start:start + step].cpu().unbind(1))
             head_rows, tail_rows = rows(h), rows(t)
             h, r, t = (column.to(head_rows.device) for column in (h, r, t))
             if self.reciprocal:
@@ -118,17 +122,21 @@ class FilteredRankingMetric:
                 better = torch.zeros(targets.shape[0], dtype=torch.float64, device=true.device)
                 equal = torch.zeros_like(better)
                 counts.append((score, true, better, equal, known))
-            for first in range(0, num_entities, block):
-                ids = torch.arange(first, min(first + block, num_entities))
-                candidates = rows(ids)
+            for first in range(0, total, block):
+                ids = ids_all[first:first + block]
+                candidate_rows = rows(ids)
+                ids = ids.to(candidate_rows.device)
                 for score, true, better, equal, known in counts:
-                    scores = score(candidates)
-                    inside = (known[1] >= first) & (known[1] < first + ids.shape[0])
-                    scores[known[0][inside], known[1][inside] - first] = float("-inf")  # (the target too)
+                    scores = score(candidate_rows)
+                    # the known answers (the target too) among this block's candidates: their columns
+                    column = torch.searchsorted(ids, known[1]).clamp(max=ids.shape[0] - 1)
+                    inside = ids[column] == known[1]
+                    scores[known[0][inside], column[inside]] = float("-inf")
                     better += (scores > true).sum(1)
                     equal += (scores == true).sum(1)
+            last = total if isinstance(candidates, int) else total + 1  # the rank of a non-finite true score
             for (score, true, better, equal, known), out in zip(counts, (tail_ranks, head_ranks)):
-                out.append(realistic_ranks(better, equal, true, num_entities))
+                out.append(realistic_ranks(better, equal, true, last))
         return torch.cat(tail_ranks + head_ranks)
 
 

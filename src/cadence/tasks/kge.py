@@ -36,7 +36,7 @@ class KgeTask(Task):
     name = "kge"
     primary_metric = "mrr"
     own_keys = ("train.scoring", "train.negatives", "train.negative_chunk", "train.loss", "train.reciprocal", "train.regularizer",
-                "train.reg_weight", "eval.max_triples", "data.synthetic")
+                "train.reg_weight", "eval.max_triples", "eval.negatives", "data.synthetic")
 
     def __init__(self, config: Config, graph: KnowledgeGraph | None = None):
         super().__init__(config)
@@ -106,18 +106,35 @@ class KgeTask(Task):
         if not hasattr(self, "_cache_metric"):
             self._cache_metric = FilteredRankingMetric(self.graph, self.config.train.reciprocal)
         metric, count = self._cache_metric, self.graph.num_entities
+        block = max(1, ENTITY_BLOCK_FLOATS // self.table().width)
         dense.eval()
         try:
+            if self.config.eval.negatives:  # against a fixed sample of entities, labelled as such
+                candidates = self.eval_candidates(split)
+                ranks = metric.ranks_in_blocks(dense, lambda ids: params.values(ids).to(device), candidates,
+                                               triples.to(device), block, progress)
+                return {**summarize_ranks(ranks), "eval_candidates": int(candidates.shape[0])}
             if count * self.table().width <= WHOLE_TABLE_FLOATS:  # the entity table, whole, in this process
                 return metric(dense, params.values(torch.arange(count)).to(device), triples.to(device), progress)
             # a larger table is read a block at a time from wherever its rows live (an AdaPM run's
             # nodes, a parameter server's shards): this process never holds it whole
             ranks = metric.ranks_in_blocks(dense, lambda ids: params.values(ids).to(device), count,
-                                           triples.to(device), max(1, ENTITY_BLOCK_FLOATS // self.table().width),
-                                           progress)
+                                           triples.to(device), block, progress)
             return summarize_ranks(ranks)
         finally:
             dense.train()
+
+    def eval_candidates(self, split: str) -> Tensor:
+        """``eval.negatives`` distinct entities (every entity where there are fewer), drawn from the
+        run's seed and the split alone: every evaluation of the split ranks against the same ones."""
+        count, wanted = self.graph.num_entities, self.config.eval.negatives
+        if wanted >= count:
+            return torch.arange(count)
+        cache = self.__dict__.setdefault("_cache_candidates", {})
+        if split not in cache:
+            generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "eval-negatives", split))
+            cache[split] = torch.randperm(count, generator=generator)[:wanted].sort().values
+        return cache[split]
 
     # ---- outputs --------------------------------------------------------------------------------
     def write_metadata(self, run_dir: Path) -> None:
