@@ -160,7 +160,8 @@ def _data(args: argparse.Namespace) -> int:
         for task, registry in registries.items():
             for name in registry:
                 dataset = registry.get(name)
-                status = "generated" if dataset.source is None else ("yes" if dataset.is_fetched() else "no")
+                fetched_from = dataset.source or getattr(dataset, "build", None)
+                status = "generated" if fetched_from is None else ("yes" if dataset.is_fetched() else "no")
                 rows.append((name, task, status, dataset.description))
         _print_table(["dataset", "task", "fetched", "description"], rows)
         return 0
