@@ -79,7 +79,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(RESULTS / "eval_scale.json"))
     add_flag(parser)
     args = parser.parse_args()
-    sizes = (args.entities, args.test, args.filter - 2 * args.test, args.negatives)
+    sizes = (args.entities, args.test, args.filter, args.negatives)
     if args.one:
         print(json.dumps(measure(args.one, *sizes)))
         return 0
