@@ -227,21 +227,11 @@ def _read_columns(directory: Path, strict: bool, name: str | None, progress: boo
             raise _Irregular  # the line reader names the first offending line
         if not kept.size:
             raise DataError("no usable triples left after filtering", path)
-        for label, count in (("unseen", unseen), ("duplicate", duplicates)):
-            if count:
-                notes[f"{split}_{label}_dropped"] = count
-                what = "with an entity or relation unseen in train" if label == "unseen" else "duplicates"
-                log.warning("%s: dropped %d triples %s", path, count, what)
+        _note_dropped(notes, split, path, unseen, duplicates)
         seen = np.sort(np.concatenate([seen, keys[kept]]))
         rows = known[kept]
         tensors[split] = torch.from_numpy(np.stack([h[rows], r[rows], t[rows]], axis=1))
-    return KnowledgeGraph(
-        name=name or directory.name,
-        num_entities=len(entity_names),
-        num_relations=len(relation_names),
-        train=tensors["train"], valid=tensors["valid"], test=tensors["test"],
-        entity_names=entity_names, relation_names=relation_names, notes=notes,
-    )
+    return _graph(name or directory.name, entity_names, relation_names, tensors, notes)
 
 
 # ---- the line reader ------------------------------------------------------------------------------------
@@ -275,19 +265,25 @@ def _read_lines(directory: Path, strict: bool, name: str | None) -> KnowledgeGra
             kept.append(ids)
         if not kept:
             raise DataError("no usable triples left after filtering", path)
-        for label, count in (("unseen", unseen), ("duplicate", duplicates)):
-            if count:
-                notes[f"{split}_{label}_dropped"] = count
-                what = "with an entity or relation unseen in train" if label == "unseen" else "duplicates"
-                log.warning("%s: dropped %d triples %s", path, count, what)
+        _note_dropped(notes, split, path, unseen, duplicates)
         tensors[split] = torch.tensor(kept, dtype=torch.int64)
-    return KnowledgeGraph(
-        name=name or directory.name,
-        num_entities=len(entity_names),
-        num_relations=len(relation_names),
-        train=tensors["train"], valid=tensors["valid"], test=tensors["test"],
-        entity_names=entity_names, relation_names=relation_names, notes=notes,
-    )
+    return _graph(name or directory.name, entity_names, relation_names, tensors, notes)
+
+
+def _graph(name: str, entity_names: list[str], relation_names: list[str], tensors: dict[str, Tensor],
+           notes: dict[str, int]) -> KnowledgeGraph:
+    return KnowledgeGraph(name=name, num_entities=len(entity_names), num_relations=len(relation_names),
+                          train=tensors["train"], valid=tensors["valid"], test=tensors["test"],
+                          entity_names=entity_names, relation_names=relation_names, notes=notes)
+
+
+def _note_dropped(notes: dict[str, int], split: str, path: Path, unseen: int, duplicates: int) -> None:
+    """The counts of a split's triples dropped by the policy, in ``notes`` and the run log."""
+    for label, count in (("unseen", unseen), ("duplicate", duplicates)):
+        if count:
+            notes[f"{split}_{label}_dropped"] = count
+            what = "with an entity or relation unseen in train" if label == "unseen" else "duplicates"
+            log.warning("%s: dropped %d triples %s", path, count, what)
 
 
 def write_id_maps(graph: KnowledgeGraph, directory: Path) -> None:
