@@ -265,8 +265,9 @@ class _PerThreadShard:
 
 
 class CoordinatorActor(Coordinator, Actor):
-    """The coordinator role in an actor: ``begin`` over batch positions, ``take`` served on the
-    workers' channels as well (the rest are Ray calls)."""
+    """The coordinator role in an actor: ``begin`` over batch positions; ``take`` and the gate's verbs
+    served on the workers' channels (the rest are Ray calls); its own calls to the shards over a
+    channel per thread (``_PerThreadShard``)."""
 
     def __init__(self, settings: ServerSettings, mode_name: str, shards: list[RemoteShard], secret: bytes):
         super().__init__(settings, PS_MODES.get(mode_name), [_PerThreadShard(shard) for shard in shards])
