@@ -339,7 +339,9 @@ def test_the_foreground_baseline_syncs_in_each_threads_own_loop_every_k_of_its_i
                                  f"shadow.every={every}", "train.epochs=1")
     summary = trainer.fit()
     threads = {name for name, _ in events}
-    assert len(threads) == 4  # 2 trainers x 2 threads, every round from one of them
+    # 2 trainers x 2 threads, every round from one of them (on a fast machine a thread that starts
+    # last may find the shared data list empty: it takes no batch and makes no round)
+    assert 2 <= len(threads) <= 4 and sum(kind == "batch" for _, kind in events) >= 2 * every
     total = 0
     for name in threads:
         mine = [kind for who, kind in events if who == name]
