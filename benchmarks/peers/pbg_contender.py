@@ -24,7 +24,6 @@ model after the last epoch. With ``--epochs E`` > 1 every epoch's model is kept
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
@@ -32,6 +31,8 @@ import sys
 import time
 import warnings
 from pathlib import Path
+
+from kge_contender_flags import kge_contender_parser  # same folder: the flags both KGE peers take
 
 warnings.filterwarnings("ignore")
 
@@ -92,15 +93,8 @@ def vectors(model: Path, version: int, imported: Path) -> tuple[np.ndarray, np.n
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--dim", type=int, default=100)
-    parser.add_argument("--negatives", type=int, default=100)
-    parser.add_argument("--batch-size", type=int, default=1000)
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser = kge_contender_parser(__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--operator", default="diagonal")
     args = parser.parse_args()
     setup_logging(0)

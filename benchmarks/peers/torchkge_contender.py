@@ -26,12 +26,13 @@ ComplEx; normalised for DistMult, as torchkge's ``get_embeddings`` gives them) a
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 import warnings
 from pathlib import Path
+
+from kge_contender_flags import kge_contender_parser  # same folder: the flags both KGE peers take
 
 warnings.filterwarnings("ignore")
 
@@ -45,16 +46,9 @@ from torchkge.utils import BinaryCrossEntropyLoss, DataLoader  # noqa: E402
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
+    parser = kge_contender_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--entities", type=int, required=True)
-    parser.add_argument("--dim", type=int, default=100)
-    parser.add_argument("--negatives", type=int, default=100)
-    parser.add_argument("--batch-size", type=int, default=1000)
-    parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--model", choices=("distmult", "complex"), default="distmult")
     parser.add_argument("--max-batches", type=int, default=0, help="stop after this many batches (0: the epochs)")
     args = parser.parse_args()
