@@ -243,7 +243,7 @@ def test_compare_works_for_another_task(task_data, tmp_path: Path, capsys) -> No
 
 @pytest.mark.parametrize("args, message", [
     (["--task", "mf", "--set", "train.negatives=5"], "train.negatives belongs to the kge task; this run's task is mf"),
-    (["--init-from", "runs/x"], "ctr.init_from belongs to the ctr task; this run's task is kge"),
+    (["--task", "kge", "--set", "mf.reg=0.1"], "mf.reg belongs to the mf task; this run's task is kge"),
     (["--task", "ctr", "--set", "w2v.window=3"], "w2v.window belongs to the w2v task; this run's task is ctr"),
     (["--workers", "2", "--batch-order", "order.jsonl"], "batch_order applies to the one-process pipeline"),
     (["--strategy", "gba", "--set", "store.backend=mmap"], "store.backend applies to the one-process pipeline"),

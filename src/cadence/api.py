@@ -36,6 +36,7 @@ from cadence.training.batch_order import BatchOrder
 from cadence.training.run_directory import RunDirectory, default_run_dir, finite, write_atomic  # noqa: F401  (re-exported)
 from cadence.core.keys import KeyIndex
 from cadence.core.runtime import RowsView, Runtime
+from cadence.training import grow
 from cadence.training.trainer import Trainer, TrainerHook
 
 log = logging.getLogger("cadence")
@@ -62,7 +63,7 @@ def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] 
 def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook]) -> TrainResult:
     config = prepare_config(config)
     task = TASKS.get(config.task)(config)
-    init = _init_checkpoint(config)
+    init = _init_checkpoint(config, task)  # a model that does not fit fails here, before anything is written
     if config.batch_order:
         order = BatchOrder.load(config.batch_order)
         order.check(lambda epoch: len(task.plan(epoch)), task.num_epochs())
@@ -74,10 +75,13 @@ def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook]) -> Tra
         run.check_empty(overwrite)
         trainer = build_trainer(config, task, run, hooks)
         try:
-            if init is not None:  # a model that does not fit fails here, before anything is written
-                trainer.init_from(config.ctr.init_from, *init)
+            if init is not None:
+                trainer.init_from(config.train.init_from, *init)
             run.create(config, overwrite=overwrite)  # an old run (--overwrite) goes only now
             task.write_metadata(run.path)
+            grow.write_vocabulary(run.path, task.vocabulary())
+            if init is not None:
+                init[2].save(run.path)
         except BaseException:
             trainer.runtime.close()
             raise
@@ -107,9 +111,11 @@ def _resume(config: Config, run: RunDirectory, overrides: dict[str, Any] | None,
             hooks: Iterable[TrainerHook]) -> TrainResult:
     config = prepare_config(config)
     task = TASKS.get(config.task)(config)
+    grown, task.frozen = grow.load_growth(run.path)  # a grown run freezes the same rows again
     _connect(config)
     with run.locked():  # one writer per run directory
         trainer = build_trainer(config, task, run, hooks)
+        trainer.grown = grown
         try:
             if not trainer.resume():
                 log.warning("%s has no checkpoint yet: training from the start", run.path)
@@ -173,6 +179,7 @@ def prepare_config(config: Config) -> Config:
         config.model.name = DEFAULT_MODELS[config.task]
     if config.optimizer.entity is None:
         config.optimizer.entity = DEFAULT_ENTITY_OPTIMIZERS[config.task]
+    _check_init_from(config)
     strategy = STRATEGIES.get(config.strategy)
     runtime = strategy.runtime(config)
     order = config.record_order  # a file the run will write: a directory, or a missing parent, fails now
@@ -185,6 +192,25 @@ def prepare_config(config: Config) -> Config:
     strategy.check(config)  # (first: a strategy's own word on the device is the clearer one)
     resolve_device(config.device)
     return config
+
+
+def _check_init_from(config: Config) -> None:
+    """``ctr.init_from`` (the old spelling) means ``train.init_from``; freezing needs a run to start from."""
+    train = config.train
+    if config.ctr.init_from:
+        if train.init_from and train.init_from != config.ctr.init_from:
+            raise ConfigError(f"ctr.init_from ({config.ctr.init_from}) and train.init_from ({train.init_from}) differ: "
+                              "set train.init_from only (ctr.init_from is its old spelling)")
+        train.init_from, config.ctr.init_from = config.ctr.init_from, None
+    if train.freeze == "known" and not train.init_from:
+        raise ConfigError("train.freeze: known freezes the rows of the run this one starts from; set train.init_from "
+                          "(--init-from RUN)")
+    if not train.freeze_dense and train.freeze != "known":
+        raise ConfigError("train.freeze_dense: read only with train.freeze: known (nothing is frozen without it)")
+    if train.freeze == "known" and TASKS.get(config.task).in_place_setting(config):
+        key = TASKS.get(config.task).in_place_setting(config)
+        raise ConfigError(f"train.freeze: known: {key} makes the task update its rows itself, in place, and it "
+                          f"cannot leave some rows out; use {key}: batch")
 
 
 def _check_in_place(config: Config, strategy: Strategy) -> None:
@@ -220,15 +246,21 @@ def _check_foreign_keys(config: Config, runtime: RuntimeKind) -> None:
             raise ConfigError(runtime.refuse(key, owners[0], where))
 
 
-def _init_checkpoint(config: Config) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
-    if not config.ctr.init_from:
+def _init_checkpoint(config: Config, task: Task) -> tuple[dict[str, torch.Tensor], dict[str, Any], grow.Growth] | None:
+    """The model a run with ``train.init_from`` starts from, laid out on this run's data
+    (``cadence.training.grow``)."""
+    if not config.train.init_from:
         return None
-    run = RunDirectory(config.ctr.init_from)
+    run = RunDirectory(config.train.init_from)
     if not run.config_path.is_file():
-        raise CheckpointError(f"{config.ctr.init_from}: no final checkpoint to start from (not a cadence run "
+        raise CheckpointError(f"{config.train.init_from}: no final checkpoint to start from (not a cadence run "
                               "directory: no config.yaml)")
+    source = run.load_config()
+    if source.task != config.task:
+        raise CheckpointError(f"{config.train.init_from}: a run of the {source.task} task; this run's task is "
+                              f"{config.task}")
     tensors, state = final_checkpoint(run)
-    return tensors, state
+    return grow.grow(run.path, tensors, state, task, config.train, config.optimizer)
 
 
 # ---- composition -------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ TRAIN_FLAGS: dict[str, tuple[str, type]] = {
     "--task": ("task", str),
     "--workers": ("ps.workers", int),
     "--engine": ("ps.engine", str),
-    "--init-from": ("ctr.init_from", str),
+    "--init-from": ("train.init_from", str),
     "--device": ("device", str),
 }
 

@@ -73,6 +73,15 @@ class TrainConfig:
     # numba-compiled CPU kernels where a task has one (mf's loss and gradient: cadence.compiled), on
     # CPU tensors; false: torch ops only (the reference formulation, and the path on an accelerator)
     compiled: bool = True
+    # start from another run's final model on this run's data, whose vocabulary may have changed: every
+    # id the run knew keeps its trained row and optimizer state (matched by name), a new id starts from
+    # the task's seeded initial row, an id the data no longer has is dropped (cadence.training.grow)
+    init_from: str | None = None
+    # known: only the rows of ids new to this run train (the run's rows are frozen); none: all train
+    freeze: Literal["none", "known"] = "none"
+    # with freeze: known, whether the dense parameters (beyond new vocabulary rows such as new
+    # relations) are frozen too; false: they train
+    freeze_dense: bool = True
 
 
 @dataclass
@@ -249,7 +258,7 @@ class CtrModelConfig:
     num_periods: int = 10  # split: periods -> consecutive equal-size periods by timestamp
     first_period: int = 0  # continual training: train on period d, evaluate on d + 1, for d in
     last_period: int = -1  # first_period..last_period (-1: the second to last period)
-    init_from: str | None = None  # start from another run's final checkpoint (e.g. switch sync -> gba)
+    init_from: str | None = None  # the old spelling of train.init_from (kept working)
     synthetic: SyntheticCtrConfig = field(default_factory=SyntheticCtrConfig)
 
 
@@ -399,7 +408,7 @@ _NON_NEGATIVE = {"data.synthetic.communities", "train.negative_chunk", "ps.emula
 
 
 # paths and names: an empty one would silently mean the current directory (or nothing)
-_NOT_EMPTY = ("out", "data.dataset", "record_order", "batch_order", "store.path", "ctr.init_from", "device", "strategy")
+_NOT_EMPTY = ("out", "data.dataset", "record_order", "batch_order", "store.path", "ctr.init_from", "train.init_from", "device", "strategy")
 
 
 def from_dict(data: dict[str, Any], where: dict[str, str] | None = None) -> Config:

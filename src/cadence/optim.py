@@ -76,7 +76,7 @@ class Sgd(EntityOptimizer):
         values.add_(grad, alpha=-self.lr)
 
 
-def dense_optimizer(config: OptimizerConfig, parameters: list[nn.Parameter]) -> torch.optim.Optimizer:
+def dense_optimizer(config: OptimizerConfig, parameters: list) -> torch.optim.Optimizer:
     lr = config.dense_lr if config.dense_lr is not None else config.lr
     decay = config.weight_decay
     if config.dense == "adam":
@@ -87,14 +87,31 @@ def dense_optimizer(config: OptimizerConfig, parameters: list[nn.Parameter]) -> 
     return torch.optim.Adagrad(parameters, lr=lr, eps=config.eps, weight_decay=decay)
 
 
+FROZEN = "frozen_parameters"  # the attribute of a module naming its parameters that do not train
+
+
+def freeze_parameters(module: nn.Module, names: list[str]) -> None:
+    """Mark parameters of ``module`` as frozen: every optimizer made for it (``module_optimizer``)
+    steps them at rate 0, which leaves a parameter as it is under every ``torch.optim`` rule, weight
+    decay and momentum included. The mark is an attribute: copies and pickles of the module keep it."""
+    setattr(module, FROZEN, frozenset(names))
+
+
 def module_optimizer(config: OptimizerConfig, module: nn.Module,
                      state: dict | None = None) -> torch.optim.Optimizer | None:
     """The dense optimizer of ``module``'s parameters (None when it has none), continuing from
     ``state`` (another copy's ``state_dict()``) when given: the one way every runtime, shard, worker
-    replica and node makes one."""
-    parameters = list(module.parameters())
-    if not parameters:
+    replica and node makes one. A module with frozen parameters gets one group per parameter (in
+    ``parameters()`` order, so the state's numbering is unchanged), a frozen one's rate 0 for good
+    (``set_lr`` skips it)."""
+    named = list(module.named_parameters())
+    if not named:
         return None
+    frozen = getattr(module, FROZEN, frozenset())
+    parameters: list = [param for _, param in named]
+    if frozen:
+        parameters = [{"params": [param], "frozen": name in frozen, **({"lr": 0.0} if name in frozen else {})}
+                      for name, param in named]
     optimizer = dense_optimizer(config, parameters)
     if state is not None:
         optimizer.load_state_dict(copy.deepcopy(state))
@@ -120,9 +137,11 @@ def dense_lr(config: OptimizerConfig, epochs: int, epoch: int) -> float:
 
 
 def set_lr(optimizer: torch.optim.Optimizer | None, lr: float) -> None:
+    """Set the dense rate of every group but a frozen parameter's (``freeze_parameters``)."""
     if optimizer is not None:
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            if not group.get("frozen"):
+                group["lr"] = lr
 
 
 class InPlaceDense:
@@ -133,13 +152,14 @@ class InPlaceDense:
     Updates go through ``.data``: a graph in flight elsewhere that saved the parameter sees the new
     values and is not failed by autograd's version check (the bargain of Hogwild and pdASGD). The
     state lives in ``optimizer`` (a ``torch.optim`` object, never stepped), so checkpoints store it
-    as any dense optimizer's; the rate is read from its first group at each step (the schedule sets
-    it). One thread stepping every parameter once per batch computes exactly ``optimizer.step()``
+    as any dense optimizer's; the rate is read from the parameter's group at each step (the schedule
+    sets it). One thread stepping every parameter once per batch computes exactly ``optimizer.step()``
     (Adagrad, Adam, SGD with momentum, weight decay, Nesterov; tested bit for bit)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: list[Tensor]):
         self.optimizer, self.params = optimizer, params
-        self.group = optimizer.param_groups[0]
+        group_of = {id(param): group for group in optimizer.param_groups for param in group["params"]}
+        self.groups = [group_of[id(param)] for param in params]  # (one group, or one per parameter)
         self.kind = ("adam" if isinstance(optimizer, torch.optim.Adam)
                      else "sgd" if isinstance(optimizer, torch.optim.SGD) else "adagrad")
         for param in params:  # (Adam and SGD make their state at their first step; we never call step)
@@ -156,7 +176,7 @@ class InPlaceDense:
     @torch.no_grad()
     def step_one(self, index: int, grad: Tensor) -> None:
         """Update parameter ``index`` from ``grad``, as ``torch.optim`` (single-tensor) computes it."""
-        group, state, param = self.group, self.state[index], self.params[index].data
+        group, state, param = self.groups[index], self.state[index], self.params[index].data
         lr, decay = group["lr"], group["weight_decay"]
         if decay:
             grad = grad.add(param, alpha=decay)

@@ -25,6 +25,7 @@ ray = pytest.importorskip("ray")
 from cadence.cli import main  # noqa: E402
 from cadence.strategies.parameter_server import ray_engine  # noqa: E402
 from tests.runtime.ctr_helpers import BATCH, final_state, make_trainer  # noqa: E402
+from tests.training.test_grow import STILL, assert_frozen, exported, grow_data, train  # noqa: E402,F401  (grow_data: a fixture)
 
 # one worker of a parallel run (make test: --dist loadgroup) runs the module: one cluster, and the
 # processes one test's runs leave are the next test's (engines.ray.Hosts)
@@ -560,3 +561,16 @@ def test_the_coordinators_shard_calls_take_a_handle_per_thread_and_settle_waits_
         (("t0", 0), ("t0", 10)), (("t1", 1), ("t1", 11)), (("t2", 2), ("t2", 12))]  # a thread's calls on its own
     shard.settle()
     assert [handle.settled for handle in made] == [1, 1, 1]
+
+
+def test_a_grown_run_freezes_the_known_rows_on_ray(grow_data, tmp_path: Path, local_cluster) -> None:
+    """``train.init_from`` with ``train.freeze: known`` on Ray: the workers, built from the task's recipe
+    in their own processes, leave the known rows (and relations) as they were."""
+    old_data, new_data = grow_data["kge"]
+    old = train(tmp_path, "old", *old_data)
+    grown = train(tmp_path, "grown", *new_data, "strategy=hop_bw", "ps.workers=2", "ps.engine=ray",
+                  f"train.init_from={old.run_dir}", "train.freeze=known")
+    scratch = train(tmp_path, "scratch", *new_data, *STILL, "train.epochs=1")
+    before, after, fresh = (exported(run, tmp_path / f"export-{run.name}") for run in
+                            (old.run_dir, grown.run_dir, scratch.run_dir))
+    assert_frozen(before, after, fresh, ("entities.tsv", "relations.tsv"))

@@ -36,7 +36,7 @@ def task_for(corpus, *overrides: str) -> Word2VecTask:
 def epoch_pairs(task: Word2VecTask, epoch: int = 0) -> Counter:
     """(context word, centre word) of every pair the task's batches train in one epoch."""
     pairs: Counter = Counter()
-    size = task.vocabulary
+    size = task.vocabulary_size
     for plan in task.plan(epoch):
         batch = task.prepare(plan)
         inputs = batch.ids[batch.inputs["inputs"]].tolist()
@@ -70,7 +70,7 @@ def test_a_shrunk_window_is_drawn_uniformly_from_one_to_window() -> None:
 def test_subsampling_keeps_each_word_with_its_probability() -> None:
     text, corpus = tiny_corpus(sentences=3000)
     task = task_for(corpus, "w2v.sample=0.01")
-    counts = torch.bincount(task._stream(0)[0], minlength=task.vocabulary).double()
+    counts = torch.bincount(task._stream(0)[0], minlength=task.vocabulary_size).double()
     threshold = 0.01 * corpus.counts.sum().item()
     for word, count in enumerate(corpus.counts.tolist()):
         keep = min(1.0, (math.sqrt(count / threshold) + 1) * threshold / count)
@@ -84,7 +84,7 @@ def test_noise_words_follow_the_unigram_three_quarters_distribution() -> None:
     drawn = Counter()
     for plan in task.plan(0):
         batch = task.prepare(plan)
-        drawn.update((batch.ids[batch.inputs["outputs"][:, 1:]].flatten() - task.vocabulary).tolist())
+        drawn.update((batch.ids[batch.inputs["outputs"][:, 1:]].flatten() - task.vocabulary_size).tolist())
     total = sum(drawn.values())
     weights = corpus.counts.double() ** 0.75
     for word, weight in enumerate((weights / weights.sum()).tolist()):
@@ -153,7 +153,7 @@ def test_training_uses_the_compiled_kernel_on_the_cpu_unless_told_not_to(task_da
         rows = torch.randn(batch.ids.shape[0], config.model.dim, requires_grad=True)
         kinds[flag] = type(task.loss(batch, rows, None).grad_fn).__name__
         _, trained, view, _ = api.load_model(api.train(config).run_dir)
-        vectors[flag] = view.values(torch.arange(2 * trained.vocabulary))
+        vectors[flag] = view.values(torch.arange(2 * trained.vocabulary_size))
     assert kinds["true"].startswith("CompiledSkipGramLoss") and kinds["false"].startswith("SkipGramLoss")
     assert torch.allclose(vectors["true"], vectors["false"], atol=1e-5)
 
@@ -163,7 +163,7 @@ def test_output_vectors_start_at_zero_and_input_vectors_do_not() -> None:
     task = task_for(corpus, "model.init_std=0.1")
     spec = task.table()
     values = spec.initial_values(torch.arange(spec.rows))
-    assert bool((values[task.vocabulary:] == 0).all()) and bool((values[: task.vocabulary] != 0).all())
+    assert bool((values[task.vocabulary_size:] == 0).all()) and bool((values[: task.vocabulary_size] != 0).all())
 
 
 def test_word2vec_export_is_the_text_format(task_data, tmp_path: Path) -> None:

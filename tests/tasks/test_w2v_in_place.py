@@ -38,7 +38,7 @@ def pair_task(corpus, *overrides: str) -> Word2VecTask:
 
 def initial_table(task: Word2VecTask, seed: int = 0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(2 * task.vocabulary, task.config.model.dim, generator=generator) * 0.4).contiguous()
+    return (torch.randn(2 * task.vocabulary_size, task.config.model.dim, generator=generator) * 0.4).contiguous()
 
 
 def reference_step(task: Word2VecTask, plan, table: np.ndarray) -> tuple[float, int]:
@@ -50,7 +50,7 @@ def reference_step(task: Word2VecTask, plan, table: np.ndarray) -> tuple[float, 
     seed = derive_seed(config.seed, "w2v-pairs", plan.epoch)
     rate = float(task._rate(plan))
     lr = np.float32(config.optimizer.lr * rate)
-    size = task.vocabulary
+    size = task.vocabulary_size
     total, pairs = 0.0, 0
     for position in plan.examples.tolist():
         number, reach = 0, w2v.window
@@ -219,7 +219,7 @@ def test_async_with_pair_updates_equals_its_sequential_twin(task_data, tmp_path:
         config = make_config(tmp_path / name, *task_data["w2v"], "w2v.update=pair", "train.epochs=3", *overrides)
         result = api.train(config)
         _, task, view, _ = api.load_model(result.run_dir)
-        values[name] = view.values(torch.arange(2 * task.vocabulary))
+        values[name] = view.values(torch.arange(2 * task.vocabulary_size))
         losses[name] = [m["loss"] for m in result.metrics if "loss" in m]
         assert result.summary["in_place_threads"] == 1
     assert torch.equal(values["async"], values["replay"])

@@ -48,6 +48,7 @@ class Batch:
     host_ids: Tensor | None = None
     uploaded: object | None = None  # torch.cuda.Event: rows, ids and inputs are on the device
     computed: object | None = None  # torch.cuda.Event: compute (and the validation cache's use) is done
+    frozen: Tensor | None = None  # [U] bool: rows that do not train (a grown run's known rows), or None
 
     @property
     def size(self) -> int:

@@ -2,7 +2,8 @@
 
 Entity rows are not parameters of this module: they live in an ``EmbeddingStore`` and arrive per
 batch as a leaf tensor (``rows``), so the same model serves every strategy and every store backend.
-Relation parameters are dense and stay on the compute device.
+Relation parameters are dense and stay on the compute device; a grown run may freeze some of them
+(``frozen_relations``: their rows get no gradient).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from cadence.seeding import derive_seed
 
 
 class KgeModel(nn.Module):
-    def __init__(self, config: Config, num_relations: int):
+    def __init__(self, config: Config, num_relations: int, frozen_relations: Tensor | None = None):
+        """``frozen_relations``: [num_relations] bool, the relations whose rows get no gradient (a grown
+        run's known relations under ``train.freeze: known``)."""
         super().__init__()
         self.scorer = SCORERS.get(config.model.name)(config.model)
         self.train_config = config.train
@@ -25,6 +28,8 @@ class KgeModel(nn.Module):
         generator = torch.Generator().manual_seed(derive_seed(config.seed, "relations"))
         with torch.no_grad():
             self.scorer.init_relations(self.relations, config.model.init_std, generator)
+        frozen = frozen_relations.bool().clone() if frozen_relations is not None and bool(frozen_relations.any()) else None
+        self.register_buffer("frozen_relations", frozen, persistent=False)  # (not in the state dict)
 
     def loss(self, rows: Tensor, heads: Tensor, relations: Tensor, tails: Tensor,
              candidates: Tensor | None) -> Tensor:
@@ -39,6 +44,8 @@ class KgeModel(nn.Module):
         # runs it, which the bit-identity of asynchronous and synchronous runs relies on; and faster
         h, t = rows.index_select(0, heads), rows.index_select(0, tails)
         r = self.relations.index_select(0, relations)
+        if self.frozen_relations is not None:
+            r = torch.where(self.frozen_relations.index_select(0, relations).unsqueeze(1), r.detach(), r)
         # sampled negatives: the positive triple's score is shared by both sides, computed once
         positive = None if candidates is None else self.scorer.score(h, r, t)  # [B]
         tail_scores, head_scores = self._negative_scores(rows, h, r, t, candidates)

@@ -43,7 +43,7 @@ class LoadStage:
 
     def prepare(self, plan: BatchPlan) -> Batch:
         """The store-independent part: which rows, in which local positions."""
-        batch = self.task.prepare(plan)
+        batch = self.task.training_batch(plan)
         if self.index is not None:
             batch.ids = self.index.rows(batch.ids)
         return batch
@@ -89,7 +89,7 @@ class ComputeStage(Compute):
 
     def _compute(self, batch: Batch) -> Batch:
         rows = batch.rows.values.requires_grad_(True)
-        loss = self.task.loss(batch, rows, self.dense)
+        loss = self.task.train_loss(batch, rows, self.dense)
         if self.dense_optimizer is not None:
             self.dense_optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -9,9 +9,9 @@ runtime know nothing task-specific: they move rows by key and call ``prepare`` a
 
     task = TASKS.get(config.task)(config)       # reads and validates the data
     for plan in task.plan(epoch):
-        batch = task.prepare(plan)              # batch.ids: the keys of the rows it touches
+        batch = task.training_batch(plan)       # batch.ids: the keys of the rows it touches
         rows = <pull batch.ids>                 # wherever the runtime keeps them
-        loss = task.loss(batch, rows, dense)    # rows: a leaf tensor [U, width]
+        loss = task.train_loss(batch, rows, dense)  # rows: a leaf tensor [U, width]
         <backward, update rows and dense, write rows back>
 
 A task whose own update rule is a step per example applied at once (word2vec's) may instead update
@@ -31,7 +31,7 @@ import functools
 import io
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Sequence
 
@@ -43,6 +43,7 @@ from cadence import compiled
 from cadence.config import Config
 from cadence.device import resolve_device
 from cadence.errors import ConfigError
+from cadence.optim import freeze_parameters
 from cadence.data.fingerprint import fingerprint
 from cadence.core.batch import Batch, BatchPlan
 from cadence.registry import Registry
@@ -51,6 +52,34 @@ from cadence.core.rows import ParameterView, TablePart, TableSpec  # noqa: F401 
 TASKS: Registry[type["Task"]] = Registry("task", "task")
 
 Progress = Callable[[Iterable], Iterable]  # wraps an iterable of evaluation steps (a progress bar)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What a model's rows stand for, by name, so another run on changed data can find them
+    (``train.init_from``, ``cadence.training.grow``).
+
+    ``parts``: the names of the keys of each consecutive range of a fixed table, in key order (KGE's
+    ``entities``; MF's ``users`` then ``items``; word2vec's ``input`` then ``output``); None for a
+    growing vocabulary, whose keys are their own names (CTR's hashed features). ``dense``: a dense
+    parameter whose rows are vocabulary entries (KGE's ``relations``) and the name of each row.
+    ``same``: what a grown model cannot change (the image task's classes: the output layer's rows)."""
+
+    parts: dict[str, tuple[str, ...]] | None
+    dense: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    same: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """What does not train in a grown run (``train.freeze: known``): the rows of ``keys`` (sorted;
+    their gradient is zero: every entity optimizer then leaves a row and its state as they are), the
+    rows of a vocabulary-indexed dense parameter marked True in ``dense_rows``, and, if ``dense``,
+    every other dense parameter (stepped at rate 0: ``cadence.optim.freeze_parameters``)."""
+
+    keys: Tensor
+    dense_rows: dict[str, Tensor] = field(default_factory=dict)
+    dense: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +104,7 @@ class Task(ABC):
 
     def __init__(self, config: Config):
         self.config = config
+        self.frozen: Frozen | None = None  # set by a grown run with ``train.freeze: known``
 
     # ---- what is learned ------------------------------------------------------------------------
     @property
@@ -89,9 +119,22 @@ class Task(ABC):
     def table(self) -> TableSpec:
         """The task's rows: one key space, fixed or growing."""
 
-    @abstractmethod
     def dense_module(self) -> nn.Module:
-        """A fresh dense module (seeded: every call returns the same initial parameters)."""
+        """A fresh dense module (seeded: every call returns the same initial parameters), its frozen
+        parameters marked (``frozen``) wherever it is built: every runtime, replica and process."""
+        module = self.build_dense()
+        if self.frozen is not None and self.frozen.dense:
+            freeze_parameters(module, [name for name, _ in module.named_parameters()
+                                       if name not in self.frozen.dense_rows])
+        return module
+
+    @abstractmethod
+    def build_dense(self) -> nn.Module:
+        """The task's dense module as it starts (seeded); rows of ``frozen.dense_rows`` get no gradient."""
+
+    @abstractmethod
+    def vocabulary(self) -> Vocabulary:
+        """The names of the rows (``Vocabulary``): written beside every run, read by a run grown from it."""
 
     def known_keys(self) -> Tensor:
         """Every key the task's data can touch (sorted): the pipeline sizes a growing vocabulary's
@@ -126,6 +169,20 @@ class Task(ABC):
     @abstractmethod
     def loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
         """The batch's loss from its rows [U, width] (in ``batch.ids`` order) and the dense module."""
+
+    def training_batch(self, plan: BatchPlan) -> Batch:
+        """``prepare`` as training calls it (every runtime): the rows that do not train marked
+        (``Batch.frozen``, from the keys, before a runtime maps them to positions of its store)."""
+        batch = self.prepare(plan)
+        if self.frozen is not None and self.frozen.keys.numel() and batch.ids.numel():
+            batch.frozen = torch.isin(batch.ids, self.frozen.keys)
+        return batch
+
+    def train_loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
+        """``loss`` as training computes it (every runtime calls this): frozen rows get no gradient."""
+        if batch.frozen is not None:
+            rows = torch.where(batch.frozen.to(rows.device).unsqueeze(1), rows.detach(), rows)
+        return self.loss(batch, rows, dense)
 
     # ---- updates in place (word2vec's own loop) ---------------------------------------------------
     @classmethod
@@ -209,7 +266,7 @@ class Task(ABC):
         the task travels whole."""
         if getattr(self, "data_given", False):
             return functools.partial(_same, self)
-        return functools.partial(type(self), self.config)
+        return functools.partial(_rebuilt, type(self), self.config, self.frozen)
 
     def __getstate__(self) -> dict[str, Any]:
         """Tasks travel to worker processes (the Ray engine): caches are rebuilt there if needed."""
@@ -217,6 +274,12 @@ class Task(ABC):
 
 
 def _same(task: Task) -> Task:
+    return task
+
+
+def _rebuilt(kind: type[Task], config: Config, frozen: Frozen | None) -> Task:
+    task = kind(config)
+    task.frozen = frozen
     return task
 
 

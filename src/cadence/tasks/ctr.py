@@ -37,7 +37,7 @@ from cadence.models.ctr import CTR_MODELS, pool_bags
 from cadence import compiled
 from cadence.core.batch import Batch, BatchPlan, distinct_keys, plan_epoch
 from cadence.seeding import derive_seed
-from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, Validation, write_vectors_tsv
+from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, Validation, Vocabulary, write_vectors_tsv
 
 log = logging.getLogger("cadence")
 
@@ -97,10 +97,17 @@ class CtrTask(Task):
         return TableSpec(None, width, self.config.model.init_std,
                          derive_seed(self.config.seed, "ctr-table"))
 
-    def dense_module(self) -> nn.Module:
+    def build_dense(self) -> nn.Module:
         torch.manual_seed(derive_seed(self.config.seed, "ctr-model"))
         return CTR_MODELS.get(self.config.model.name)(self.num_fields, self.num_dense, self.config.model.dim,
                                                       tuple(self.config.ctr.hidden), self.config.ctr.dropout)
+
+    def vocabulary(self) -> Vocabulary:
+        """A growing table: each feature's key is a hash of its field and value, its own name; the
+        fields (the dense module's inputs) cannot change."""
+        data = self.dataset
+        return Vocabulary(None, same={"fields": tuple(data.field_names), "bags": tuple(data.bag_names),
+                                      "dense features": tuple(data.dense_names)})
 
     def known_keys(self) -> Tensor:
         examples = self.dataset.examples

@@ -27,7 +27,7 @@ from cadence.errors import ConfigError
 from cadence.models.image import IMAGE_MODELS
 from cadence.core.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
-from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, write_vectors_tsv
+from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, Vocabulary, write_vectors_tsv
 
 NO_ROWS = torch.empty(0, dtype=torch.int64)
 
@@ -67,10 +67,14 @@ class ImageTask(Task):
     def table(self) -> TableSpec:
         return TableSpec(0, 1, 0.0, derive_seed(self.config.seed, "image-table"))
 
-    def dense_module(self) -> nn.Module:
+    def build_dense(self) -> nn.Module:
         torch.manual_seed(derive_seed(self.config.seed, "image-model"))
         return IMAGE_MODELS.get(self.config.model.name)(self.dataset.shape, self.dataset.num_classes, self.mean,
                                                         self.std, self.config.image)
+
+    def vocabulary(self) -> Vocabulary:
+        """No rows; the classes (the output layer's rows) cannot change."""
+        return Vocabulary({}, same={"classes": tuple(map(str, self.dataset.classes))})
 
     # ---- batches --------------------------------------------------------------------------------
     def plan(self, epoch: int) -> list[BatchPlan]:

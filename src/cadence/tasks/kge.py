@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ from cadence.models.kge import KgeModel
 from cadence.models.scorers import SCORERS
 from cadence.core.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
-from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, write_vectors_tsv
+from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, Vocabulary, write_vectors_tsv
 
 WHOLE_TABLE_FLOATS = 1 << 26  # evaluation reads an entity table of up to 256 MiB whole ...
 ENTITY_BLOCK_FLOATS = 1 << 22  # ... a larger one 16 MiB of rows at a time (where the rows live, a
@@ -64,8 +65,23 @@ class KgeTask(Task):
         return TableSpec(self.graph.num_entities, self.config.model.dim, self.config.model.init_std,
                          derive_seed(self.config.seed, "entities"))
 
-    def dense_module(self) -> nn.Module:
-        return KgeModel(self.config, self.num_relations)
+    def build_dense(self) -> nn.Module:
+        frozen = self.frozen.dense_rows.get("relations") if self.frozen is not None else None
+        return KgeModel(self.config, self.num_relations, frozen)
+
+    def vocabulary(self) -> Vocabulary:
+        """Entities by name (by id in a graph without names); relation rows by name, a reciprocal
+        run's inverse of *r* as ``r^-1``."""
+        entities, relations = self._names()
+        return Vocabulary({"entities": tuple(map(str, entities))}, {"relations": tuple(map(str, relations))})
+
+    def _names(self) -> tuple[Sequence, list]:
+        """(entity names, the name of each row of the relation parameters)."""
+        graph = self.graph
+        relations = list(graph.relation_names or range(graph.num_relations))
+        if self.config.train.reciprocal:
+            relations += [f"{name}^-1" for name in relations]
+        return graph.entity_names or range(graph.num_entities), relations
 
     # ---- batches --------------------------------------------------------------------------------
     def plan(self, epoch: int) -> list[BatchPlan]:
@@ -146,11 +162,7 @@ class KgeTask(Task):
         relation *r* is ``r^-1``; a graph without names is named by id)."""
         entities = params.values(torch.arange(self.graph.num_entities))
         if format == "tsv":
-            graph = self.graph
-            entity_names = graph.entity_names or range(graph.num_entities)
-            relation_names = list(graph.relation_names or range(graph.num_relations))
-            if self.config.train.reciprocal:
-                relation_names += [f"{name}^-1" for name in relation_names]
+            entity_names, relation_names = self._names()
             return [write_vectors_tsv(out / "entities.tsv", entity_names, entities),
                     write_vectors_tsv(out / "relations.tsv", relation_names, dense.relations)]
         written = []

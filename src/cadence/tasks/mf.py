@@ -36,7 +36,7 @@ from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
 from cadence.errors import ConfigError
 from cadence.core.batch import Batch, BatchPlan, plan_epoch, unique_keys
 from cadence.seeding import derive_seed
-from cadence.tasks.base import (TASKS, ParameterView, Progress, TablePart, TableSpec, Task, in_place_key,
+from cadence.tasks.base import (TASKS, ParameterView, Progress, TablePart, TableSpec, Task, Vocabulary, in_place_key,
                                 write_vectors_tsv)
 
 EVAL_BATCH = 65536
@@ -149,8 +149,12 @@ class MfTask(Task):
                          derive_seed(self.config.seed, "mf-table"),
                          (TablePart("users", 0, users), TablePart("items", users, items)))
 
-    def dense_module(self) -> nn.Module:
+    def build_dense(self) -> nn.Module:
         return GlobalMean(self.mean, self.low, self.high)
+
+    def vocabulary(self) -> Vocabulary:
+        """Users, then items, by their raw ids (each row a factor vector and a bias)."""
+        return Vocabulary({"users": tuple(map(str, self.dataset.user_ids)), "items": tuple(map(str, self.dataset.item_ids))})
 
     # ---- batches --------------------------------------------------------------------------------
     def plan(self, epoch: int) -> list[BatchPlan]:

@@ -51,7 +51,7 @@ from cadence.errors import ConfigError
 from cadence.evaluation.word_vectors import evaluate_word_vectors
 from cadence.core.batch import Batch, BatchPlan, plan_epoch, unique_keys
 from cadence.seeding import derive_seed
-from cadence.tasks.base import (TASKS, ParameterView, Progress, TablePart, TableSpec, Task, in_place_key,
+from cadence.tasks.base import (TASKS, ParameterView, Progress, TablePart, TableSpec, Task, Vocabulary, in_place_key,
                                 write_vectors_tsv)
 
 
@@ -142,9 +142,9 @@ class Word2VecTask(Task):
             raise ConfigError(f"model.name: the w2v task has one model, skipgram; got {config.model.name!r}")
         w2v = config.w2v
         self.corpus = corpus if corpus is not None else load_corpus(config.data.dataset, w2v.min_count, w2v.max_vocab)
-        self.vocabulary = len(self.corpus.words)
-        if self.vocabulary < 2:
-            raise ConfigError(f"data.dataset: {self.vocabulary} words occur at least w2v.min_count="
+        self.vocabulary_size = len(self.corpus.words)
+        if self.vocabulary_size < 2:
+            raise ConfigError(f"data.dataset: {self.vocabulary_size} words occur at least w2v.min_count="
                               f"{w2v.min_count} times; nothing to train")
         # the kernels' first calls outside the epochs
         compiled.warm_up(*(("skipgram_in_place",) if self.updates_in_place else
@@ -170,13 +170,18 @@ class Word2VecTask(Task):
         return {"vocabulary": (corpus.words, corpus.counts), "corpus": (corpus.tokens, corpus.sentence_starts)}
 
     def table(self) -> TableSpec:
-        size = self.vocabulary
+        size = self.vocabulary_size
         return TableSpec(2 * size, self.config.model.dim, self.config.model.init_std,
                          derive_seed(self.config.seed, "w2v-table"),
                          (TablePart("input", 0, size), TablePart("output", size, size, zero=True)))
 
-    def dense_module(self) -> nn.Module:
+    def build_dense(self) -> nn.Module:
         return nn.Module()  # no dense parameters
+
+    def vocabulary(self) -> Vocabulary:
+        """Each word's input vector, then each word's output vector."""
+        words = tuple(self.corpus.words)
+        return Vocabulary({"input": words, "output": words})
 
     # ---- batches --------------------------------------------------------------------------------
     def _stream(self, epoch: int) -> tuple[Tensor, Tensor]:
@@ -218,7 +223,7 @@ class Word2VecTask(Task):
         centre_words = tokens[centres[pair_centre]]  # output vectors: the positive targets
         pairs, negatives = context_words.shape[0], self.config.w2v.negatives
         noise = self.noise.sample(pairs * negatives, generator)
-        size = self.vocabulary
+        size = self.vocabulary_size
         ids, local = unique_keys(torch.cat([context_words, centre_words + size, noise + size]), 2 * size)
         outputs = torch.cat([local[pairs:2 * pairs].unsqueeze(1), local[2 * pairs:].view(pairs, negatives)], 1)
         return Batch(plan, ids, {"inputs": local[:pairs], "outputs": outputs, "rate": self._rate(plan)})
@@ -245,13 +250,13 @@ class Word2VecTask(Task):
         rate = float(batch.inputs["rate"])
         total, _ = compiled.skipgram_in_place(
             values, tokens, sentences, centres[part * size // parts:(part + 1) * size // parts], w2v.window,
-            w2v.shrink_window, w2v.negatives, self.noise.keep, self.noise.alias, self.vocabulary,
+            w2v.shrink_window, w2v.negatives, self.noise.keep, self.noise.alias, self.vocabulary_size,
             derive_seed(self.config.seed, "w2v-pairs", batch.plan.epoch), self.config.optimizer.lr * rate)
         return total * rate
 
     # ---- evaluation -----------------------------------------------------------------------------
     def vectors(self, params: ParameterView) -> Tensor:
-        return params.values(torch.arange(self.vocabulary))
+        return params.values(torch.arange(self.vocabulary_size))
 
     def evaluate(self, params: ParameterView, dense: nn.Module, split: str, device: torch.device,
                  progress: Progress) -> dict[str, float]:

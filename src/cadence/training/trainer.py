@@ -31,6 +31,7 @@ from cadence.core.batch import Batch
 from cadence.tasks.base import Task, Validation
 from cadence.core import checkpoint as ckpt
 from cadence.training.batch_order import BatchOrder, ComputationOrderRecorder
+from cadence.training.grow import Growth
 from cadence.training.run_directory import RunDirectory
 from cadence.core.runtime import Runtime, ShardLost
 
@@ -86,6 +87,7 @@ class Trainer:
             self.hooks.append(ComputationOrderRecorder(Path(config.record_order)))
         self.progress = Progress()
         self.last_loss = math.nan  # the last epoch's mean training loss
+        self.grown: dict[str, Any] | None = None  # what a run with train.init_from started from (summary.json)
 
     # ---- the loop -------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -213,6 +215,7 @@ class Trainer:
             **self.runtime.stats(),
             **test,
             **(extra or {}),
+            **({"init_from": self.grown} if self.grown else {}),
         }
 
     # ---- checkpoints ----------------------------------------------------------------------------
@@ -252,13 +255,19 @@ class Trainer:
             self.progress = Progress()
             log.warning("no checkpoint yet: training again from the start")
 
-    def init_from(self, run_dir: str | Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
-        """Start from another run's final parameters (a job switching strategy between periods)."""
+    def init_from(self, run_dir: str | Path, tensors: dict[str, torch.Tensor], state: dict[str, Any],
+                  growth: Growth | None = None) -> None:
+        """Start from another run's final parameters (a job switching strategy between periods), laid
+        out on this run's data by ``cadence.training.grow`` (``growth``: what it matched and added)."""
         try:
             self.runtime.load_state(tensors, state, counters=False)
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(f"{run_dir}: its model does not match this run's ({err})") from None
-        log.info("initialised from %s (%s)", run_dir, state.get("runtime", "?"))
+        if growth is None:
+            log.info("initialised from %s (%s)", run_dir, state.get("runtime", "?"))
+            return
+        self.grown = growth.summary()
+        log.info("%s", growth.line())
 
     def _restore_best(self) -> None:
         tensors, state = ckpt.load_checkpoint(ckpt.checkpoint_root(self.run.path) / "best", tables=False)

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from cadence.config import AdapmConfig, OptimizerConfig
-from cadence.optim import module_optimizer
+from cadence.optim import module_optimizer, set_lr
 from cadence.core.batch import Batch, BatchPlan, finished_batch
 from cadence.core.runtime import WorkerFailed, serialized
 from cadence.engines.placement import Handle, Placement, finish
@@ -134,9 +134,7 @@ class NodeRunner:
 
     def set_lr(self, lr: float) -> None:
         for dense_copy in self.node.dense:
-            if dense_copy.optimizer is not None:
-                for group in dense_copy.optimizer.param_groups:
-                    group["lr"] = lr
+            set_lr(dense_copy.optimizer, lr)
 
     # ---- one communication round ----------------------------------------------------------------------
     def round(self) -> bool:
@@ -233,7 +231,7 @@ class NodeRunner:
             return transport.access(node.index, dest, slots, delta, value)
 
         def signal(position: int) -> None:
-            batch = task.prepare(plans[position])
+            batch = task.training_batch(plans[position])
             node.intent(worker, batch.ids, base + position, base + position + 1)
             ready.append(batch)
 

@@ -158,12 +158,12 @@ class HogwildWorker(Worker):
 
     def step(self, position, plan, token) -> None:
         started = time.perf_counter()
-        batch = self.task.prepare(plan)
+        batch = self.task.training_batch(plan)
         rows = self.router.pull(batch.ids)
         ids = batch.ids
         rows = on_device(batch, rows, self.device)
         rows.requires_grad_(True)
-        loss = self.task.loss(batch, rows, self.model)
+        loss = self.task.train_loss(batch, rows, self.model)
         if self.replica is None:
             (row_grad,) = torch.autograd.grad(loss, [rows], allow_unused=True, materialize_grads=True)
         else:

@@ -245,7 +245,7 @@ class Worker:
         """One batch: pull, compute, push the rows' gradient (and the dense one, unless the dense
         parameters live here: then they are returned for the all-reduce)."""
         started = time.perf_counter()
-        batch = self.task.prepare(plan)
+        batch = self.task.training_batch(plan)
         if self.reducer is None:
             rows, (dense_state, pulled_step) = self.router.pull(batch.ids, dense=True)
             self.model.load_state_dict(dense_state)
@@ -255,7 +255,7 @@ class Worker:
         rows = on_device(batch, rows, self.device)
         rows.requires_grad_(True)
         self.model.zero_grad(set_to_none=True)
-        loss = self.task.loss(batch, rows, self.model)
+        loss = self.task.train_loss(batch, rows, self.model)
         loss.backward()
         dense = {name: (p.grad.detach() if p.grad is not None else torch.zeros_like(p)).to("cpu", copy=True)
                  for name, p in self.model.named_parameters()}

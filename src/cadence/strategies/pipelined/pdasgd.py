@@ -69,7 +69,7 @@ class _LossOf(nn.Module):
         self.task, self.dense = task, dense
 
     def forward(self, batch: Batch, rows: Tensor) -> Tensor:
-        return self.task.loss(batch, rows, self.dense)
+        return self.task.train_loss(batch, rows, self.dense)
 
 
 class Staleness:
