@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 import torch
 
-from cadence.config import Config, flatten, load_config, user_terms
+from cadence.config import AutoConfig, Config, flatten, load_config, user_terms
 from cadence.data import fingerprint
 from cadence.device import resolve_device, use_deterministic_kernels
 from cadence.engines.threads import usable_cores
@@ -36,7 +36,7 @@ from cadence.training.batch_order import BatchOrder
 from cadence.training.run_directory import RunDirectory, default_run_dir, finite, write_atomic  # noqa: F401  (re-exported)
 from cadence.core.keys import KeyIndex
 from cadence.core.runtime import RowsView, Runtime
-from cadence.training import grow
+from cadence.training import auto, grow
 from cadence.training.trainer import Trainer, TrainerHook
 
 log = logging.getLogger("cadence")
@@ -61,8 +61,13 @@ def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] 
 
 
 def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook]) -> TrainResult:
-    config = prepare_config(config)
-    task = TASKS.get(config.task)(config)
+    auto.check_unread(config)
+    chosen = None
+    if config.strategy == auto.AUTO:  # measured here, once: every layer below sees a strategy
+        config, chosen, task = _choose_strategy(config)
+    else:
+        config = prepare_config(config)
+        task = TASKS.get(config.task)(config)
     init = _init_checkpoint(config, task)  # a model that does not fit fails here, before anything is written
     if config.batch_order:
         order = BatchOrder.load(config.batch_order)
@@ -74,6 +79,8 @@ def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook]) -> Tra
     with run.locked():  # one writer per run directory; checked under the lock: no other run slips in
         run.check_empty(overwrite)
         trainer = build_trainer(config, task, run, hooks)
+        if chosen is not None:
+            trainer.notes["auto"] = chosen
         try:
             if init is not None:
                 trainer.init_from(config.train.init_from, *init)
@@ -82,6 +89,8 @@ def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook]) -> Tra
             grow.write_vocabulary(run.path, task.vocabulary())
             if init is not None:
                 init[2].save(run.path)
+            if chosen is not None:
+                auto.save(run.path, chosen)
         except BaseException:
             trainer.runtime.close()
             raise
@@ -112,10 +121,11 @@ def _resume(config: Config, run: RunDirectory, overrides: dict[str, Any] | None,
     config = prepare_config(config)
     task = TASKS.get(config.task)(config)
     grown, task.frozen = grow.load_growth(run.path)  # a grown run freezes the same rows again
+    chosen = auto.load(run.path)
     _connect(config)
     with run.locked():  # one writer per run directory
         trainer = build_trainer(config, task, run, hooks)
-        trainer.grown = grown
+        trainer.notes.update({key: note for key, note in (("init_from", grown), ("auto", chosen)) if note})
         try:
             if not trainer.resume():
                 log.warning("%s has no checkpoint yet: training from the start", run.path)
@@ -141,7 +151,9 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
     for name in strategies:  # every one is checked before the first trains
         with user_terms(config):
             checked = copy.deepcopy(config)
-            checked.strategy = name
+            if auto.AUTO not in strategies:
+                auto.check_unread(checked)
+            checked.strategy = auto.REFERENCE if name == auto.AUTO else name  # (auto: its trials check each)
             prepare_config(checked)
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -151,6 +163,8 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
         run_config = copy.deepcopy(config)
         run_config.strategy = name
         run_config.out = str(out / name)
+        if name != auto.AUTO and auto.AUTO in strategies:
+            run_config.auto = AutoConfig()  # (the auto.* settings are the auto contender's)
         result = train(run_config, overwrite=overwrite)
         results[name] = {"summary": result.summary,
                          "curve": [r for r in result.metrics if r["split"] in ("valid", "next_period")]}
@@ -244,6 +258,24 @@ def _check_foreign_keys(config: Config, runtime: RuntimeKind) -> None:
         owners = [kind for kind in kinds if kind.owns(key)]
         if owners and runtime not in owners:
             raise ConfigError(runtime.refuse(key, owners[0], where))
+
+
+def _choose_strategy(config: Config) -> tuple[Config, dict[str, Any], Task]:
+    """``strategy: auto``: the config with the strategy its trials chose, the record, and the task
+    (its data read once, for the trials and the run)."""
+    probe = copy.deepcopy(config)
+    probe.strategy = auto.REFERENCE
+    task = TASKS.get(config.task)(prepare_config(probe))
+
+    def runtime(candidate: Config, of: Task, scratch: Path) -> Runtime:
+        if candidate.store.path:  # a trial's table files beside the run's (the same disk), never in them
+            candidate.store.path = str(Path(candidate.store.path).with_name(Path(candidate.store.path).name + "-auto-trial"))
+        return build_runtime(candidate, of, RunDirectory(scratch))[0]
+
+    config, chosen = auto.choose(config, task, prepare_config, runtime)
+    config = prepare_config(config)
+    task.config = config
+    return config, chosen, task
 
 
 def _init_checkpoint(config: Config, task: Task) -> tuple[dict[str, torch.Tensor], dict[str, Any], grow.Growth] | None:

@@ -329,6 +329,16 @@ class ImageConfig:
 
 
 @dataclass
+class AutoConfig:
+    """``strategy: auto`` (cadence.training.auto): a short trial of each strategy that keeps sync's model."""
+
+    trial_batches: int = 200  # batches of epoch 0 each candidate trains (the first tenth a warm-up, untimed)
+    trial_seconds: float = 20.0  # at most this long per candidate's timed part (fewer batches if slower)
+    # sync (the bit-exact reference) is kept unless another candidate is this many times faster
+    margin: float = 1.05
+
+
+@dataclass
 class EvalConfig:
     every: int = 1  # validate every N epochs; 0 = never
     batch_size: int = 256
@@ -378,6 +388,7 @@ class Config:
     w2v: W2vConfig = field(default_factory=W2vConfig)
     image: ImageConfig = field(default_factory=ImageConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    auto: AutoConfig = field(default_factory=AutoConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -396,7 +407,7 @@ _POSITIVE = {
     "ctr.synthetic.num_examples", "ctr.synthetic.num_fields", "ctr.synthetic.vocab_per_field",
     "ctr.synthetic.holdout", "ctr.num_periods", "w2v.negatives", "shadow.threads", "shadow.every",
     "shadow.block_lr", "pdasgd.backward_threads", "image.fc", "adapm.threads", "adapm.initial_rate",
-    "mf.column_blocks",
+    "mf.column_blocks", "auto.trial_batches", "auto.trial_seconds",
 }
 _NON_NEGATIVE = {"data.synthetic.communities", "train.negative_chunk", "ps.emulated_latency", "ps.ray_idle_processes", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "eval.negatives", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "ctr.first_period",
@@ -660,6 +671,9 @@ def _check_ranges(config: Config, where: dict[str, str]) -> None:
     for key in _NOT_EMPTY:
         if flat[key] is not None and not str(flat[key]).strip():
             raise ConfigError(f"{_locate(key, where)}{key} is empty; give a path or name (or leave it out)")
+    if not 1.0 <= config.auto.margin < float("inf"):
+        raise ConfigError(f"{_locate('auto.margin', where)}auto.margin must be a finite ratio of at least 1 (1.05: "
+                          f"another strategy must be 5% faster than sync to be chosen), got {config.auto.margin}")
     if config.mf.fold >= config.mf.folds:
         raise ConfigError(f"{_locate('mf.fold', where)}mf.fold must be less than mf.folds ({config.mf.folds}), "
                           f"got {config.mf.fold}")

@@ -87,7 +87,8 @@ class Trainer:
             self.hooks.append(ComputationOrderRecorder(Path(config.record_order)))
         self.progress = Progress()
         self.last_loss = math.nan  # the last epoch's mean training loss
-        self.grown: dict[str, Any] | None = None  # what a run with train.init_from started from (summary.json)
+        # summary.json entries of how the run began: ``init_from`` (what it grew from), ``auto`` (its trials)
+        self.notes: dict[str, Any] = {}
 
     # ---- the loop -------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -215,7 +216,7 @@ class Trainer:
             **self.runtime.stats(),
             **test,
             **(extra or {}),
-            **({"init_from": self.grown} if self.grown else {}),
+            **self.notes,
         }
 
     # ---- checkpoints ----------------------------------------------------------------------------
@@ -266,7 +267,7 @@ class Trainer:
         if growth is None:
             log.info("initialised from %s (%s)", run_dir, state.get("runtime", "?"))
             return
-        self.grown = growth.summary()
+        self.notes["init_from"] = growth.summary()
         log.info("%s", growth.line())
 
     def _restore_best(self) -> None:

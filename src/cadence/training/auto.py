@@ -1,0 +1,169 @@
+"""``strategy: auto``: measure, on the user's data and machine, a short trial of each strategy that
+keeps sync's model, and train with the fastest.
+
+Candidates (strategies whose guarantee is sync's model): one worker (``ps.workers: 1``): ``sync`` and
+``oac`` (the synchronous run of its computation order, bit for bit); several workers: ``sync`` (a
+barrier per global step) and ``gba`` (the synchronous global batch, stale gradients beyond
+``ps.tolerance`` dropped). ``async``, ``hop_*``, ShadowSync, pdASGD and AdaPM trade the model for speed
+and are never chosen.
+
+A trial builds the candidate's runtime as the run would (same config, data, seed, stragglers),
+trains the first ``auto.trial_batches`` batches of the run (epoch 0's, then epoch 1's for a small data
+set; the first tenth, and at least 20, a warm-up, untimed; fewer
+if the timed part would take longer than ``auto.trial_seconds``), and measures examples per second.
+The rule (``pick``): ``sync`` unless another candidate is ``auto.margin`` times faster (a bit-exact
+reference is worth a few percent of noise); else the fastest. The trial table and a one-line reason
+are logged, recorded in summary.json (``auto``) and in ``auto.json`` beside the run; the run's
+config.yaml records the chosen strategy, so ``--resume`` continues with it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from cadence.config import AutoConfig, Config
+from cadence.core.runtime import Runtime
+from cadence.errors import ConfigError
+from cadence.tasks.base import Task
+
+log = logging.getLogger("cadence")
+
+AUTO = "auto"
+AUTO_FILE = "auto.json"  # in a run that chose its strategy: the trials and the reason
+REFERENCE = "sync"
+WARM_BATCHES = 20  # at least this many warm-up batches (first calls, thread teams, caches), half at most
+MAX_TRIAL_EPOCHS = 1000
+
+
+@dataclass
+class Trial:
+    strategy: str
+    examples_per_second: float | None  # None: the candidate could not run here (``note`` says why)
+    batches: int = 0
+    seconds: float = 0.0
+    gradients_dropped: int | None = None
+    note: str = ""
+
+
+def candidates(config: Config) -> list[str]:
+    """The strategies whose guarantee is sync's model, for this run's worker count."""
+    return [REFERENCE, "oac"] if config.ps.workers <= 1 else [REFERENCE, "gba"]
+
+
+def pick(trials: list[Trial], margin: float) -> tuple[str, str]:
+    """(the chosen strategy, the reason in one line) from measured trials: sync unless another is
+    ``margin`` times faster; else the fastest."""
+    ran = [trial for trial in trials if trial.examples_per_second]
+    if not ran:
+        raise ConfigError("strategy: auto: no candidate could train here (" +
+                          "; ".join(f"{t.strategy}: {t.note}" for t in trials) + ")")
+    fastest = max(ran, key=lambda trial: trial.examples_per_second)
+    reference = next((trial for trial in ran if trial.strategy == REFERENCE), None)
+    tried = ", ".join(f"{t.strategy} {t.examples_per_second:,.0f}" for t in ran)
+    if reference is None:
+        return fastest.strategy, f"{fastest.strategy}: the fastest that keeps sync's model ({tried} examples/s; sync could not run)"
+    ratio = fastest.examples_per_second / reference.examples_per_second
+    if fastest is reference or ratio < margin:
+        other = "" if fastest is reference else f"; {fastest.strategy} was {ratio:.2f}x, within auto.margin {margin:g}"
+        return REFERENCE, f"sync: no candidate that keeps sync's model is {margin:g}x faster ({tried} examples/s{other})"
+    return fastest.strategy, (f"{fastest.strategy}: {ratio:.2f}x sync's speed and keeps sync's model ({tried} examples/s "
+                              f"over {fastest.batches} timed batches)")
+
+
+Build = Callable[[Config, Task, Path], Runtime]
+
+
+def run_trial(config: Config, task: Task, build: Build, settings: AutoConfig) -> Trial:
+    """Train the first batches of epoch 0 under ``config.strategy`` in a scratch directory; its speed."""
+    plans = trial_plans(task, settings.trial_batches)
+    warm = plans[: max(len(plans) // 10, min(WARM_BATCHES, len(plans) // 2), 1)]
+    rest = plans[len(warm):]
+    with tempfile.TemporaryDirectory(prefix="cadence-auto-") as scratch:
+        runtime = build(config, task, Path(scratch))
+        try:
+            started = time.perf_counter()
+            runtime.run_epoch(warm, _nothing)
+            warm_seconds = time.perf_counter() - started
+            if warm_seconds > 0 and rest:  # the time budget, from the warm-up's pace
+                rest = rest[: max(1, min(len(rest), math.ceil(settings.trial_seconds * len(warm) / warm_seconds)))]
+            timed = rest or warm
+            started = time.perf_counter()
+            _, examples = runtime.run_epoch(timed, _nothing)
+            seconds = time.perf_counter() - started
+            dropped = runtime.stats().get("gradients_dropped")
+        finally:
+            runtime.close()
+    speed = task.examples_of(examples) / seconds if seconds > 0 else None
+    return Trial(config.strategy, speed, len(timed), round(seconds, 4), dropped)
+
+
+def trial_plans(task: Task, count: int) -> list:
+    """The first ``count`` batches of the run: epoch 0's, then epoch 1's, ... (a small data set's
+    epoch may be shorter than a trial)."""
+    plans: list = []
+    for epoch in range(MAX_TRIAL_EPOCHS):
+        if len(plans) >= count:
+            break
+        plans += task.plan(epoch)[: count - len(plans)]
+    return plans
+
+
+def _nothing(batch: Any) -> None:
+    return None
+
+
+def choose(config: Config, task: Task, prepare: Callable[[Config], Config], build: Build,
+           trial: Callable[[Config, Task, Build, AutoConfig], Trial] = run_trial) -> tuple[Config, dict[str, Any]]:
+    """This run's config with the chosen strategy, and the record of the choice (summary.json's
+    ``auto``). ``prepare`` validates a candidate's config (a candidate that cannot run here is
+    skipped, its reason noted); ``trial`` measures one (tests inject speeds)."""
+    trials = []
+    for name in candidates(config):
+        candidate = copy.deepcopy(config)
+        candidate.strategy = name
+        try:
+            candidate = prepare(candidate)
+        except ConfigError as err:
+            trials.append(Trial(name, None, note=str(err)))
+            continue
+        trials.append(trial(candidate, task, build, config.auto))
+    chosen, reason = pick(trials, config.auto.margin)
+    for line in table(trials):
+        log.info("%s", line)
+    log.info("strategy auto chose %s", reason)
+    config = copy.deepcopy(config)
+    config.strategy = chosen
+    return config, {"chosen": chosen, "reason": reason, "trials": [asdict(t) for t in trials]}
+
+
+def table(trials: list[Trial]) -> list[str]:
+    rows = [("strategy", "examples/s", "batches", "seconds", "dropped", "note")]
+    for t in trials:
+        rows.append((t.strategy, f"{t.examples_per_second:,.0f}" if t.examples_per_second else "-", str(t.batches),
+                     f"{t.seconds:.2f}", "-" if t.gradients_dropped is None else str(t.gradients_dropped), t.note))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def save(run_dir: Path, record: dict[str, Any]) -> None:
+    (Path(run_dir) / AUTO_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
+def load(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / AUTO_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def check_unread(config: Config) -> None:
+    """``auto.*`` set with another strategy: nothing would read it."""
+    changed = [key for key, value in asdict(config.auto).items() if getattr(AutoConfig(), key) != value]
+    if config.strategy != AUTO and changed:
+        raise ConfigError(f"auto.{changed[0]}: read only with strategy: auto (this run's strategy is {config.strategy})")

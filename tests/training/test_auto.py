@@ -1,0 +1,91 @@
+"""``strategy: auto``: the rule, with injected speeds, and a real run that chooses and trains."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cadence import api
+from cadence.errors import ConfigError
+from cadence.training import auto
+from tests.conftest import make_config
+
+
+def trials(**speeds: float | None) -> list[auto.Trial]:
+    return [auto.Trial(name, speed, batches=100, seconds=1.0) for name, speed in speeds.items()]
+
+
+@pytest.mark.parametrize("speeds, chosen", [
+    ({"sync": 1000.0, "oac": 1030.0}, "sync"),    # in memory: the pipeline has nothing to hide (UMLS)
+    ({"sync": 1000.0, "oac": 960.0}, "sync"),
+    ({"sync": 1000.0, "oac": 1600.0}, "oac"),     # out of core: OAC hides the reads
+    ({"sync": 1000.0, "gba": 2100.0}, "gba"),     # 4 workers and a straggler: GBA does not wait for it
+    ({"sync": 1000.0, "gba": 1040.0}, "sync"),
+    ({"sync": None, "oac": 500.0}, "oac"),        # sync could not run here
+])
+def test_the_rule_keeps_sync_unless_another_is_margin_times_faster(speeds, chosen) -> None:
+    name, reason = auto.pick(trials(**speeds), margin=1.05)
+    assert name == chosen and reason.startswith(f"{chosen}:")
+    assert "\n" not in reason and all(f"{speed:,.0f}" in reason for speed in speeds.values() if speed)
+
+
+def test_the_margin_is_a_setting() -> None:
+    assert auto.pick(trials(sync=1000.0, oac=1300.0), margin=1.5)[0] == "sync"
+    assert auto.pick(trials(sync=1000.0, oac=1300.0), margin=1.2)[0] == "oac"
+
+
+def test_no_candidate_that_ran_is_an_error_naming_each() -> None:
+    with pytest.raises(ConfigError, match="no candidate could train here .*sync: broken; oac: also"):
+        auto.pick([auto.Trial("sync", None, note="broken"), auto.Trial("oac", None, note="also")], margin=1.05)
+
+
+def test_the_candidates_are_the_strategies_that_keep_syncs_model(tiny_graph: Path) -> None:
+    assert auto.candidates(make_config(None, f"data.dataset={tiny_graph}")) == ["sync", "oac"]
+    assert auto.candidates(make_config(None, f"data.dataset={tiny_graph}", "ps.workers=4")) == ["sync", "gba"]
+
+
+def test_choose_runs_every_candidate_with_the_runs_config_and_records_why(tiny_graph: Path) -> None:
+    config = make_config(None, f"data.dataset={tiny_graph}", "strategy=auto", "ps.workers=4",
+                         "ps.stragglers=[0:4]")
+    seen = []
+
+    def trial(candidate, task, build, settings):
+        seen.append((candidate.strategy, candidate.ps.workers, candidate.ps.stragglers))
+        return auto.Trial(candidate.strategy, {"sync": 800.0, "gba": 2000.0}[candidate.strategy], 90, 1.0)
+
+    probe = api.prepare_config(make_config(None, f"data.dataset={tiny_graph}"))
+    chosen, record = auto.choose(config, api.TASKS.get("kge")(probe), api.prepare_config, None, trial)
+    assert seen == [("sync", 4, ["0:4"]), ("gba", 4, ["0:4"])]
+    assert chosen.strategy == "gba" and config.strategy == "auto"  # (the caller's config untouched)
+    assert record["chosen"] == "gba" and [t["strategy"] for t in record["trials"]] == ["sync", "gba"]
+
+
+def test_a_run_with_strategy_auto_measures_chooses_and_trains(tiny_graph: Path, tmp_path: Path, caplog) -> None:
+    caplog.set_level("INFO", logger="cadence")
+    result = api.train(make_config(tmp_path / "run", f"data.dataset={tiny_graph}", "strategy=auto",
+                                   "auto.trial_batches=30"))
+    record = result.summary["auto"]
+    assert result.summary["strategy"] == record["chosen"] in ("sync", "oac")
+    assert [t["strategy"] for t in record["trials"]] == ["sync", "oac"]
+    assert all(t["examples_per_second"] > 0 and t["batches"] > 0 for t in record["trials"])
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["strategy"] == record["chosen"]
+    assert f"strategy auto chose {record['reason']}" in caplog.text
+    assert json.loads((tmp_path / "run" / "auto.json").read_text()) == record
+    resumed = api.resume(tmp_path / "run", {"train.epochs": 3})  # continues with the chosen strategy
+    assert resumed.summary["strategy"] == record["chosen"] and resumed.summary["auto"] == record
+
+
+def test_auto_settings_without_strategy_auto_are_refused(tiny_graph: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="auto.margin.*: read only with strategy: auto"):
+        api.train(make_config(tmp_path / "run", f"data.dataset={tiny_graph}", "auto.margin=1.2"))
+    with pytest.raises(ConfigError, match="auto.margin must be a finite ratio of at least 1"):
+        make_config(None, "auto.margin=0.5")
+
+
+def test_compare_takes_auto_as_a_contender(tiny_graph: Path, tmp_path: Path) -> None:
+    comparison = api.compare(make_config(None, f"data.dataset={tiny_graph}", "auto.trial_batches=24"),
+                             ["sync", "auto"], tmp_path / "cmp")
+    assert comparison["strategies"]["auto"]["summary"]["auto"]["chosen"] in ("sync", "oac")
