@@ -8,8 +8,8 @@ barrier per global step) and ``gba`` (the synchronous global batch, stale gradie
 and are never chosen.
 
 A trial builds the candidate's runtime as the run would (same config, data, seed, stragglers),
-trains the first ``auto.trial_batches`` batches of the run (epoch 0's, then epoch 1's for a small data
-set; the first tenth, and at least 20, a warm-up, untimed; fewer
+trains ``auto.trial_batches`` batches: a tenth (at least 20, at most half) a warm-up, untimed, then the
+rest, each part the first batches of an epoch (epoch 0's, then 1's, ... for a small data set), fewer
 if the timed part would take longer than ``auto.trial_seconds``), and measures examples per second.
 The rule (``pick``): ``sync`` unless another candidate is ``auto.margin`` times faster (a bit-exact
 reference is worth a few percent of noise); else the fastest. The trial table and a one-line reason
@@ -83,37 +83,44 @@ Build = Callable[[Config, Task, Path], Runtime]
 
 def run_trial(config: Config, task: Task, build: Build, settings: AutoConfig) -> Trial:
     """Train the first batches of epoch 0 under ``config.strategy`` in a scratch directory; its speed."""
-    plans = trial_plans(task, settings.trial_batches)
-    warm = plans[: max(len(plans) // 10, min(WARM_BATCHES, len(plans) // 2), 1)]
-    rest = plans[len(warm):]
+    total = settings.trial_batches
+    warm, epoch = trial_epochs(task, 0, max(total // 10, min(WARM_BATCHES, total // 2), 1))
     with tempfile.TemporaryDirectory(prefix="cadence-auto-") as scratch:
         runtime = build(config, task, Path(scratch))
         try:
             started = time.perf_counter()
-            runtime.run_epoch(warm, _nothing)
-            warm_seconds = time.perf_counter() - started
-            if warm_seconds > 0 and rest:  # the time budget, from the warm-up's pace
-                rest = rest[: max(1, min(len(rest), math.ceil(settings.trial_seconds * len(warm) / warm_seconds)))]
-            timed = rest or warm
-            started = time.perf_counter()
-            _, examples = runtime.run_epoch(timed, _nothing)
-            seconds = time.perf_counter() - started
+            for plans in warm:
+                runtime.run_epoch(plans, _nothing)
+            pace = (time.perf_counter() - started) / sum(map(len, warm))  # seconds per batch
+            warmed = sum(map(len, warm))
+            timed = min(total - warmed, max(1, math.ceil(settings.trial_seconds / pace))) if pace > 0 else total
+            batches = examples = 0
+            seconds = 0.0
+            for plans in trial_epochs(task, epoch, max(1, timed))[0]:
+                started = time.perf_counter()
+                _, done = runtime.run_epoch(plans, _nothing)
+                seconds += time.perf_counter() - started
+                batches, examples = batches + len(plans), examples + done
             dropped = runtime.stats().get("gradients_dropped")
         finally:
             runtime.close()
     speed = task.examples_of(examples) / seconds if seconds > 0 else None
-    return Trial(config.strategy, speed, len(timed), round(seconds, 4), dropped)
+    return Trial(config.strategy, speed, batches, round(seconds, 4), dropped)
 
 
-def trial_plans(task: Task, count: int) -> list:
-    """The first ``count`` batches of the run: epoch 0's, then epoch 1's, ... (a small data set's
-    epoch may be shorter than a trial)."""
-    plans: list = []
-    for epoch in range(MAX_TRIAL_EPOCHS):
-        if len(plans) >= count:
-            break
-        plans += task.plan(epoch)[: count - len(plans)]
-    return plans
+def trial_epochs(task: Task, first: int, count: int) -> tuple[list[list], int]:
+    """(``count`` batches from epoch ``first`` on, as the first batches of each epoch in turn, the
+    next epoch): a small data set's epoch may be shorter than a trial, and a runtime always runs the
+    start of an epoch's plan (a parameter server's workers on Ray build the epoch's plan themselves
+    and take batches by position)."""
+    parts: list[list] = []
+    epoch = first
+    while count > 0 and epoch < first + MAX_TRIAL_EPOCHS:
+        part = task.plan(epoch)[:count]
+        parts.append(part)
+        count -= len(part)
+        epoch += 1
+    return parts, epoch
 
 
 def _nothing(batch: Any) -> None:
