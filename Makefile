@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow gpu-data gpu-check bench bench-peers bench-profiles clean
+.PHONY: install demo test test-slow gpu-data gpu-check chromium bench bench-peers bench-profiles clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,18 @@ gpu-check:
 	PYTHONPATH=src $(GPU_PY) -m pytest -q -m cuda -p no:cacheprovider $(if $(GPU_JOBS),-n $(GPU_JOBS)) tests
 	PYTHONPATH=src $(GPU_PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
+# A headless browser for the HTML report's browser test and the README's screenshot: Debian's chromium
+# and the libraries a bare Debian lacks, fetched with apt-get download at pinned versions, sha256-checked
+# (tests/report/chromium.sha256), unpacked, not installed: .chromium/chromium. Without it that test skips.
+CHROMIUM_DEBS := $(shell sed 's/^[0-9a-f]*  //; s/_amd64.deb$$//; s/_/=/' tests/report/chromium.sha256)
+chromium: .chromium/chromium
+.chromium/chromium: tests/report/chromium.sha256
+	rm -rf .chromium && mkdir -p .chromium/debs
+	cd .chromium/debs && apt-get download $(CHROMIUM_DEBS) && sha256sum -c ../../tests/report/chromium.sha256
+	for f in .chromium/debs/*.deb; do dpkg-deb -x $$f .chromium/root; done
+	printf '#!/bin/sh\nroot=$$(dirname "$$(readlink -f "$$0")")/root\nexport LD_LIBRARY_PATH="$$root/usr/lib/x86_64-linux-gnu:$$root/usr/lib/x86_64-linux-gnu/pulseaudio$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"\nexec "$$root/usr/lib/chromium/chromium" "$$@"\n' > .chromium/chromium
+	chmod +x .chromium/chromium
+
 bench: install
 	$(PY) benchmarks/kge_throughput.py
 	$(PY) benchmarks/pipeline_throughput.py
@@ -86,4 +98,4 @@ bench-profiles: install .venv-bench-pyspy/bin/python
 	$(PY) benchmarks/task_profiles.py --write
 
 clean:
-	rm -rf $(VENV) runs build dist src/*.egg-info
+	rm -rf $(VENV) runs build dist src/*.egg-info .chromium

@@ -37,6 +37,7 @@ from cadence.training.run_directory import RunDirectory, default_run_dir, finite
 from cadence.core.keys import KeyIndex
 from cadence.core.runtime import RowsView, Runtime
 from cadence.training import auto, grow
+from cadence.training.environment import environment
 from cadence.training.trainer import Trainer, TrainerHook
 
 log = logging.getLogger("cadence")
@@ -79,6 +80,7 @@ def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook]) -> Tra
     with run.locked():  # one writer per run directory; checked under the lock: no other run slips in
         run.check_empty(overwrite)
         trainer = build_trainer(config, task, run, hooks)
+        trainer.notes["environment"] = environment()
         if chosen is not None:
             trainer.notes["auto"] = chosen
         try:
@@ -126,6 +128,7 @@ def _resume(config: Config, run: RunDirectory, overrides: dict[str, Any] | None,
     with run.locked():  # one writer per run directory
         trainer = build_trainer(config, task, run, hooks)
         trainer.notes.update({key: note for key, note in (("init_from", grown), ("auto", chosen)) if note})
+        trainer.notes["environment"] = environment()  # (this process's: a resume may run elsewhere)
         try:
             if not trainer.resume():
                 log.warning("%s has no checkpoint yet: training from the start", run.path)

@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="npy (every task); tsv: a name, then its vector, per line (every task); word2vec: the "
                              "text format gensim's KeyedVectors reads (task w2v)")
     export.add_argument("--out", required=True, metavar="DIR")
+
+    report = commands.add_parser("report", help="one self-contained HTML page of runs and comparisons")
+    report.add_argument("paths", nargs="+", metavar="RUN_OR_COMPARISON_DIR")
+    report.add_argument("--out", required=True, metavar="FILE", help="the HTML file to write, e.g. report.html")
+    report.add_argument("--title", help="the page's title")
     return parser
 
 
@@ -265,13 +270,21 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"data": _data, "train": _train, "compare": _compare, "eval": _eval, "export": _export}
+def _report(args: argparse.Namespace) -> int:
+    from cadence.report.html import write_report
+
+    print(write_report(args.paths, args.out, args.title))
+    return 0
+
+
+COMMANDS = {"data": _data, "train": _train, "compare": _compare, "eval": _eval, "export": _export,
+            "report": _report}
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
     keys = ["task", "strategy", "runtime", "dataset", "model", "epochs", "train_seconds", "examples_per_second",
             "mrr", "hits@1", "hits@3", "hits@10", "eval_candidates", "auc", "logloss", "ne", "rmse", "mae", "wordsim353",
-            "simlex999", "analogy", "global_steps", "gradients_dropped", "staleness_mean", "staleness_max",
+            "simlex999", "analogy", "accuracy", "cross_entropy", "global_steps", "gradients_dropped", "staleness_mean", "staleness_max",
             "sync_gap", "syncs_per_second", "examples_in_flight"]
     if "sync_gap" in summary:  # ShadowSync: every gradient applied on arrival, none stale by a step count
         keys = [k for k in keys if k not in ("global_steps", "gradients_dropped", "staleness_mean", "staleness_max")]

@@ -154,7 +154,7 @@ class Trainer:
     # ---- evaluation -----------------------------------------------------------------------------
     def _validate(self, validation: Validation, loss: float) -> bool:
         metrics = self.evaluate(validation.split)
-        record = self._record(validation.record, {**dict(validation.extra), **metrics}, loss)
+        record = self._record(validation.record, {**dict(validation.extra), **metrics, "counters": self.counters()}, loss)
         name = self.task.primary_metric
         log.info("epoch %d/%d  loss %.4f  %s %s %.4f  (%.1f s training)", self.progress.epoch,
                  self.task.num_epochs(), loss, validation.split, name, metrics[name], record["wall_seconds"])
@@ -190,6 +190,12 @@ class Trainer:
         for hook in self.hooks:
             hook.on_evaluation(self, record)
         return record
+
+    def counters(self) -> dict[str, float]:
+        """The strategy's own numeric counters so far (staleness, drops, repairs, bytes, sync gap):
+        each validation record keeps them, so a report draws them over time."""
+        return {key: value for key, value in self.runtime.stats().items()
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)}
 
     # ---- results --------------------------------------------------------------------------------
     @property
