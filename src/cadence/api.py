@@ -36,7 +36,8 @@ from cadence.training.batch_order import BatchOrder
 from cadence.training.run_directory import RunDirectory, default_run_dir, finite, write_atomic  # noqa: F401  (re-exported)
 from cadence.core.keys import KeyIndex
 from cadence.core.runtime import RowsView, Runtime
-from cadence.training import auto, grow
+from cadence import auto
+from cadence.training import grow
 from cadence.training.environment import environment
 from cadence.training.trainer import Trainer, TrainerHook
 
@@ -69,7 +70,8 @@ def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook]) -> Tra
     else:
         config = prepare_config(config)
         task = TASKS.get(config.task)(config)
-    init = _init_checkpoint(config, task)  # a model that does not fit fails here, before anything is written
+    original = task
+    task, init = _init_checkpoint(config, task)  # a model that does not fit fails here, before anything is written
     if config.batch_order:
         order = BatchOrder.load(config.batch_order)
         order.check(lambda epoch: len(task.plan(epoch)), task.num_epochs())
@@ -91,6 +93,8 @@ def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook]) -> Tra
             grow.write_vocabulary(run.path, task.vocabulary())
             if init is not None:
                 init[2].save(run.path)
+                if task is not original:
+                    grow.save_kept(run.path, original, task)
             if chosen is not None:
                 auto.save(run.path, chosen)
         except BaseException:
@@ -121,7 +125,7 @@ def resume(run_dir: str | Path, overrides: dict[str, Any] | None = None,
 def _resume(config: Config, run: RunDirectory, overrides: dict[str, Any] | None,
             hooks: Iterable[TrainerHook]) -> TrainResult:
     config = prepare_config(config)
-    task = TASKS.get(config.task)(config)
+    task = grow.restore_kept(run.path, TASKS.get(config.task)(config))
     grown, task.frozen = grow.load_growth(run.path)  # a grown run freezes the same rows again
     chosen = auto.load(run.path)
     _connect(config)
@@ -222,6 +226,9 @@ def _check_init_from(config: Config) -> None:
     if train.freeze == "known" and not train.init_from:
         raise ConfigError("train.freeze: known freezes the rows of the run this one starts from; set train.init_from "
                           "(--init-from RUN)")
+    if train.keep_dropped and not train.init_from:
+        raise ConfigError("train.keep_dropped: read only with train.init_from (--init-from RUN): the ids of the run "
+                          "this one starts from")
     if not train.freeze_dense and train.freeze != "known":
         raise ConfigError("train.freeze_dense: read only with train.freeze: known (nothing is frozen without it)")
     if train.freeze == "known" and TASKS.get(config.task).in_place_setting(config):
@@ -281,11 +288,12 @@ def _choose_strategy(config: Config) -> tuple[Config, dict[str, Any], Task]:
     return config, chosen, task
 
 
-def _init_checkpoint(config: Config, task: Task) -> tuple[dict[str, torch.Tensor], dict[str, Any], grow.Growth] | None:
-    """The model a run with ``train.init_from`` starts from, laid out on this run's data
-    (``cadence.training.grow``)."""
+def _init_checkpoint(config: Config, task: Task) -> tuple[Task, tuple[dict[str, torch.Tensor], dict[str, Any],
+                                                                      grow.Growth] | None]:
+    """(the task, with the ids it keeps; the model a run with ``train.init_from`` starts from, laid
+    out on this run's data: ``cadence.training.grow``)."""
     if not config.train.init_from:
-        return None
+        return task, None
     run = RunDirectory(config.train.init_from)
     if not run.config_path.is_file():
         raise CheckpointError(f"{config.train.init_from}: no final checkpoint to start from (not a cadence run "
@@ -295,7 +303,10 @@ def _init_checkpoint(config: Config, task: Task) -> tuple[dict[str, torch.Tensor
         raise CheckpointError(f"{config.train.init_from}: a run of the {source.task} task; this run's task is "
                               f"{config.task}")
     tensors, state = final_checkpoint(run)
-    return grow.grow(run.path, tensors, state, task, config.train, config.optimizer)
+    kept, original = None, task
+    if config.train.keep_dropped:
+        task, kept = grow.keep_dropped(run.path, tensors, state, task)
+    return task, grow.grow(run.path, tensors, state, task, config.train, config.optimizer, kept, original)
 
 
 # ---- composition -------------------------------------------------------------------------------------------
@@ -363,7 +374,7 @@ def load_model(run_dir: str | Path) -> tuple[Config, Task, RowsView, torch.nn.Mo
     """A finished run's config, task, trained rows (a ``ParameterView``) and dense module."""
     run = RunDirectory(run_dir)
     config = prepare_config(run.load_config())
-    task = TASKS.get(config.task)(config)
+    task = grow.restore_kept(run.path, TASKS.get(config.task)(config))  # (with the ids a grown run kept)
     tensors, state = final_checkpoint(run)
     try:
         fingerprint.check(state.get(fingerprint.KEY), task.data_fingerprint(), run.path, config.data.dataset)

@@ -82,6 +82,9 @@ class TrainConfig:
     # with freeze: known, whether the dense parameters (beyond new vocabulary rows such as new
     # relations) are frozen too; false: they train
     freeze_dense: bool = True
+    # with train.init_from: ids the run knew that this data lacks keep their rows (appended to this run's
+    # vocabulary: exported, ranked as candidates, never trained); false: they are dropped
+    keep_dropped: bool = False
 
 
 @dataclass
@@ -330,7 +333,7 @@ class ImageConfig:
 
 @dataclass
 class AutoConfig:
-    """``strategy: auto`` (cadence.training.auto): a short trial of each strategy that keeps sync's model."""
+    """``strategy: auto`` (cadence.auto): a short trial of each strategy that keeps sync's model."""
 
     trial_batches: int = 200  # batches of epoch 0 each candidate trains (the first tenth a warm-up, untimed)
     trial_seconds: float = 20.0  # at most this long per candidate's timed part (fewer batches if slower)

@@ -10,7 +10,7 @@ import yaml
 
 from cadence import api
 from cadence.errors import ConfigError
-from cadence.training import auto
+from cadence import auto
 from tests.conftest import make_config
 
 

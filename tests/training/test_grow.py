@@ -114,7 +114,7 @@ def test_a_grown_run_starts_from_the_old_rows_by_name_and_new_rows_from_scratch(
         for file, part in parts.items():
             rows, known = after[file], before[file]
             assert report[part] == {"matched": len(rows.keys() & known.keys()), "added": len(rows.keys() - known.keys()),
-                                    "dropped": len(known.keys() - rows.keys())}, part
+                                    "dropped": len(known.keys() - rows.keys()), "kept": 0}, part
     # the grown run records its own data's fingerprint
     state = api.final_checkpoint(RunDirectory(grown.run_dir))[1]
     assert state["data"] == api.final_checkpoint(RunDirectory(scratch.run_dir))[1]["data"]
@@ -275,3 +275,44 @@ def test_the_cli_prints_what_it_matched_added_and_dropped(grow_data, tmp_path: P
     line = (f"initialised from {old.run_dir}: entities {entities['matched']:,} matched, {entities['added']:,} added, "
             f"{entities['dropped']:,} dropped; relations {relations['matched']:,} matched")
     assert line in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_keep_dropped_keeps_the_rows_of_ids_the_data_lacks(task: str, grow_data, tmp_path: Path) -> None:
+    """``train.keep_dropped``: every name the old run knew is in the grown model with its old row
+    (the dropped ones after the data's own), new names start as in a scratch run; eval, export and a
+    resume see the same vocabulary."""
+    old_data, new_data = grow_data[task]
+    old = train(tmp_path, "old", *old_data)
+    grown = train(tmp_path, "grown", *new_data, *STILL, f"train.init_from={old.run_dir}", "train.keep_dropped=true",
+                  "train.epochs=1")
+    scratch = train(tmp_path, "scratch", *new_data, *STILL, "train.epochs=1")
+    before, after, fresh = (exported(run, tmp_path / f"export-{run.name}") for run in
+                            (old.run_dir, grown.run_dir, scratch.run_dir))
+    kept = 0
+    for file, rows in after.items():
+        if file == "global_mean.txt":  # (MF's mean of the data's ratings: no vocabulary)
+            continue
+        known = before.get(file, {})
+        if task != "ctr":  # (a growing table's keys are sorted)
+            assert list(rows)[: len(fresh[file])] == list(fresh[file])  # the data's own ids first, in its order
+        assert set(rows) == set(fresh[file]) | set(known), file
+        for name, row in rows.items():
+            assert np.array_equal(row, known[name] if name in known else fresh[file][name]), (file, name)
+        if file in ("entities.tsv", "relations.tsv", "users.tsv", "items.tsv"):  # (a file per part)
+            kept += len(set(known) - set(fresh[file]))
+    report = grown.summary["init_from"]
+    assert sum(v["kept"] for v in report.values() if isinstance(v, dict)) >= (1 if task != "image" else 0)
+    assert all(v["dropped"] == 0 or v["kept"] == 0 for v in report.values() if isinstance(v, dict))
+    if task in ("kge", "mf"):
+        assert sum(v["kept"] for v in report.values() if isinstance(v, dict)) == kept
+        parts = {"entities.tsv": "entities", "relations.tsv": "relations", "users.tsv": "users", "items.tsv": "items"}
+        for file, part in parts.items():
+            if file in after:
+                ours, known = set(fresh[file]), set(before[file])
+                assert report[part] == {"matched": len(ours & known), "added": len(ours - known), "dropped": 0,
+                                        "kept": len(known - ours)}, part
+    metric = grown.summary["primary_metric"]
+    assert api.evaluate(grown.run_dir, "test")[metric] == pytest.approx(grown.summary[metric], abs=1e-6)
+    resumed = api.resume(grown.run_dir, {"train.epochs": 2})
+    assert exported(resumed.run_dir, tmp_path / "export-resumed").keys() == after.keys()

@@ -136,6 +136,13 @@ class Task(ABC):
     def vocabulary(self) -> Vocabulary:
         """The names of the rows (``Vocabulary``): written beside every run, read by a run grown from it."""
 
+    def keeping(self, kept: Vocabulary, keys: Tensor) -> "Task":
+        """This task with ids its data lacks added to its vocabulary, after its own (a grown run's
+        ``train.keep_dropped``): ``kept.parts`` the names per row part, ``kept.dense`` per dense
+        vocabulary parameter, ``keys`` a growing table's keys. The ids never train (no example has
+        them); they are exported and, where a task ranks every id, ranked."""
+        raise ConfigError(f"train.keep_dropped: the {self.name} task cannot keep ids its data lacks")
+
     def known_keys(self) -> Tensor:
         """Every key the task's data can touch (sorted): the pipeline sizes a growing vocabulary's
         store from it. Fixed tables: all keys."""

@@ -109,9 +109,17 @@ class CtrTask(Task):
         return Vocabulary(None, same={"fields": tuple(data.field_names), "bags": tuple(data.bag_names),
                                       "dense features": tuple(data.dense_names)})
 
+    def keeping(self, kept: Vocabulary, keys: Tensor) -> "CtrTask":
+        """Kept feature keys join the keys of the data (``known_keys``)."""
+        task = CtrTask(self.config, self.dataset)
+        task.kept_keys = keys
+        return task
+
     def known_keys(self) -> Tensor:
         examples = self.dataset.examples
-        return torch.unique(torch.cat([examples.keys.flatten(), examples.bags[examples.bags >= 0]]))
+        kept = getattr(self, "kept_keys", None)
+        return torch.unique(torch.cat([examples.keys.flatten(), examples.bags[examples.bags >= 0],
+                                       *(() if kept is None else (kept,))]))
 
     # ---- batches --------------------------------------------------------------------------------
     def num_epochs(self) -> int:

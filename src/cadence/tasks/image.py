@@ -72,6 +72,9 @@ class ImageTask(Task):
         return IMAGE_MODELS.get(self.config.model.name)(self.dataset.shape, self.dataset.num_classes, self.mean,
                                                         self.std, self.config.image)
 
+    def keeping(self, kept: Vocabulary, keys: Tensor) -> "ImageTask":
+        return self  # (no rows; the classes cannot change)
+
     def vocabulary(self) -> Vocabulary:
         """No rows; the classes (the output layer's rows) cannot change."""
         return Vocabulary({}, same={"classes": tuple(map(str, self.dataset.classes))})

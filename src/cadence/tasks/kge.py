@@ -8,6 +8,7 @@ every entity. Evaluation: filtered MRR and Hits@k, both directions (primary metr
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Sequence
@@ -74,6 +75,18 @@ class KgeTask(Task):
         run's inverse of *r* as ``r^-1``."""
         entities, relations = self._names()
         return Vocabulary({"entities": tuple(map(str, entities))}, {"relations": tuple(map(str, relations))})
+
+    def keeping(self, kept: Vocabulary, keys: Tensor) -> "KgeTask":
+        """Kept entities and relations appended to the graph's (a kept relation's inverse row, of a
+        reciprocal run, comes with it)."""
+        graph = self.graph
+        entities = [*map(str, graph.entity_names or range(graph.num_entities)), *kept.parts.get("entities", ())]
+        old = kept.dense.get("relations", ())
+        relations = [*map(str, graph.relation_names or range(graph.num_relations)),
+                     *(name for name in old if not (name.endswith("^-1") and name[:-3] in old))]
+        grown = dataclasses.replace(graph, num_entities=len(entities), entity_names=entities,
+                                    num_relations=len(relations), relation_names=relations)
+        return KgeTask(self.config, grown)
 
     def _names(self) -> tuple[Sequence, list]:
         """(entity names, the name of each row of the relation parameters)."""

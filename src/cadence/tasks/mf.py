@@ -24,6 +24,7 @@ in place at once (Hogwild between threads); ``sync`` and ``async`` on one proces
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +152,14 @@ class MfTask(Task):
 
     def build_dense(self) -> nn.Module:
         return GlobalMean(self.mean, self.low, self.high)
+
+    def keeping(self, kept: Vocabulary, keys: Tensor) -> "MfTask":
+        """Kept users appended to the users, kept items to the items (an item's key moves with the
+        user count, as any run's)."""
+        data = self.dataset
+        grown = dataclasses.replace(data, user_ids=[*data.user_ids, *kept.parts.get("users", ())],
+                                    item_ids=[*data.item_ids, *kept.parts.get("items", ())])
+        return MfTask(self.config, grown)
 
     def vocabulary(self) -> Vocabulary:
         """Users, then items, by their raw ids (each row a factor vector and a bias)."""

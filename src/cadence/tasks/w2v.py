@@ -36,6 +36,7 @@ accuracy on the analogy questions, computed as gensim does (``cadence.evaluation
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -177,6 +178,16 @@ class Word2VecTask(Task):
 
     def build_dense(self) -> nn.Module:
         return nn.Module()  # no dense parameters
+
+    def keeping(self, kept: Vocabulary, keys: Tensor) -> "Word2VecTask":
+        """Kept words appended to the vocabulary with a count of 0 (never drawn as a negative, never
+        in the corpus), their input and output vectors both kept."""
+        corpus = self.corpus
+        words = [word for word in kept.parts.get("input", ()) if word not in corpus.index]
+        grown = dataclasses.replace(corpus, words=[*corpus.words, *words],
+                                    counts=torch.cat([corpus.counts, torch.zeros(len(words), dtype=corpus.counts.dtype)]),
+                                    index={**corpus.index, **{w: len(corpus.words) + i for i, w in enumerate(words)}})
+        return Word2VecTask(self.config, grown)
 
     def vocabulary(self) -> Vocabulary:
         """Each word's input vector, then each word's output vector."""

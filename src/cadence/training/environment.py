@@ -8,14 +8,13 @@ import platform
 import socket
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 
-import cadence
-
-SOURCE = Path(cadence.__file__).resolve().parents[2]  # the checkout, where cadence runs from one
+SOURCE = Path(__file__).resolve().parents[3]  # the checkout, where cadence runs from one
 
 
 def environment() -> dict[str, Any]:
@@ -29,7 +28,14 @@ def environment() -> dict[str, Any]:
     return {"host": socket.gethostname(), "platform": platform.platform(), "cpus": cpus,
             "memory_gib": round(memory / 2**30, 1), "python": sys.version.split()[0], "torch": torch.__version__,
             "cuda": torch.version.cuda if torch.cuda.is_available() else None,
-            "cadence": cadence.__version__, **_commit()}
+            "cadence": _version(), **_commit()}
+
+
+def _version() -> str | None:
+    try:
+        return metadata.version("cadence")
+    except metadata.PackageNotFoundError:  # (run from a source tree that was never installed)
+        return None
 
 
 def _commit() -> dict[str, Any]:

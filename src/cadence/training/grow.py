@@ -7,7 +7,8 @@ A run started from it reads that file and its final checkpoint and builds this r
   keeps its trained row and its optimizer state;
 - every id new to this run gets the row a run from scratch on this data would start from (the
   task's seeded initial row; its dense rows from the task's seeded dense module) and fresh state;
-- every id the data no longer has is dropped;
+- every id the data no longer has is dropped, or with ``train.keep_dropped`` kept: added to this
+  run's vocabulary after its own ids (``Task.keeping``), its row carried, never trained;
 - dense parameters that are not vocabulary rows are taken as they are (they must have the same
   shape); buffers (statistics of the data: MF's global mean, the image standardisation) are this
   data's.
@@ -72,9 +73,11 @@ class Counts:
     matched: int = 0
     added: int = 0
     dropped: int = 0
+    kept: int = 0  # ids this data lacks whose rows were kept (train.keep_dropped)
 
     def text(self) -> str:
-        return f"{self.matched:,} matched, {self.added:,} added, {self.dropped:,} dropped"
+        gone = f"{self.kept:,} kept" if self.kept else f"{self.dropped:,} dropped"
+        return f"{self.matched:,} matched, {self.added:,} added, {gone}"
 
 
 @dataclass
@@ -123,11 +126,75 @@ def load_growth(run_dir: Path) -> tuple[dict[str, Any] | None, Frozen | None]:
 
 
 # ---- growing ------------------------------------------------------------------------------------------------
+KEPT_FILE = "kept.json"  # in a grown run with train.keep_dropped: the ids it kept (its tasks are rebuilt with them)
+KEPT_KEYS_FILE = "kept.safetensors"  # (a growing table's kept keys)
+
+
+def save_kept(run_dir: Path, original: Task, task: Task) -> None:
+    """What ``keep_dropped`` added to ``original``'s vocabulary, beside the run: a resume, ``eval``
+    and ``export`` rebuild the run's task with it (``restore_kept``)."""
+    before, after = original.vocabulary(), task.vocabulary()
+    if after.parts is None:
+        keys = getattr(task, "kept_keys", None)
+        save_file({"keys": (keys if keys is not None else torch.empty(0, dtype=torch.int64)).contiguous()},
+                  str(Path(run_dir) / KEPT_KEYS_FILE))
+        body: dict[str, Any] = {"parts": None, "dense": {}}
+    else:
+        body = {"parts": {k: list(v[len(before.parts[k]):]) for k, v in after.parts.items()},
+                "dense": {k: list(v[len(before.dense[k]):]) for k, v in after.dense.items()}}
+    (Path(run_dir) / KEPT_FILE).write_text(json.dumps(body, ensure_ascii=False), encoding="utf-8")
+
+
+def restore_kept(run_dir: Path, task: Task) -> Task:
+    """``task`` (built from a run's config) with the ids that run kept, if it kept any."""
+    path = Path(run_dir) / KEPT_FILE
+    if not path.is_file():
+        return task
+    body = json.loads(path.read_text(encoding="utf-8"))
+    if body["parts"] is None:
+        return task.keeping(Vocabulary(None), load_file(str(Path(run_dir) / KEPT_KEYS_FILE))["keys"])
+    return task.keeping(Vocabulary({k: tuple(v) for k, v in body["parts"].items()},
+                                   {k: tuple(v) for k, v in body["dense"].items()}), torch.empty(0, dtype=torch.int64))
+
+
+def keep_dropped(run_dir: str | Path, tensors: dict[str, Tensor], meta: dict[str, Any],
+                 task: Task) -> tuple[Task, dict[str, int]]:
+    """(``task`` with the ids the run knew and its data lacks added to its vocabulary, how many were
+    kept per part): ``train.keep_dropped``."""
+    old = read_vocabulary(Path(run_dir))
+    if old is None:
+        raise CheckpointError(f"{run_dir}: no {VOCABULARY_FILE} (a run of an older cadence): train.keep_dropped needs "
+                              "the names of its rows")
+    before = task.vocabulary()
+    if before.parts is None:  # a growing table: its keys are the names
+        if "table.keys" not in tensors and meta.get(ckpt.PARTS) is not None:
+            tensors = {**tensors, **ckpt.read_tables(meta)}
+        keys = tensors["table.keys"]
+        kept = keys[~torch.isin(keys, task.known_keys())]
+        return task.keeping(Vocabulary(None), kept), {"rows": int(kept.numel())}
+    parts = {name: tuple(n for n in (old.parts or {}).get(name, ()) if n not in set(names))
+             for name, names in before.parts.items()}
+    dense = {name: tuple(n for n in old.dense.get(name, ()) if n not in set(names)) for name, names in before.dense.items()}
+    grown = task.keeping(Vocabulary(parts, dense), torch.empty(0, dtype=torch.int64))
+    after = grown.vocabulary()
+    counts = {}
+    for name, names in {**(after.parts or {}), **after.dense}.items():
+        known = set((old.parts or {}).get(name, ())) | set(old.dense.get(name, ()))
+        previous = {**(before.parts or {}), **before.dense}.get(name, ())
+        counts[name] = len(known & set(names)) - len(known & set(previous))
+    return grown, counts
+
+
+
 def grow(run_dir: str | Path, tensors: dict[str, Tensor], meta: dict[str, Any], task: Task,
-         train: TrainConfig, optimizer: OptimizerConfig) -> tuple[dict[str, Tensor], dict[str, Any], Growth]:
+         train: TrainConfig, optimizer: OptimizerConfig,
+         kept: dict[str, int] | None = None,
+         original: Task | None = None) -> tuple[dict[str, Tensor], dict[str, Any], Growth]:
     """This run's starting model from the final checkpoint (``tensors``, ``meta``) of the run in
     ``run_dir``: its rows and dense parameters laid out on this task's vocabulary (the module
-    docstring); sets ``task.frozen``. Errors (``CheckpointError``, ``ConfigError``) name what does not
+    docstring); sets ``task.frozen``. ``kept`` and ``original`` (the task before ``keep_dropped``
+    added ids to it): a new id's initial row is the one a scratch run on the data starts from, which a
+    larger vocabulary would draw otherwise. Errors (``CheckpointError``, ``ConfigError``) name what does not
     fit, before anything is written."""
     if "table.keys" not in tensors and meta.get(ckpt.PARTS) is not None:
         tensors = {**tensors, **ckpt.read_tables(meta)}  # rows a parameter server's shards wrote in parts
@@ -144,8 +211,13 @@ def grow(run_dir: str | Path, tensors: dict[str, Tensor], meta: dict[str, Any], 
                                   f"a grown model keeps its {what}")
     fresh = task.dense_module()
     out = {k: v for k, v in tensors.items() if not k.startswith(("table.", "dense.", "optimizer."))}
-    known_keys = _grow_table(run_dir, tensors, old, new, task, optimizer, out, growth)
-    frozen_rows = _grow_dense(run_dir, tensors, meta, old, new, fresh, out, growth)
+    scratch = original or task
+    known_keys = _grow_table(run_dir, tensors, old, new, task, optimizer, out, growth, scratch)
+    frozen_rows = _grow_dense(run_dir, tensors, meta, old, new, fresh, out, growth, scratch)
+    for name, count in (kept or {}).items():  # (matched by name, as any known id: counted as kept)
+        counts = growth.parts.get(name) or growth.dense.get(name)
+        if counts is not None:
+            counts.matched, counts.kept = counts.matched - count, count
     if train.freeze == "known" and train.freeze_dense and optimizer.weight_decay and any(
             bool(rows.any()) for rows in frozen_rows.values()):
         raise ConfigError(f"optimizer.weight_decay: {optimizer.weight_decay} would still move the frozen rows of "
@@ -160,7 +232,7 @@ def grow(run_dir: str | Path, tensors: dict[str, Tensor], meta: dict[str, Any], 
 
 
 def _grow_table(run_dir, tensors: dict[str, Tensor], old: Vocabulary, new: Vocabulary, task: Task,
-                optimizer: OptimizerConfig, out: dict[str, Tensor], growth: Growth) -> Tensor:
+                optimizer: OptimizerConfig, out: dict[str, Tensor], growth: Growth, scratch: Task) -> Tensor:
     """This run's ``table.*`` in ``out``; returns the (sorted) keys whose rows came from the run."""
     spec = task.table()
     old_keys, old_values = tensors["table.keys"], tensors["table.values"]
@@ -183,6 +255,14 @@ def _grow_table(run_dir, tensors: dict[str, Tensor], old: Vocabulary, new: Vocab
         keys = torch.arange(spec.rows)
         source, target = _match_parts(run_dir, old_keys, old.parts or {}, new.parts, growth)
     values = spec.initial_values(keys) if keys.numel() else torch.empty(0, spec.width)
+    if scratch is not task and new.parts:  # (kept ids: the data's own ids start as a scratch run's do)
+        original = scratch.vocabulary().parts or {}
+        initial = scratch.table().initial_values(torch.arange(scratch.table().rows or 0))
+        start = origin = 0
+        for name, names in new.parts.items():
+            count = len(original.get(name, ()))
+            values[start:start + count] = initial[origin:origin + count]
+            start, origin = start + len(names), origin + count
     state = torch.zeros(keys.shape[0], width)
     values[target] = old_values[source]
     if old_state is not None:
@@ -221,7 +301,7 @@ def _match_parts(run_dir, old_keys: Tensor, old: dict[str, tuple[str, ...]], new
 
 
 def _grow_dense(run_dir, tensors: dict[str, Tensor], meta: dict[str, Any], old: Vocabulary, new: Vocabulary,
-                fresh: torch.nn.Module, out: dict[str, Tensor], growth: Growth) -> dict[str, Tensor]:
+                fresh: torch.nn.Module, out: dict[str, Tensor], growth: Growth, scratch: Task) -> dict[str, Tensor]:
     """This run's ``dense.*`` and ``optimizer.*`` in ``out``; returns, per dense vocabulary parameter,
     the rows that came from the run (True)."""
     parameters = dict(fresh.named_parameters())
@@ -239,6 +319,11 @@ def _grow_dense(run_dir, tensors: dict[str, Tensor], meta: dict[str, Any], old: 
             rows = new.dense[name]
             source, target = _match_names(run_dir, name, old.dense.get(name, rows), rows, growth)
             grown = value.detach().clone()
+            if scratch is not None and name in scratch.vocabulary().dense:  # (kept ids: as a scratch run's)
+                originals = scratch.vocabulary().dense[name]
+                at = {item: i for i, item in enumerate(rows)}
+                initial = scratch.dense_module().state_dict()[name]
+                grown[torch.tensor([at[item] for item in originals], dtype=torch.int64)] = initial
             grown[target] = tensors[key][source].to(grown.dtype)
             out[key] = grown
             for state_key, old_state in state.items():
