@@ -20,6 +20,7 @@ config.yaml records the chosen strategy, so ``--resume`` continues with it.
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import logging
 import math
@@ -104,6 +105,8 @@ def run_trial(config: Config, task: Task, build: Build, settings: AutoConfig) ->
             dropped = runtime.stats().get("gradients_dropped")
         finally:
             runtime.close()
+            del runtime  # (its table: a memory-mapped one is unmapped now, before the next candidate maps its own)
+            gc.collect()
     speed = task.examples_of(examples) / seconds if seconds > 0 else None
     return Trial(config.strategy, speed, batches, round(seconds, 4), dropped)
 
