@@ -8,7 +8,8 @@ barrier per global step) and ``gba`` (the synchronous global batch, stale gradie
 and are never chosen.
 
 A trial builds the candidate's runtime as the run would (same config, data, seed, stragglers),
-trains ``auto.trial_batches`` batches: a tenth (at least 20, at most half) a warm-up, untimed, then the
+trains ``auto.trial_batches`` batches (at most as many as the run itself trains): a tenth (at least 20,
+at most half) a warm-up, untimed, then the
 rest, each part the first batches of an epoch (epoch 0's, then 1's, ... for a small data set), fewer
 if the timed part would take longer than ``auto.trial_seconds``), and measures examples per second.
 The rule (``pick``): ``sync`` unless another candidate is ``auto.margin`` times faster (a bit-exact
@@ -20,6 +21,7 @@ config.yaml records the chosen strategy, so ``--resume`` continues with it.
 from __future__ import annotations
 
 import copy
+import ctypes
 import gc
 import json
 import logging
@@ -84,7 +86,8 @@ Build = Callable[[Config, Task, Path], Runtime]
 
 def run_trial(config: Config, task: Task, build: Build, settings: AutoConfig) -> Trial:
     """Train the first batches of epoch 0 under ``config.strategy`` in a scratch directory; its speed."""
-    total = settings.trial_batches
+    # never longer than the run itself: a candidate's trial costs at most one run of it
+    total = max(2, min(settings.trial_batches, len(task.plan(0)) * task.num_epochs()))
     warm, epoch = trial_epochs(task, 0, max(total // 10, min(WARM_BATCHES, total // 2), 1))
     with tempfile.TemporaryDirectory(prefix="cadence-auto-") as scratch:
         runtime = build(config, task, Path(scratch))
@@ -106,9 +109,20 @@ def run_trial(config: Config, task: Task, build: Build, settings: AutoConfig) ->
         finally:
             runtime.close()
             del runtime  # (its table: a memory-mapped one is unmapped now, before the next candidate maps its own)
-            gc.collect()
+            release_memory()
     speed = task.examples_of(examples) / seconds if seconds > 0 else None
     return Trial(config.strategy, speed, batches, round(seconds, 4), dropped)
+
+
+def release_memory() -> None:
+    """Give what a finished trial freed back to the system before the next one (or the run) starts:
+    the allocator keeps freed blocks of many threads' arenas otherwise, and a run under a memory cap
+    would count them (glibc's ``malloc_trim``; elsewhere a collection only)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def trial_epochs(task: Task, first: int, count: int) -> tuple[list[list], int]:
