@@ -277,15 +277,18 @@ def _choose_strategy(config: Config) -> tuple[Config, dict[str, Any], Task]:
     probe.strategy = auto.REFERENCE
     task = TASKS.get(config.task)(prepare_config(probe))
 
-    def runtime(candidate: Config, of: Task, scratch: Path) -> Runtime:
-        if candidate.store.path:  # a trial's table files beside the run's (the same disk), never in them
-            candidate.store.path = str(Path(candidate.store.path).with_name(Path(candidate.store.path).name + "-auto-trial"))
-        return build_runtime(candidate, of, RunDirectory(scratch))[0]
-
-    config, chosen = auto.choose(config, task, prepare_config, runtime)
+    config, chosen = auto.choose(config, task, prepare_config, trial_runtime)
     config = prepare_config(config)
     task.config = config
     return config, chosen, task
+
+
+def trial_runtime(candidate: Config, task: Task, scratch: Path) -> Runtime:
+    """A ``strategy: auto`` candidate's runtime, its files in ``scratch`` (a table of its own beside
+    ``store.path``'s, never in it)."""
+    if candidate.store.path:
+        candidate.store.path = str(Path(candidate.store.path).with_name(Path(candidate.store.path).name + "-auto-trial"))
+    return build_runtime(candidate, task, RunDirectory(scratch))[0]
 
 
 def _init_checkpoint(config: Config, task: Task) -> tuple[Task, tuple[dict[str, torch.Tensor], dict[str, Any],

@@ -7,7 +7,8 @@ barrier per global step) and ``gba`` (the synchronous global batch, stale gradie
 ``ps.tolerance`` dropped). ``async``, ``hop_*``, ShadowSync, pdASGD and AdaPM trade the model for speed
 and are never chosen.
 
-A trial builds the candidate's runtime as the run would (same config, data, seed, stragglers),
+A trial (by default in a fresh process of its own, ``auto.isolate``) builds the candidate's runtime as
+the run would (same config, data, seed, stragglers),
 trains ``auto.trial_batches`` batches (at most as many as the run itself trains): a tenth (at least 20,
 at most half) a warm-up, untimed, then the
 rest, each part the first batches of an epoch (epoch 0's, then 1's, ... for a small data set), fewer
@@ -26,6 +27,7 @@ import gc
 import json
 import logging
 import math
+import multiprocessing
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -44,6 +46,7 @@ AUTO_FILE = "auto.json"  # in a run that chose its strategy: the trials and the 
 REFERENCE = "sync"
 WARM_BATCHES = 20  # at least this many warm-up batches (first calls, thread teams, caches), half at most
 MAX_TRIAL_EPOCHS = 1000
+ISOLATED_TIMEOUT = 600.0  # seconds a trial's process may take beyond 4 x auto.trial_seconds (imports, data, setup)
 
 
 @dataclass
@@ -144,8 +147,39 @@ def _nothing(batch: Any) -> None:
     return None
 
 
+def isolated_trial(config: Config, task: Task, build: Build, settings: AutoConfig) -> Trial:
+    """``run_trial`` in a fresh process (spawned: it imports cadence and builds the task from its
+    recipe, reading the data itself): no candidate inherits another's memory, allocator arenas or warm
+    page cache, and a trial that dies (a memory cap's kill) is a candidate that could not run."""
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_trial_child, args=(config, task.recipe(), build, settings, send), daemon=True)
+    child.start()
+    send.close()
+    try:
+        outcome = receive.recv() if receive.poll(ISOLATED_TIMEOUT + settings.trial_seconds * 4) else None
+    except EOFError:  # (it died before it could answer)
+        outcome = None
+    child.join(10)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    if outcome is None:
+        return Trial(config.strategy, None, note=f"its trial process ended without a result (exit code {child.exitcode}"
+                                                 f"{': killed, out of memory?' if child.exitcode == -9 else ''})")
+    kind, value = outcome
+    return value if kind == "ok" else Trial(config.strategy, None, note=value)
+
+
+def _trial_child(config: Config, recipe: Callable[[], Task], build: Build, settings: AutoConfig, send) -> None:
+    try:
+        send.send(("ok", run_trial(config, recipe(), build, settings)))
+    except Exception as err:  # (a candidate that cannot run here: its reason, in one line)
+        send.send(("error", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"))
+
+
 def choose(config: Config, task: Task, prepare: Callable[[Config], Config], build: Build,
-           trial: Callable[[Config, Task, Build, AutoConfig], Trial] = run_trial) -> tuple[Config, dict[str, Any]]:
+           trial: Callable[[Config, Task, Build, AutoConfig], Trial] | None = None) -> tuple[Config, dict[str, Any]]:
     """This run's config with the chosen strategy, and the record of the choice (summary.json's
     ``auto``). ``prepare`` validates a candidate's config (a candidate that cannot run here is
     skipped, its reason noted); ``trial`` measures one (tests inject speeds)."""
@@ -158,7 +192,8 @@ def choose(config: Config, task: Task, prepare: Callable[[Config], Config], buil
         except ConfigError as err:
             trials.append(Trial(name, None, note=str(err)))
             continue
-        trials.append(trial(candidate, task, build, config.auto))
+        measure = trial or (isolated_trial if config.auto.isolate else run_trial)
+        trials.append(measure(candidate, task, build, config.auto))
     chosen, reason = pick(trials, config.auto.margin)
     for line in table(trials):
         log.info("%s", line)

@@ -339,6 +339,9 @@ class AutoConfig:
     trial_seconds: float = 20.0  # at most this long per candidate's timed part (fewer batches if slower)
     # sync (the bit-exact reference) is kept unless another candidate is this many times faster
     margin: float = 1.05
+    # each trial in a fresh process (it reads the data again): no trial inherits another's memory or
+    # warm caches, and one that exhausts a memory cap fails alone; false: in this process (faster to start)
+    isolate: bool = True
 
 
 @dataclass

@@ -89,3 +89,21 @@ def test_compare_takes_auto_as_a_contender(tiny_graph: Path, tmp_path: Path) -> 
     comparison = api.compare(make_config(None, f"data.dataset={tiny_graph}", "auto.trial_batches=24"),
                              ["sync", "auto"], tmp_path / "cmp")
     assert comparison["strategies"]["auto"]["summary"]["auto"]["chosen"] in ("sync", "oac")
+
+
+def killed_on_build(candidate, task, scratch):
+    """A candidate's runtime whose process is killed as it builds (a memory cap's OOM kill)."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_an_isolated_trial_that_dies_is_a_candidate_that_could_not_run(tiny_graph: Path) -> None:
+    """Each trial runs in a process of its own (``auto.isolate``): one killed there (as a memory cap
+    kills) is reported with its exit code, and this process goes on."""
+    config = api.prepare_config(make_config(None, f"data.dataset={tiny_graph}"))
+    trial = auto.isolated_trial(config, api.TASKS.get("kge")(config), killed_on_build, config.auto)
+    assert trial.examples_per_second is None and "exit code -9: killed, out of memory?" in trial.note
+    alive = auto.isolated_trial(config, api.TASKS.get("kge")(config), api.trial_runtime, config.auto)
+    assert alive.examples_per_second > 0 and alive.batches > 0
