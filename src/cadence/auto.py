@@ -9,10 +9,12 @@ and are never chosen.
 
 A trial (by default in a fresh process of its own, ``auto.isolate``) builds the candidate's runtime as
 the run would (same config, data, seed, stragglers),
-trains ``auto.trial_batches`` batches (at most as many as the run itself trains): a tenth (at least 20,
-at most half) a warm-up, untimed, then the
+trains ``auto.trial_batches`` batches (at most as many as the run itself trains, at least 40): a tenth
+(at least 20, at most half) a warm-up, untimed, then the
 rest, each part the first batches of an epoch (epoch 0's, then 1's, ... for a small data set), fewer
-if the timed part would take longer than ``auto.trial_seconds``), and measures examples per second.
+if the timed part would take longer than ``auto.trial_seconds``), and measures examples per second:
+the median over 5 parts of the timed batches, so that one slice of CPU taken by another process
+does not decide.
 The rule (``pick``): ``sync`` unless another candidate is ``auto.margin`` times faster (a bit-exact
 reference is worth a few percent of noise); else the fastest. The trial table and a one-line reason
 are logged, recorded in summary.json (``auto``) and in ``auto.json`` beside the run; the run's
@@ -28,6 +30,7 @@ import json
 import logging
 import math
 import multiprocessing
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -45,6 +48,8 @@ AUTO = "auto"
 AUTO_FILE = "auto.json"  # in a run that chose its strategy: the trials and the reason
 REFERENCE = "sync"
 WARM_BATCHES = 20  # at least this many warm-up batches (first calls, thread teams, caches), half at most
+MIN_TRIAL_BATCHES = 40  # a trial of a run shorter than this still trains this many
+TIMED_PARTS = 5  # the timed batches in this many parts (each the start of an epoch): the speed is their median
 MAX_TRIAL_EPOCHS = 1000
 ISOLATED_TIMEOUT = 600.0  # seconds a trial's process may take beyond 4 x auto.trial_seconds (imports, data, setup)
 
@@ -89,8 +94,9 @@ Build = Callable[[Config, Task, Path], Runtime]
 
 def run_trial(config: Config, task: Task, build: Build, settings: AutoConfig) -> Trial:
     """Train the first batches of epoch 0 under ``config.strategy`` in a scratch directory; its speed."""
-    # never longer than the run itself: a candidate's trial costs at most one run of it
-    total = max(2, min(settings.trial_batches, len(task.plan(0)) * task.num_epochs()))
+    # no longer than the run itself (a candidate's trial costs at most one run of it), unless the run
+    # is shorter than a trial can measure at all
+    total = min(settings.trial_batches, max(MIN_TRIAL_BATCHES, len(task.plan(0)) * task.num_epochs()))
     warm, epoch = trial_epochs(task, 0, max(total // 10, min(WARM_BATCHES, total // 2), 1))
     with tempfile.TemporaryDirectory(prefix="cadence-auto-") as scratch:
         runtime = build(config, task, Path(scratch))
@@ -103,17 +109,20 @@ def run_trial(config: Config, task: Task, build: Build, settings: AutoConfig) ->
             timed = min(total - warmed, max(1, math.ceil(settings.trial_seconds / pace))) if pace > 0 else total
             batches = examples = 0
             seconds = 0.0
-            for plans in trial_epochs(task, epoch, max(1, timed))[0]:
+            rates = []  # each part's examples/s: the median of them, so one stolen slice of CPU does not decide
+            for plans in trial_epochs(task, epoch, max(1, timed), part=max(1, math.ceil(timed / TIMED_PARTS)))[0]:
                 started = time.perf_counter()
                 _, done = runtime.run_epoch(plans, _nothing)
-                seconds += time.perf_counter() - started
-                batches, examples = batches + len(plans), examples + done
+                took = time.perf_counter() - started
+                seconds, batches, examples = seconds + took, batches + len(plans), examples + done
+                if took > 0:
+                    rates.append(task.examples_of(done) / took)
             dropped = runtime.stats().get("gradients_dropped")
         finally:
             runtime.close()
             del runtime  # (its table: a memory-mapped one is unmapped now, before the next candidate maps its own)
             release_memory()
-    speed = task.examples_of(examples) / seconds if seconds > 0 else None
+    speed = statistics.median(rates) if rates else None
     return Trial(config.strategy, speed, batches, round(seconds, 4), dropped)
 
 
@@ -128,17 +137,17 @@ def release_memory() -> None:
         pass
 
 
-def trial_epochs(task: Task, first: int, count: int) -> tuple[list[list], int]:
+def trial_epochs(task: Task, first: int, count: int, part: int | None = None) -> tuple[list[list], int]:
     """(``count`` batches from epoch ``first`` on, as the first batches of each epoch in turn, the
     next epoch): a small data set's epoch may be shorter than a trial, and a runtime always runs the
     start of an epoch's plan (a parameter server's workers on Ray build the epoch's plan themselves
-    and take batches by position)."""
+    and take batches by position); ``part``: at most this many from each epoch."""
     parts: list[list] = []
     epoch = first
     while count > 0 and epoch < first + MAX_TRIAL_EPOCHS:
-        part = task.plan(epoch)[:count]
-        parts.append(part)
-        count -= len(part)
+        piece = task.plan(epoch)[:min(count, part or count)]
+        parts.append(piece)
+        count -= len(piece)
         epoch += 1
     return parts, epoch
 
