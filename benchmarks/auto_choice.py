@@ -111,8 +111,14 @@ def main() -> None:
                 group = group or out_of_core.make_cgroup(900)
             for repeat in range(args.repeats):
                 load = os.getloadavg()
-                summary = {"umls": lambda: umls(work), "straggler": lambda: straggler(work),
-                           "out-of-core": lambda: out_of_core_run(work, group)}[name]()
+                try:
+                    summary = {"umls": lambda: umls(work), "straggler": lambda: straggler(work),
+                               "out-of-core": lambda: out_of_core_run(work, group)}[name]()
+                except SystemExit as failed:  # (a run that failed: recorded, and the others still run)
+                    entry["runs"].append({"chosen": None, "failed": str(failed)[:2000],
+                                          "load_before": [round(x, 2) for x in load]})
+                    say(f"{name} [{repeat}]: the run failed: {str(failed).splitlines()[0][:300]}")
+                    continue
                 record = summary["auto"]
                 entry["runs"].append({"chosen": record["chosen"], "reason": record["reason"], "trials": record["trials"],
                                       "load_before": [round(x, 2) for x in load],
