@@ -12,9 +12,7 @@ the run would (same config, data, seed, stragglers),
 trains ``auto.trial_batches`` batches (at most as many as the run itself trains, at least 40): a tenth
 (at least 20, at most half) a warm-up, untimed, then the
 rest, each part the first batches of an epoch (epoch 0's, then 1's, ... for a small data set), fewer
-if the timed part would take longer than ``auto.trial_seconds``), and measures examples per second:
-the median over 5 parts of the timed batches, so that one slice of CPU taken by another process
-does not decide.
+if the timed part would take longer than ``auto.trial_seconds``), and measures examples per second.
 The rule (``pick``): ``sync`` unless another candidate is ``auto.margin`` times faster (a bit-exact
 reference is worth a few percent of noise); else the fastest. The trial table and a one-line reason
 are logged, recorded in summary.json (``auto``) and in ``auto.json`` beside the run; the run's
@@ -49,7 +47,10 @@ AUTO_FILE = "auto.json"  # in a run that chose its strategy: the trials and the 
 REFERENCE = "sync"
 WARM_BATCHES = 20  # at least this many warm-up batches (first calls, thread teams, caches), half at most
 MIN_TRIAL_BATCHES = 40  # a trial of a run shorter than this still trains this many
-TIMED_PARTS = 5  # the timed batches in this many parts (each the start of an epoch): the speed is their median
+# the timed batches in this many parts (each the start of an epoch), the speed their median: 1, since a
+# parameter server's epoch start (its workers, a straggler's CPU quota) weighs on short parts; 5 parts
+# made gba lose its lead over sync with a straggler (docs/auto.md)
+TIMED_PARTS = 1
 MAX_TRIAL_EPOCHS = 1000
 ISOLATED_TIMEOUT = 600.0  # seconds a trial's process may take beyond 4 x auto.trial_seconds (imports, data, setup)
 
