@@ -68,7 +68,7 @@ bench: install
 
 # Each task against the library its users use today; the peers live in their own virtualenvs, built
 # from benchmarks/peers/requirements-PEER.txt (each peer's side of a comparison: benchmarks/peers/).
-PEERS := surprise gensim deepctr torchrec pbg torchkge pandas
+PEERS := surprise gensim deepctr torchrec pbg torchkge pandas pykeen
 .venv-bench-%/bin/python: benchmarks/peers/requirements-%.txt
 	$(PYTHON) -m venv .venv-bench-$*
 	.venv-bench-$*/bin/pip install -q --no-deps -r $<
@@ -91,6 +91,7 @@ bench-peers: install $(PEERS:%=.venv-bench-%/bin/python)
 	$(PY) benchmarks/kge_vs_pbg.py --contenders cadence,torchkge --conditions quiet --reps 2 --torchkge-batches 20 \
 		--out benchmarks/results/kge_vs_torchkge.json
 	$(PY) benchmarks/import_edges.py
+	$(PY) benchmarks/wordnet_quality.py
 
 # Where each task's time goes: py-spy (its own venv) on each task's shipped config under sync;
 # results/task_profiles.json and the table in docs/benchmarks.md.
