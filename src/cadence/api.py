@@ -12,6 +12,7 @@ under every strategy; the runtime follows from the strategy and ``ps.workers``
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import shutil
@@ -275,9 +276,16 @@ def _choose_strategy(config: Config) -> tuple[Config, dict[str, Any], Task]:
     (its data read once, for the trials and the run)."""
     probe = copy.deepcopy(config)
     probe.strategy = auto.REFERENCE
-    task = TASKS.get(config.task)(prepare_config(probe))
-
-    config, chosen = auto.choose(config, task, prepare_config, trial_runtime)
+    make_task = functools.partial(TASKS.get(config.task), prepare_config(probe))
+    if config.auto.isolate:
+        # each trial reads the data in its own process, and this one only after them: a memory cap
+        # holds this process and a trial's together (a 900 MiB cap killed the OAC trial of a 2 GiB
+        # out-of-core table while this process held the task: docs/auto.md)
+        config, chosen = auto.choose(config, make_task, prepare_config, trial_runtime)
+        task = make_task()
+    else:
+        task = make_task()
+        config, chosen = auto.choose(config, lambda: task, prepare_config, trial_runtime)
     config = prepare_config(config)
     task.config = config
     return config, chosen, task

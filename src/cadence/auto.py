@@ -93,8 +93,10 @@ def pick(trials: list[Trial], margin: float) -> tuple[str, str]:
 Build = Callable[[Config, Task, Path], Runtime]
 
 
-def run_trial(config: Config, task: Task, build: Build, settings: AutoConfig) -> Trial:
-    """Train the first batches of epoch 0 under ``config.strategy`` in a scratch directory; its speed."""
+def run_trial(config: Config, make_task: Callable[[], Task], build: Build, settings: AutoConfig) -> Trial:
+    """Train the first batches of epoch 0 under ``config.strategy`` in a scratch directory; its speed.
+    ``make_task``: the task (its data read), built here."""
+    task = make_task()
     # no longer than the run itself (a candidate's trial costs at most one run of it), unless the run
     # is shorter than a trial can measure at all
     total = min(settings.trial_batches, max(MIN_TRIAL_BATCHES, len(task.plan(0)) * task.num_epochs()))
@@ -157,13 +159,14 @@ def _nothing(batch: Any) -> None:
     return None
 
 
-def isolated_trial(config: Config, task: Task, build: Build, settings: AutoConfig) -> Trial:
-    """``run_trial`` in a fresh process (spawned: it imports cadence and builds the task from its
-    recipe, reading the data itself): no candidate inherits another's memory, allocator arenas or warm
-    page cache, and a trial that dies (a memory cap's kill) is a candidate that could not run."""
+def isolated_trial(config: Config, make_task: Callable[[], Task], build: Build, settings: AutoConfig) -> Trial:
+    """``run_trial`` in a fresh process (spawned: it imports cadence and calls ``make_task``, a
+    picklable recipe, reading the data itself): no candidate inherits another's memory, allocator
+    arenas or warm page cache, and a trial that dies (a memory cap's kill) is a candidate that could
+    not run."""
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_trial_child, args=(config, task.recipe(), build, settings, send), daemon=True)
+    child = context.Process(target=_trial_child, args=(config, make_task, build, settings, send), daemon=True)
     child.start()
     send.close()
     try:
@@ -183,16 +186,19 @@ def isolated_trial(config: Config, task: Task, build: Build, settings: AutoConfi
 
 def _trial_child(config: Config, recipe: Callable[[], Task], build: Build, settings: AutoConfig, send) -> None:
     try:
-        send.send(("ok", run_trial(config, recipe(), build, settings)))
+        send.send(("ok", run_trial(config, recipe, build, settings)))
     except Exception as err:  # (a candidate that cannot run here: its reason, in one line)
         send.send(("error", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"))
 
 
-def choose(config: Config, task: Task, prepare: Callable[[Config], Config], build: Build,
-           trial: Callable[[Config, Task, Build, AutoConfig], Trial] | None = None) -> tuple[Config, dict[str, Any]]:
+def choose(config: Config, make_task: Callable[[], Task], prepare: Callable[[Config], Config], build: Build,
+           trial: Callable[[Config, Callable[[], Task], Build, AutoConfig], Trial] | None = None
+           ) -> tuple[Config, dict[str, Any]]:
     """This run's config with the chosen strategy, and the record of the choice (summary.json's
-    ``auto``). ``prepare`` validates a candidate's config (a candidate that cannot run here is
-    skipped, its reason noted); ``trial`` measures one (tests inject speeds)."""
+    ``auto``). ``make_task`` builds the task where a trial runs (isolated: a picklable recipe, called
+    in the trial's process, so the caller need not hold the data while trials run); ``prepare``
+    validates a candidate's config (a candidate that cannot run here is skipped, its reason noted);
+    ``trial`` measures one (tests inject speeds)."""
     trials = []
     for name in candidates(config):
         candidate = copy.deepcopy(config)
@@ -203,7 +209,7 @@ def choose(config: Config, task: Task, prepare: Callable[[Config], Config], buil
             trials.append(Trial(name, None, note=str(err)))
             continue
         measure = trial or (isolated_trial if config.auto.isolate else run_trial)
-        trials.append(measure(candidate, task, build, config.auto))
+        trials.append(measure(candidate, make_task, build, config.auto))
     chosen, reason = pick(trials, config.auto.margin)
     for line in table(trials):
         log.info("%s", line)

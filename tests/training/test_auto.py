@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -57,7 +59,7 @@ def test_choose_runs_every_candidate_with_the_runs_config_and_records_why(tiny_g
         return auto.Trial(candidate.strategy, {"sync": 800.0, "gba": 2000.0}[candidate.strategy], 90, 1.0)
 
     probe = api.prepare_config(make_config(None, f"data.dataset={tiny_graph}"))
-    chosen, record = auto.choose(config, api.TASKS.get("kge")(probe), api.prepare_config, None, trial)
+    chosen, record = auto.choose(config, lambda: api.TASKS.get("kge")(probe), api.prepare_config, None, trial)
     assert seen == [("sync", 4, ["0:4"]), ("gba", 4, ["0:4"])]
     assert chosen.strategy == "gba" and config.strategy == "auto"  # (the caller's config untouched)
     assert record["chosen"] == "gba" and [t["strategy"] for t in record["trials"]] == ["sync", "gba"]
@@ -103,7 +105,30 @@ def test_an_isolated_trial_that_dies_is_a_candidate_that_could_not_run(tiny_grap
     """Each trial runs in a process of its own (``auto.isolate``): one killed there (as a memory cap
     kills) is reported with its exit code, and this process goes on."""
     config = api.prepare_config(make_config(None, f"data.dataset={tiny_graph}"))
-    trial = auto.isolated_trial(config, api.TASKS.get("kge")(config), killed_on_build, config.auto)
+    trial = auto.isolated_trial(config, functools.partial(api.TASKS.get("kge"), config), killed_on_build, config.auto)
     assert trial.examples_per_second is None and "exit code -9: killed, out of memory?" in trial.note
-    alive = auto.isolated_trial(config, api.TASKS.get("kge")(config), api.trial_runtime, config.auto)
+    alive = auto.isolated_trial(config, functools.partial(api.TASKS.get("kge"), config), api.trial_runtime, config.auto)
     assert alive.examples_per_second > 0 and alive.batches > 0
+
+
+def test_isolated_trials_run_before_this_process_reads_the_data(tiny_graph: Path, tmp_path: Path, monkeypatch) -> None:
+    """With ``auto.isolate`` a memory cap holds this process and a trial's together: this process reads
+    the data (builds the task) only once every trial is done, and each trial builds its own."""
+    events = []
+    kind = api.TASKS.get("kge")
+    original_init = kind.__init__
+
+    def init(self, *args, **kwargs):
+        events.append("task built here")
+        original_init(self, *args, **kwargs)
+
+    def trial(candidate, make_task, build, settings):
+        events.append(f"trial {candidate.strategy}")
+        pickle.dumps(make_task)  # (it travels to the trial's spawned process)
+        return auto.Trial(candidate.strategy, {"sync": 800.0, "oac": 2000.0}[candidate.strategy], 40, 1.0)
+
+    monkeypatch.setattr(kind, "__init__", init)
+    monkeypatch.setattr(auto, "isolated_trial", trial)
+    result = api.train(make_config(tmp_path / "run", f"data.dataset={tiny_graph}", "strategy=auto"))
+    assert result.summary["strategy"] == "oac"
+    assert events[:3] == ["trial sync", "trial oac", "task built here"]
