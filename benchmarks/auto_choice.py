@@ -68,8 +68,7 @@ def out_of_core_run(work: Path, group: Path) -> dict:
               "data.synthetic.holdout=1000", "model.name=distmult", "model.dim=256", "train.epochs=3",
               "train.batch_size=5000", "train.negatives=128", "eval.every=0", "eval.test=false",
               "eval.max_triples=200", "checkpoint.every=1", "pipeline.staleness_bound=16", "store.backend=mmap",
-              "threads=2", "strategy=auto", f"store.path={work / 'store'}",
-              "auto.isolate=false"]  # (a trial's process and this run's would share the 900 MiB cap)
+              "threads=2", "strategy=auto", f"store.path={work / 'store'}"]
     summary = out_of_core.run(group, work / "ooc", common)
     shutil.rmtree(work / "store", ignore_errors=True)
     shutil.rmtree(work / "store-auto-trial", ignore_errors=True)
