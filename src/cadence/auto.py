@@ -52,6 +52,8 @@ MIN_TRIAL_BATCHES = 40  # a trial of a run shorter than this still trains this m
 # made gba lose its lead over sync with a straggler (docs/auto.md)
 TIMED_PARTS = 1
 MAX_TRIAL_EPOCHS = 1000
+# how a trial's process starts: forked (sharing this process's imports) where the system can, else spawned
+TRIAL_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 ISOLATED_TIMEOUT = 600.0  # seconds a trial's process may take beyond 4 x auto.trial_seconds (imports, data, setup)
 
 
@@ -160,11 +162,13 @@ def _nothing(batch: Any) -> None:
 
 
 def isolated_trial(config: Config, make_task: Callable[[], Task], build: Build, settings: AutoConfig) -> Trial:
-    """``run_trial`` in a fresh process (spawned: it imports cadence and calls ``make_task``, a
-    picklable recipe, reading the data itself): no candidate inherits another's memory, allocator
-    arenas or warm page cache, and a trial that dies (a memory cap's kill) is a candidate that could
-    not run."""
-    context = multiprocessing.get_context("spawn")
+    """``run_trial`` in a fresh process that calls ``make_task`` (a picklable recipe: it reads the data
+    itself): no candidate inherits another's memory, allocator arenas or warm page cache, and a trial
+    that dies (a memory cap's kill) is a candidate that could not run. Forked where the system can
+    (``TRIAL_START``), as a DataLoader's workers are: the child shares the libraries this process
+    imported, copy on write, where a spawned one loads its own (173 MiB of torch and cadence: under
+    a 900 MiB cap, a spawned OAC trial of a 2 GiB out-of-core table was killed; docs/auto.md)."""
+    context = multiprocessing.get_context(TRIAL_START)
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_trial_child, args=(config, make_task, build, settings, send), daemon=True)
     child.start()
