@@ -48,6 +48,9 @@ def modules() -> dict[str, ast.Module]:
 def imports(tree: ast.Module, name: str):
     """(imported module, line, at the top level?, the names it takes) for each cadence import."""
     top = {id(node) for node in tree.body}
+    # (names for annotations only, ``if TYPE_CHECKING:`` at the top level: an import as any other here)
+    top |= {id(inner) for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+            for inner in node.body}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:

@@ -57,16 +57,24 @@ class TrainResult:
     metrics: list[dict[str, Any]]
 
 
-def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] = ()) -> TrainResult:
-    """Train from scratch into ``config.out`` (default: ``runs/<dataset>-<model>-<strategy>-<time>``)."""
+def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] = (),
+          measured: dict[str, Any] | None = None) -> TrainResult:
+    """Train from scratch into ``config.out`` (default: ``runs/<dataset>-<model>-<strategy>-<time>``).
+    ``measured``: with ``strategy: auto``, the choice its trials already made (``auto.choose_in_processes``
+    with ``candidate_trial``, as the CLI does before it imports this module); else they run here."""
     with user_terms(config):
-        return _train(config, overwrite, hooks)
+        return _train(config, overwrite, hooks, measured)
 
 
-def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook]) -> TrainResult:
+def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook], measured: dict[str, Any] | None) -> TrainResult:
     auto.check_unread(config)
     chosen = None
-    if config.strategy == auto.AUTO:  # measured here, once: every layer below sees a strategy
+    if config.strategy == auto.AUTO and measured is not None:
+        chosen, config = measured, copy.deepcopy(config)
+        config.strategy = measured["chosen"]
+        config = prepare_config(config)
+        task = TASKS.get(config.task)(config)
+    elif config.strategy == auto.AUTO:  # measured here, once: every layer below sees a strategy
         config, chosen, task = _choose_strategy(config)
     else:
         config = prepare_config(config)
@@ -289,6 +297,21 @@ def _choose_strategy(config: Config) -> tuple[Config, dict[str, Any], Task]:
     config = prepare_config(config)
     task.config = config
     return config, chosen, task
+
+
+def candidate_trial(config: Config, name: str) -> auto.Trial:
+    """``strategy: auto``'s trial of candidate ``name`` on ``config``, whole: its config checked (one
+    that cannot run here is a trial with the reason), the data read, its first batches trained."""
+    candidate = copy.deepcopy(config)
+    candidate.strategy = name
+    try:
+        candidate = prepare_config(candidate)
+    except ConfigError as err:
+        return auto.Trial(name, None, note=str(err))
+    probe = copy.deepcopy(config)
+    probe.strategy = auto.REFERENCE
+    return auto.run_trial(candidate, functools.partial(TASKS.get(config.task), prepare_config(probe)), trial_runtime,
+                          config.auto)
 
 
 def trial_runtime(candidate: Config, task: Task, scratch: Path) -> Runtime:

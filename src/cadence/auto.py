@@ -33,12 +33,15 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from cadence.config import AutoConfig, Config
-from cadence.core.runtime import Runtime
-from cadence.errors import ConfigError
-from cadence.tasks.base import Task
+from cadence.errors import CadenceError, ConfigError
+
+if TYPE_CHECKING:  # (names for annotations only: this module imports no training code, so the CLI can
+    # run every trial in a process of its own before it imports torch or reads any data)
+    from cadence.core.runtime import Runtime
+    from cadence.tasks.base import Task
 
 log = logging.getLogger("cadence")
 
@@ -92,7 +95,7 @@ def pick(trials: list[Trial], margin: float) -> tuple[str, str]:
                               f"over {fastest.batches} timed batches)")
 
 
-Build = Callable[[Config, Task, Path], Runtime]
+Build = Callable[[Config, "Task", Path], "Runtime"]
 
 
 def run_trial(config: Config, make_task: Callable[[], Task], build: Build, settings: AutoConfig) -> Trial:
@@ -164,13 +167,19 @@ def _nothing(batch: Any) -> None:
 def isolated_trial(config: Config, make_task: Callable[[], Task], build: Build, settings: AutoConfig) -> Trial:
     """``run_trial`` in a fresh process that calls ``make_task`` (a picklable recipe: it reads the data
     itself): no candidate inherits another's memory, allocator arenas or warm page cache, and a trial
-    that dies (a memory cap's kill) is a candidate that could not run. Forked where the system can
-    (``TRIAL_START``), as a DataLoader's workers are: the child shares the libraries this process
-    imported, copy on write, where a spawned one loads its own (173 MiB of torch and cadence: under
-    a 900 MiB cap, a spawned OAC trial of a 2 GiB out-of-core table was killed; docs/auto.md)."""
+    that dies (a memory cap's kill) is a candidate that could not run."""
+    return in_own_process(run_trial, (config, make_task, build, settings), config.strategy, settings)[0]
+
+
+def in_own_process(target: Callable[..., Trial], args: tuple, strategy: str,
+                   settings: AutoConfig) -> tuple[Trial, CadenceError | None]:
+    """``target(*args)``, a trial, in a process of its own; (its trial, the ``CadenceError`` it raised,
+    if any: what it says of the config or the data may be no candidate's fault). Forked where the
+    system can (``TRIAL_START``), as a DataLoader's workers are: the child shares what this process
+    imported, copy on write (spawned, it loads its own: 173 MiB of torch and cadence)."""
     context = multiprocessing.get_context(TRIAL_START)
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_trial_child, args=(config, make_task, build, settings, send), daemon=True)
+    child = context.Process(target=_trial_child, args=(target, args, send), daemon=True)
     child.start()
     send.close()
     try:
@@ -182,17 +191,36 @@ def isolated_trial(config: Config, make_task: Callable[[], Task], build: Build, 
         child.kill()
         child.join()
     if outcome is None:
-        return Trial(config.strategy, None, note=f"its trial process ended without a result (exit code {child.exitcode}"
-                                                 f"{': killed, out of memory?' if child.exitcode == -9 else ''})")
+        return Trial(strategy, None, note=f"its trial process ended without a result (exit code {child.exitcode}"
+                                          f"{': killed, out of memory?' if child.exitcode == -9 else ''})"), None
     kind, value = outcome
-    return value if kind == "ok" else Trial(config.strategy, None, note=value)
+    if kind == "ok":
+        return value, None
+    note, error = value
+    return Trial(strategy, None, note=note), error
 
 
-def _trial_child(config: Config, recipe: Callable[[], Task], build: Build, settings: AutoConfig, send) -> None:
+def _trial_child(target: Callable[..., Trial], args: tuple, send) -> None:
     try:
-        send.send(("ok", run_trial(config, recipe, build, settings)))
+        send.send(("ok", target(*args)))
     except Exception as err:  # (a candidate that cannot run here: its reason, in one line)
-        send.send(("error", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"))
+        note = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        send.send(("error", (note, err if isinstance(err, CadenceError) else None)))
+
+
+def choose_in_processes(config: Config, candidate_trial: Callable[[Config, str], Trial]) -> tuple[Config, dict[str, Any]]:
+    """``choose``, each candidate's whole trial in a process of its own: ``candidate_trial(config,
+    name)`` (picklable) checks the candidate's config, reads the data and trains there, so this process
+    needs neither the training code nor the data while trials run (the CLI: under a memory cap, the
+    run's own process holds 20 MiB then, not torch's 173 MiB and the task). A ``CadenceError`` every
+    candidate raised alike (a missing file, a bad setting) is raised here, as a run would."""
+    outcomes = [in_own_process(candidate_trial, (config, name), name, config.auto) for name in candidates(config)]
+    trials = [trial for trial, _ in outcomes]
+    errors = [error for _, error in outcomes]
+    if not any(trial.examples_per_second for trial in trials) and errors[0] is not None \
+            and all(error is not None and str(error) == str(errors[0]) for error in errors):
+        raise errors[0]
+    return decide(config, trials)
 
 
 def choose(config: Config, make_task: Callable[[], Task], prepare: Callable[[Config], Config], build: Build,
@@ -214,6 +242,12 @@ def choose(config: Config, make_task: Callable[[], Task], prepare: Callable[[Con
             continue
         measure = trial or (isolated_trial if config.auto.isolate else run_trial)
         trials.append(measure(candidate, make_task, build, config.auto))
+    return decide(config, trials)
+
+
+def decide(config: Config, trials: list[Trial]) -> tuple[Config, dict[str, Any]]:
+    """The rule applied to measured trials, logged: this run's config with the chosen strategy, and
+    the record (summary.json's ``auto``)."""
     chosen, reason = pick(trials, config.auto.margin)
     for line in table(trials):
         log.info("%s", line)

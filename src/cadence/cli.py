@@ -19,6 +19,8 @@ import sys
 import threading
 from typing import Any, Sequence
 
+from cadence import auto
+from cadence.config import Config
 from cadence.errors import CadenceError, ConfigError, SystemResourceError, describe_os_error
 
 # flags for the common keys: flag -> (dotted config key, type)
@@ -183,10 +185,19 @@ def _data(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from cadence import api
     from cadence.config import load_config
 
     values = _training_values(args)
+    config, measured = None, None
+    if not args.resume:
+        config = load_config(args.config, values=values)
+        if config.strategy == auto.AUTO and config.auto.isolate:
+            # every trial in a process of its own, before this one imports the training code (torch)
+            # or reads the data: a memory cap holds this process and a trial's together (docs/auto.md)
+            auto.check_unread(config)
+            measured = auto.choose_in_processes(config, candidate_trial)[1]
+    from cadence import api  # (after the trials)
+
     if args.resume:
         if args.config:
             raise CadenceError("--resume continues a run with its own config.yaml; drop --config")
@@ -195,10 +206,17 @@ def _train(args: argparse.Namespace) -> int:
         result = api.resume(args.resume, {key: value for key, value, _ in values},
                             origins={key: origin for key, _, origin in values})
     else:
-        result = api.train(load_config(args.config, values=values), overwrite=args.overwrite)
+        result = api.train(config, overwrite=args.overwrite, measured=measured)
     _print_summary(result.summary)
     print(f"run directory: {result.run_dir}")
     return 0
+
+
+def candidate_trial(config: Config, name: str) -> auto.Trial:
+    """``api.candidate_trial``, in a trial's own process (the training code is imported there)."""
+    from cadence import api
+
+    return api.candidate_trial(config, name)
 
 
 def _compare(args: argparse.Namespace) -> int:

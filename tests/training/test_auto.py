@@ -132,3 +132,51 @@ def test_isolated_trials_run_before_this_process_reads_the_data(tiny_graph: Path
     result = api.train(make_config(tmp_path / "run", f"data.dataset={tiny_graph}", "strategy=auto"))
     assert result.summary["strategy"] == "oac"
     assert events[:3] == ["trial sync", "trial oac", "task built here"]
+
+
+SPY = """
+import sys
+from cadence import auto, cli
+
+measure = auto.in_own_process
+
+def spy(*args, **kwargs):
+    print(f"trial of {args[2]}: training code imported here: {'torch' in sys.modules}", file=sys.stderr)
+    return measure(*args, **kwargs)
+
+auto.in_own_process = spy
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_the_cli_runs_every_trial_before_it_imports_the_training_code(tiny_graph: Path, tmp_path: Path) -> None:
+    """``cadence train --strategy auto``: a memory cap holds the run's process and a trial's together,
+    so the run's process has imported no training code (torch: 173 MiB) and read no data while a
+    trial runs; then it trains with the choice, recorded."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-c", SPY, "train", "--dataset", str(tiny_graph), "--strategy", "auto",
+                           "--epochs", "2", "--batch-size", "32", "--dim", "8", "--set", "train.negatives=8",
+                           "--set", "auto.trial_batches=30", "--set", "threads=1", "--no-progress", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trial of sync: training code imported here: False" in done.stderr, done.stderr[-3000:]
+    assert "trial of oac: training code imported here: False" in done.stderr, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["strategy"] == summary["auto"]["chosen"] in ("sync", "oac")
+    assert all(t["examples_per_second"] > 0 for t in summary["auto"]["trials"])
+    assert json.loads((out / "auto.json").read_text()) == summary["auto"]
+
+
+def test_a_mistake_every_trial_makes_is_the_runs_error(tmp_path: Path) -> None:
+    """A missing data file is no candidate's fault: the one line a run without auto gives, not a
+    table of failed trials."""
+    from cadence import cli
+
+    config = make_config(tmp_path / "run", f"data.dataset={tmp_path / 'nowhere'}", "strategy=auto")
+    with pytest.raises(Exception) as raised:
+        auto.choose_in_processes(config, cli.candidate_trial)
+    assert "nowhere" in str(raised.value) and "no candidate could train" not in str(raised.value)
