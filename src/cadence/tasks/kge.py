@@ -123,6 +123,9 @@ class KgeTask(Task):
         return triples_seen // self.copies_per_edge
 
     # ---- evaluation -----------------------------------------------------------------------------
+    def split_size(self, split: str) -> int | None:
+        return int(self.graph.split(split).shape[0]) if split in ("train", "valid", "test") else None
+
     def evaluate(self, params: ParameterView, dense: nn.Module, split: str, device: torch.device,
                  progress: Progress) -> dict[str, float]:
         if split not in ("train", "valid", "test"):

@@ -250,6 +250,7 @@ class DenseSync(ABC):
     how many trainers still do (0: every trainer is out of data, the shadow thread stops)."""
 
     collective = False  # a round is a collective: every trainer takes part until all are out of data
+    reads: tuple[str, ...] = ()  # the shadow.* keys this rule alone reads
     central = False  # a round exchanges with a central copy (EASGD's, held by the sync parameter server)
     averager: Averager | None = None
 
@@ -277,6 +278,7 @@ class DenseSync(ABC):
 
 
 class Easgd(DenseSync):
+    reads = ("shadow.sync_servers",)
     central = True
 
     def __init__(self, alpha: float, central: CentralCopy | CentralSlices, training: Callable[[], int]):
@@ -317,6 +319,7 @@ class ModelAverage(DenseSync):
 
 
 class Bmuf(DenseSync):
+    reads = ("shadow.block_lr", "shadow.block_momentum", "shadow.nesterov")
     collective = True
 
     def __init__(self, alpha: float, averager: Averager, initial: Params, block_lr: float = 1.0,

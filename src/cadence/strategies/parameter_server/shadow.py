@@ -375,6 +375,16 @@ class ShadowSyncMode(ParameterServerMode):
     foreground: bool = False
 
     @property
+    def reads(self) -> tuple[str, ...]:
+        """``shadow.threads``; a synced mode's ``alpha`` and its rule's keys; the foreground's
+        ``every`` and ``fr_sync``, the shadow thread's rate settings."""
+        if self.dense_sync is None:
+            return ("shadow.threads",)
+        timing = (("shadow.every", "shadow.fr_sync") if self.foreground
+                  else ("shadow.max_syncs_per_second", "shadow.wait_for_update"))
+        return ("shadow.threads", "shadow.alpha", *RULES.get(self.dense_sync).reads, *timing)
+
+    @property
     def central(self) -> bool:
         """Whether the rule syncs with a central copy (EASGD's, on the sync servers)."""
         return self.dense_sync is not None and RULES.get(self.dense_sync).central
