@@ -71,9 +71,8 @@ def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook], measur
     auto.check_unread(config)
     chosen = None
     if config.strategy == auto.AUTO and measured is not None:
-        chosen, config = measured, copy.deepcopy(config)
-        config.strategy = measured["chosen"]
-        config = prepare_config(config)
+        chosen = measured
+        config = prepare_config(for_contender(config, measured["chosen"], auto.candidates(config)))
         task = TASKS.get(config.task)(config)
     elif config.strategy == auto.AUTO:  # measured here, once: every layer below sees a strategy
         config, chosen, task = _choose_strategy(config)
@@ -289,8 +288,7 @@ def _measured_splits(config: Config) -> list[str]:
 def _choose_strategy(config: Config) -> tuple[Config, dict[str, Any], Task]:
     """``strategy: auto``: the config with the strategy its trials chose, the record, and the task
     (its data read once, for the trials and the run)."""
-    probe = copy.deepcopy(config)
-    probe.strategy = auto.REFERENCE
+    probe = for_contender(config, auto.REFERENCE, auto.candidates(config))
     make_task = functools.partial(TASKS.get(config.task), prepare_config(probe))
     if config.auto.isolate:
         # each trial reads the data in its own process, and this one only after them: a memory cap
@@ -309,14 +307,12 @@ def _choose_strategy(config: Config) -> tuple[Config, dict[str, Any], Task]:
 def candidate_trial(config: Config, name: str) -> auto.Trial:
     """``strategy: auto``'s trial of candidate ``name`` on ``config``, whole: its config checked (one
     that cannot run here is a trial with the reason), the data read, its first batches trained."""
-    candidate = copy.deepcopy(config)
-    candidate.strategy = name
+    names = auto.candidates(config)
     try:
-        candidate = prepare_config(candidate)
+        candidate = prepare_config(for_contender(config, name, names))
     except ConfigError as err:
         return auto.Trial(name, None, note=str(err))
-    probe = copy.deepcopy(config)
-    probe.strategy = auto.REFERENCE
+    probe = for_contender(config, auto.REFERENCE, names)
     return auto.run_trial(candidate, functools.partial(TASKS.get(config.task), prepare_config(probe)), trial_runtime,
                           config.auto)
 

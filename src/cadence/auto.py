@@ -245,12 +245,14 @@ def choose(config: Config, make_task: Callable[[], Task], prepare: Callable[[Con
             continue
         measure = trial or (isolated_trial if config.auto.isolate else run_trial)
         trials.append(measure(candidate, make_task, build, config.auto))
-    return decide(config, trials)
+    return decide(config, trials, view)
 
 
-def decide(config: Config, trials: list[Trial]) -> tuple[Config, dict[str, Any]]:
-    """The rule applied to measured trials, logged: this run's config with the chosen strategy, and
-    the record (summary.json's ``auto``)."""
+def decide(config: Config, trials: list[Trial], view: Callable[[Config, str, list[str]], Config] | None = None
+           ) -> tuple[Config, dict[str, Any]]:
+    """The rule applied to measured trials, logged: this run's config with the chosen strategy (seen
+    through ``view``, as ``choose``), and the record (summary.json's ``auto``)."""
+    names = candidates(config)
     chosen, reason = pick(trials, config.auto.margin)
     for line in table(trials):
         log.info("%s", line)

@@ -429,7 +429,7 @@ _BOUNDS: dict[str, tuple[float, float, str]] = {
     "shadow.every": (1, 1_000_000_000, "batches between foreground syncs"),
     "shadow.block_lr": (1e-6, 100.0, "BMUF's block learning rate"),
     "ps.emulated_latency": (0.0, 60.0, "seconds of emulated latency per message"),
-    "pipeline.stall_timeout": (1e-3, 1e6, "seconds a stage may wait"),
+    "pipeline.stall_timeout": (1e-6, 1e6, "seconds a stage may wait"),
     "auto.trial_seconds": (1e-2, 86_400.0, "seconds of a trial"),
     "optimizer.lr": (1e-30, 1e6, "a learning rate"),
     "optimizer.dense_lr": (1e-30, 1e6, "a learning rate"),

@@ -19,7 +19,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from cadence.api import prepare_config  # noqa: E402
 from cadence.cli import TRAIN_FLAGS, _training_values, build_parser  # noqa: E402
-from cadence.config import load_config  # noqa: E402
+from cadence.config import Config, flatten, load_config  # noqa: E402
+from cadence.strategies import STRATEGIES  # noqa: E402
 from cadence.data.corpus import read_text_corpus  # noqa: E402
 from cadence.data.criteo import read_criteo  # noqa: E402
 from cadence.data.ratings import read_ratings_file  # noqa: E402
@@ -129,3 +130,33 @@ def test_flag_parser_never_raises_anything_but_a_user_error(flags, sets) -> None
         assert exit_.code == 2
         return
     _only_user_errors(lambda: prepare_config(load_config(args.config, values=_training_values(args))))
+
+
+# every key of every section (issue 29: the sections added since, shadow, pdasgd, adapm, image, auto, ...)
+ALL_KEYS = sorted(flatten(Config().to_dict()))
+EDGE_VALUE = st.one_of(FLAG_VALUE, st.sampled_from(["0", "-1", "1e300", "1e-300", "1e18", "4294967296", "true",
+                                                    "[]", "[0]", "[1000000000]", "null", "''", "{}"]))
+STRATEGY_NAMES = sorted(STRATEGIES.names())
+
+
+@settings(max_examples=400, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(ALL_KEYS), EDGE_VALUE), min_size=1, max_size=4),
+       st.sampled_from(STRATEGY_NAMES), st.sampled_from(["kge", "ctr", "mf", "w2v", "image"]))
+@example([("adapm.initial_rate", "1e300")], "adapm", "kge")
+@example([("shadow.max_syncs_per_second", "1e-300")], "shadow-ma", "kge")
+@example([("threads", "1000000000")], "sync", "kge")
+def test_any_value_of_any_key_under_any_strategy_is_a_user_error_or_accepted(sets, strategy, task) -> None:
+    """Random values for keys of every section, with every strategy and task: ``prepare_config`` (every
+    check a run makes before it reads data) accepts them or raises one line, within 2 s (a check whose
+    cost grows with a setting would hang here)."""
+    values = [("strategy", strategy, "--strategy"), ("task", task, "--task")]
+    for key, value in sets:
+        values.append((key, _yaml_value(value), f"--set {key}"))
+    _only_user_errors(lambda: prepare_config(load_config(None, values=values)))
+
+
+def _yaml_value(text: str):
+    try:
+        return yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text

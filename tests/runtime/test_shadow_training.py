@@ -82,6 +82,21 @@ def test_the_cap_on_syncs_per_second_holds_end_to_end(tmp_path: Path) -> None:
     assert 0 < summary["dense_syncs"] <= 2 * (20 * summary["train_seconds"] + 1)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["shadow-easgd", "shadow-ma", "shadow-bmuf"])
+def test_the_end_of_the_data_wakes_a_shadow_thread_waiting_on_its_rate_cap(tmp_path: Path, mode: str) -> None:
+    """At the lowest cap (1e-4 syncs a second: a wait of ~3 hours after each round) the run ends when
+    the data does: its first round, then nothing until the trainers are out of data."""
+    import time
+
+    trainer, _, _ = make_trainer(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.max_syncs_per_second=1e-4",
+                                 "train.epochs=1")
+    started = time.perf_counter()
+    summary = trainer.fit()
+    assert time.perf_counter() - started < 60
+    assert summary["dense_syncs"] >= 2  # (each trainer's first round, at least)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode", ["fr-easgd", "shadow-ma"])
 def test_a_shadow_thread_that_fails_fails_the_epoch_instead_of_hanging(tmp_path: Path, mode: str,

@@ -265,6 +265,7 @@ class ShadowTrainer:
             if stopped or abandoned():  # no more rounds
                 self.stop()
             if self.shadow is not None:
+                self.shadow.finish()  # (out of data: its rate cap's wait ends now)
                 self.shadow.thread.join()
         if errors:
             index, err = errors[0]
