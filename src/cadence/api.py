@@ -15,6 +15,7 @@ import copy
 import functools
 import json
 import logging
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from cadence.config import AutoConfig, Config, flatten, load_config, user_terms
 from cadence.data import fingerprint
 from cadence.device import resolve_device, use_deterministic_kernels
 from cadence.engines.threads import usable_cores
-from cadence.errors import CadenceError, CheckpointError, ConfigError, os_errors
+from cadence.errors import CadenceError, CheckpointError, ConfigError, ProcessLost, lost_process, os_errors
 from cadence.models.image import IMAGE_MODELS
 from cadence.optim import DENSE_READS, ENTITY_OPTIMIZERS, schedule_reads
 from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
@@ -435,8 +436,23 @@ def build_trainer(config: Config, task: Task, run: RunDirectory, hooks: Iterable
 def _fit(trainer: Trainer, run: RunDirectory) -> TrainResult:
     try:
         summary = trainer.fit()
+    except Exception as err:
+        lost = next((cause for cause in (err, err.__cause__, err.__context__) if cause is not None
+                     and lost_process(cause)), None)
+        if lost is None:
+            raise
+        detail = str(lost).strip().splitlines()[0] if str(lost).strip() else type(lost).__name__
+        # (the calls still pending on the dead process fail with it: Ray's driver would log each one's
+        # traceback as it exits, after this run's one line)
+        os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
+        raise ProcessLost(f"a process of this run died during epoch {trainer.progress.epoch + 1} ({detail}); the "
+                          f"newest checkpoint is whole: cadence train --resume {run.path}") from None
     finally:
-        trainer.runtime.close()
+        try:
+            trainer.runtime.close()
+        except Exception as err:  # (closing asks the dead process too)
+            if not lost_process(err):
+                raise
     run.write_summary(summary)
     return TrainResult(run.path, summary, run.read_metrics())
 

@@ -449,3 +449,19 @@ for _name, (_runtime, _sign) in RAY_SIGNALS.items():
     @case("ray_strategies", f"signal_then_resume[{_name}]", processes=True, slow=True)
     def _ray_signal(ws: Workspace, runtime=_runtime, sign=_sign) -> None:
         _ray_sigterm_then_resume(ws, runtime, sign)
+
+
+@case("interrupts", "sigterm_then_resume[kge-oac]", processes=True)
+def sigterm_then_resume(ws: Workspace) -> None:
+    """``kill`` (a scheduler ending a job) during training: exit 143 with one line saying how to go
+    on, no traceback, and ``--resume`` finishes the run."""
+    data = ws.data("kge")
+    out = ws.root / "run"
+    process = ws.runner.start(["-q", "train", *train_args("kge", data, "oac"), "--epochs", "400",
+                               "--set", "eval.every=0", "--out", str(out)])
+    result = interrupt_when(process, lambda: any((out / "checkpoints").glob("epoch-*")), sign=signal.SIGTERM)
+    assert result.code == 143, str(result)
+    assert "Traceback" not in result.err, str(result)
+    assert result.err.strip().splitlines()[-1].startswith("cadence: terminated"), str(result)
+    done = max(int(p.name.removeprefix("epoch-")) for p in (out / "checkpoints").glob("epoch-*"))
+    ws.succeeds(ws.cadence("-q", "train", "--resume", str(out), "--epochs", str(done + 1)))
