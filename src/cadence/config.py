@@ -417,7 +417,7 @@ _POSITIVE = {
     "mf.column_blocks", "auto.trial_batches", "auto.trial_seconds", "adapm.lookahead",
 }
 
-# the ranges beyond a sign: waits and rates a thread sleeps by (a second's fraction to an hour), sizes
+# the ranges beyond a sign: waits and rates a thread sleeps by (1/rate of a tiny rate never ends), sizes
 # whose plans or tables grow with them, and factors that overflow a float32 parameter past them.
 # key -> (lowest, highest, what the setting is); a setting whose 0 means "off" is checked only when on
 _BOUNDS: dict[str, tuple[float, float, str]] = {
