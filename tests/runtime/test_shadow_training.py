@@ -78,8 +78,9 @@ def test_the_cap_on_syncs_per_second_holds_end_to_end(tmp_path: Path) -> None:
     trainer, _, _ = make_trainer(tmp_path, "strategy=shadow-easgd", "ps.workers=2", "shadow.alpha=0.5",
                                  "shadow.max_syncs_per_second=20", "train.epochs=1", "ps.emulated_latency=0.01")
     summary = trainer.fit()
-    # two trainers, each at most 20 rounds a second after its first
-    assert 0 < summary["dense_syncs"] <= 2 * (20 * summary["train_seconds"] + 1)
+    # two trainers, each at most 20 rounds a second after its first, and the round at the end of its
+    # data (not delayed by the cap: the data's end wakes the shadow thread)
+    assert 0 < summary["dense_syncs"] <= 2 * (20 * summary["train_seconds"] + 2)
 
 
 @pytest.mark.parametrize("mode", ["shadow-easgd", "shadow-ma", "shadow-bmuf"])
