@@ -160,3 +160,44 @@ def _yaml_value(text: str):
         return yaml.safe_load(text) if text.strip() else text
     except yaml.YAMLError:
         return text
+
+
+SECTION_OF = {"adapm": "adapm", "pdasgd": "pdasgd", "pdasgd-bu": "pdasgd", "hogwild": "shadow",
+              **{f"{kind}-{rule}": "shadow" for kind in ("shadow", "fr") for rule in ("easgd", "ma", "bmuf")},
+              "async": "pipeline", "oac": "pipeline", "gba": "ps", "bsp": "ps", "hop_bs": "ps", "hop_bw": "ps"}
+RUN_LIMIT = 90.0  # seconds a tiny run may take, whatever its settings: past it, a hang
+
+
+@pytest.mark.slow
+@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(strategy=st.sampled_from(sorted(SECTION_OF)), data=st.data())
+def test_any_value_of_a_strategys_own_section_trains_or_is_one_line_in_bounded_time(strategy, data) -> None:
+    """A real run (its own process: a hang is killed at ``RUN_LIMIT``) of tiny data under ``strategy``
+    with random edge values for keys of the section it reads: it trains, or stops with one
+    ``cadence: error:`` line; never a traceback, never a hang."""
+    import subprocess
+    import sys
+
+    from tests.reliability.harness import Runner, write_data
+
+    section = SECTION_OF[strategy]
+    keys = [key for key in ALL_KEYS if key.startswith(section + ".")]
+    value = EDGE_VALUE.filter(lambda text: "\x00" not in text)  # (no process takes a NUL in its arguments)
+    sets = data.draw(st.lists(st.tuples(st.sampled_from(keys), value), min_size=1, max_size=3))
+    workdir = Path(tempfile.mkdtemp(dir=_SCRATCH.name))
+    argv = ["-q", "train", *write_data(workdir / "data", "kge"), "--strategy", strategy, "--epochs", "2", "--dim", "8",
+            "--batch-size", "32", "--no-progress", "--set", "threads=1", "--set", "train.negatives=8",
+            "--out", str(workdir / "run"),
+            *(["--workers", "2"] if SECTION_OF[strategy] in ("shadow", "ps", "adapm") else [])]
+    for key, value in sets:
+        argv += ["--set", f"{key}={value}"]
+    runner = Runner(in_process=False)
+    try:
+        done = subprocess.run(runner.command(argv), capture_output=True, text=True, env=runner.env(),
+                              timeout=RUN_LIMIT)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"a hang: {' '.join(argv)}") from None
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert lines and lines[-1].startswith("cadence: error:"), done.stderr[-3000:]
