@@ -48,6 +48,12 @@ def tiny_graph(tmp_path: Path) -> Path:
     return write_graph(tmp_path / "tiny", train, held[: len(held) // 2], held[len(held) // 2:])
 
 
+def foreground(mode: str, *settings: str) -> list[str]:
+    """``settings`` where ``mode`` is a foreground ShadowSync strategy (``fr-*``, the one that reads
+    ``shadow.every`` and ``shadow.fr_sync``); none elsewhere (a key nothing reads is an error)."""
+    return list(settings) if mode.startswith("fr-") else []
+
+
 def make_config(out: Path | None, *overrides: str) -> Config:
     base = ["progress=false", "train.epochs=2", "train.batch_size=32", "model.dim=8", "threads=1"]
     if not any(item.startswith("task=") and item != "task=kge" for item in overrides):

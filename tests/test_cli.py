@@ -334,3 +334,20 @@ def test_ctrl_c_inside_an_import_callback_is_delivered_once_it_returns() -> None
         signal.signal(signal.SIGINT, before)
     with pytest.raises(KeyboardInterrupt):
         _interrupt(signal.SIGINT, sys._getframe())
+
+
+def test_a_lost_ray_process_is_told_apart_from_an_error_raised_in_one() -> None:
+    """``errors.lost_process``: Ray's errors for a process that died (matched by name, this module
+    imports no Ray) and not an error that code in a process raised, nor one of ours."""
+    from cadence.errors import ConfigError, lost_process
+
+    def ray_error(name: str, base: type = RuntimeError) -> BaseException:
+        return type(name, (base,), {"__module__": "ray.exceptions"})("gone")
+
+    died = ray_error("RayActorError")
+    assert lost_process(died) and lost_process(type("ActorDiedError", (type(died),), {"__module__": "ray.exceptions"})())
+    assert not lost_process(ray_error("RayTaskError")) and not lost_process(ConfigError("x"))
+    assert not lost_process(type("RayActorError", (RuntimeError,), {"__module__": "tests"})())
+    import torch.distributed
+
+    assert lost_process(torch.distributed.DistStoreError("wait timeout after 60000ms"))  # (a gloo peer is gone)

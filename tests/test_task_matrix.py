@@ -28,7 +28,7 @@ STRATEGY_SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     "hop_bs": (["ps.workers=2"], ["ps.workers=1"]),
     "hop_bw": (["ps.workers=3"], ["ps.workers=1"]),
     # ShadowSync: 2 trainers x 2 Hogwild threads; one trainer of one thread with alpha 0 is sync
-    **{f"{kind}-{rule}": (["ps.workers=2", "shadow.threads=2", "shadow.every=2"],
+    **{f"{kind}-{rule}": (["ps.workers=2", "shadow.threads=2", *(["shadow.every=2"] if kind == "fr" else [])],
                           ["ps.workers=1", "shadow.threads=1", "shadow.alpha=0"])
        for kind in ("shadow", "fr") for rule in ("easgd", "ma", "bmuf")},
     "hogwild": (["ps.workers=2", "shadow.threads=2"], ["ps.workers=1", "shadow.threads=1"]),

@@ -15,6 +15,7 @@ import copy
 import functools
 import json
 import logging
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -27,8 +28,9 @@ from cadence.config import AutoConfig, Config, flatten, load_config, user_terms
 from cadence.data import fingerprint
 from cadence.device import resolve_device, use_deterministic_kernels
 from cadence.engines.threads import usable_cores
-from cadence.errors import CadenceError, CheckpointError, ConfigError, os_errors
-from cadence.optim import ENTITY_OPTIMIZERS
+from cadence.errors import CadenceError, CheckpointError, ConfigError, ProcessLost, lost_process, os_errors
+from cadence.models.image import IMAGE_MODELS
+from cadence.optim import DENSE_READS, ENTITY_OPTIMIZERS, schedule_reads
 from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
 from cadence.strategies import STRATEGIES, runtime_kinds
 from cadence.tasks import TASKS, Task
@@ -70,15 +72,15 @@ def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook], measur
     auto.check_unread(config)
     chosen = None
     if config.strategy == auto.AUTO and measured is not None:
-        chosen, config = measured, copy.deepcopy(config)
-        config.strategy = measured["chosen"]
-        config = prepare_config(config)
+        chosen = measured
+        config = prepare_config(for_contender(config, measured["chosen"], auto.candidates(config)))
         task = TASKS.get(config.task)(config)
     elif config.strategy == auto.AUTO:  # measured here, once: every layer below sees a strategy
         config, chosen, task = _choose_strategy(config)
     else:
         config = prepare_config(config)
         task = TASKS.get(config.task)(config)
+    task.check_splits(_measured_splits(config))  # (an empty one: before anything is written)
     original = task
     task, init = _init_checkpoint(config, task)  # a model that does not fit fails here, before anything is written
     if config.batch_order:
@@ -166,17 +168,16 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
         raise ConfigError(f"a strategy is listed twice: {','.join(strategies)}")
     for name in strategies:  # every one is checked before the first trains
         with user_terms(config):
-            checked = copy.deepcopy(config)
             if auto.AUTO not in strategies:
-                auto.check_unread(checked)
-            checked.strategy = auto.REFERENCE if name == auto.AUTO else name  # (auto: its trials check each)
-            prepare_config(checked)
+                auto.check_unread(config)
+            # (auto: its trials check each candidate)
+            prepare_config(for_contender(config, auto.REFERENCE if name == auto.AUTO else name, strategies))
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CadenceError(f"{out}: the comparison directory is not empty; use --overwrite or another --out")
     results: dict[str, Any] = {}
     for name in strategies:
-        run_config = copy.deepcopy(config)
+        run_config = copy.deepcopy(config if name == auto.AUTO else for_contender(config, name, strategies))
         run_config.strategy = name
         run_config.out = str(out / name)
         if name != auto.AUTO and auto.AUTO in strategies:
@@ -218,6 +219,7 @@ def prepare_config(config: Config) -> Config:
                           "a file is expected")
     ENTITY_OPTIMIZERS.get(config.optimizer.entity)
     _check_foreign_keys(config, runtime)
+    _check_unread_keys(config, strategy)
     _check_in_place(config, strategy)
     strategy.check(config)  # (first: a strategy's own word on the device is the clearer one)
     resolve_device(config.device)
@@ -279,21 +281,25 @@ def _check_foreign_keys(config: Config, runtime: RuntimeKind) -> None:
             raise ConfigError(runtime.refuse(key, owners[0], where))
 
 
+def _measured_splits(config: Config) -> list[str]:
+    """The splits a run measures metrics on: valid (with validation), test (with the final test)."""
+    return [split for split, on in (("valid", config.eval.every > 0), ("test", config.eval.test)) if on]
+
+
 def _choose_strategy(config: Config) -> tuple[Config, dict[str, Any], Task]:
     """``strategy: auto``: the config with the strategy its trials chose, the record, and the task
     (its data read once, for the trials and the run)."""
-    probe = copy.deepcopy(config)
-    probe.strategy = auto.REFERENCE
+    probe = for_contender(config, auto.REFERENCE, auto.candidates(config))
     make_task = functools.partial(TASKS.get(config.task), prepare_config(probe))
     if config.auto.isolate:
         # each trial reads the data in its own process, and this one only after them: a memory cap
         # holds this process and a trial's together (a 900 MiB cap killed the OAC trial of a 2 GiB
         # out-of-core table while this process held the task: docs/auto.md)
-        config, chosen = auto.choose(config, make_task, prepare_config, trial_runtime)
+        config, chosen = auto.choose(config, make_task, prepare_config, trial_runtime, for_contender)
         task = make_task()
     else:
         task = make_task()
-        config, chosen = auto.choose(config, lambda: task, prepare_config, trial_runtime)
+        config, chosen = auto.choose(config, lambda: task, prepare_config, trial_runtime, for_contender)
     config = prepare_config(config)
     task.config = config
     return config, chosen, task
@@ -302,14 +308,12 @@ def _choose_strategy(config: Config) -> tuple[Config, dict[str, Any], Task]:
 def candidate_trial(config: Config, name: str) -> auto.Trial:
     """``strategy: auto``'s trial of candidate ``name`` on ``config``, whole: its config checked (one
     that cannot run here is a trial with the reason), the data read, its first batches trained."""
-    candidate = copy.deepcopy(config)
-    candidate.strategy = name
+    names = auto.candidates(config)
     try:
-        candidate = prepare_config(candidate)
+        candidate = prepare_config(for_contender(config, name, names))
     except ConfigError as err:
         return auto.Trial(name, None, note=str(err))
-    probe = copy.deepcopy(config)
-    probe.strategy = auto.REFERENCE
+    probe = for_contender(config, auto.REFERENCE, names)
     return auto.run_trial(candidate, functools.partial(TASKS.get(config.task), prepare_config(probe)), trial_runtime,
                           config.auto)
 
@@ -320,6 +324,67 @@ def trial_runtime(candidate: Config, task: Task, scratch: Path) -> Runtime:
     if candidate.store.path:
         candidate.store.path = str(Path(candidate.store.path).with_name(Path(candidate.store.path).name + "-auto-trial"))
     return build_runtime(candidate, task, RunDirectory(scratch))[0]
+
+
+def _check_unread_keys(config: Config, strategy: Strategy) -> None:
+    """A key set away from its default that the chosen strategy, optimizers, schedule or model do not
+    read, though another one does, would be silently ignored: an error naming the key and who reads it.
+    From each component's own declaration (``Strategy.reads``, ``EntityOptimizer.reads``,
+    ``optim.DENSE_READS``, ``optim.schedule_reads``, an image model's ``reads``)."""
+    defaults = flatten(Config().to_dict())
+    changed = sorted(k for k, v in flatten(config.to_dict()).items() if defaults.get(k) != v)
+    families: list[tuple[str, dict[str, tuple[str, ...]], str, tuple[str, ...]]] = [
+        ("strategy", {name: STRATEGIES.get(name).reads for name in STRATEGIES.names()}, config.strategy,
+         strategy.reads_for(config)),
+        ("entity optimizer (optimizer.entity)", {name: ENTITY_OPTIMIZERS.get(name).reads for name in ENTITY_OPTIMIZERS.names()},
+         config.optimizer.entity, ENTITY_OPTIMIZERS.get(config.optimizer.entity).reads),
+        ("dense optimizer (optimizer.dense)", DENSE_READS, config.optimizer.dense, DENSE_READS[config.optimizer.dense]),
+        ("schedule", {"optimizer.warmup_epochs > 0": ("optimizer.warmup_lr",)}, "without warm-up epochs",
+         schedule_reads(config.optimizer))]
+    if config.task == "image":
+        families.append(("image model (model.name)", {name: IMAGE_MODELS.get(name).reads for name in IMAGE_MODELS.names()},
+                         config.model.name, IMAGE_MODELS.get(config.model.name).reads))
+    read_now = [key for *_, reads in families for key in reads]
+    for key in changed:
+        if any(_covers(own, key) for own in read_now):
+            continue
+        for family, declared, chosen, _ in families:
+            readers = [name for name, reads in declared.items() if any(_covers(own, key) for own in reads)]
+            if readers:
+                raise ConfigError(f"{key}: read only by the {family} {', '.join(readers)}; this run's is {chosen}, "
+                                  "which does not read it (remove it, or choose one that reads it)")
+
+
+def _covers(declared: str, key: str) -> bool:
+    return key == declared or key.startswith(declared + ".")
+
+
+def for_contender(config: Config, name: str, contenders: Iterable[str]) -> Config:
+    """``config`` for strategy ``name`` among ``contenders`` run side by side on one config
+    (``compare``, ``strategy: auto``): a strategy key another contender reads, this one not, is that
+    contender's setting, back to its default here (a key no contender reads stays: an error)."""
+    config = copy.deepcopy(config)
+    config.strategy = name
+    mine = STRATEGIES.get(name).reads_for(config)
+    others = [key for other in contenders if other != name and other in STRATEGIES.names()
+              for key in STRATEGIES.get(other).reads]
+    defaults = flatten(Config().to_dict())
+    for key, value in flatten(config.to_dict()).items():
+        if value != defaults.get(key) and not any(_covers(own, key) for own in mine) \
+                and any(_covers(other, key) for other in others):
+            *path, leaf = key.split(".")
+            section = config
+            for part in path:
+                section = getattr(section, part)
+            setattr(section, leaf, copy.deepcopy(getattr(_default_section(path), leaf)))
+    return config
+
+
+def _default_section(path: list[str]) -> Any:
+    section: Any = Config()
+    for part in path:
+        section = getattr(section, part)
+    return section
 
 
 def _init_checkpoint(config: Config, task: Task) -> tuple[Task, tuple[dict[str, torch.Tensor], dict[str, Any],
@@ -371,8 +436,23 @@ def build_trainer(config: Config, task: Task, run: RunDirectory, hooks: Iterable
 def _fit(trainer: Trainer, run: RunDirectory) -> TrainResult:
     try:
         summary = trainer.fit()
+    except Exception as err:
+        lost = next((cause for cause in (err, err.__cause__, err.__context__) if cause is not None
+                     and lost_process(cause)), None)
+        if lost is None:
+            raise
+        detail = str(lost).strip().splitlines()[0] if str(lost).strip() else type(lost).__name__
+        # (the calls still pending on the dead process fail with it: Ray's driver would log each one's
+        # traceback as it exits, after this run's one line)
+        os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
+        raise ProcessLost(f"a process of this run died during epoch {trainer.progress.epoch + 1} ({detail}); the "
+                          f"newest checkpoint is whole: cadence train --resume {run.path}") from None
     finally:
-        trainer.runtime.close()
+        try:
+            trainer.runtime.close()
+        except Exception as err:  # (closing asks the dead process too)
+            if not lost_process(err):
+                raise
     run.write_summary(summary)
     return TrainResult(run.path, summary, run.read_metrics())
 
@@ -423,6 +503,7 @@ def load_model(run_dir: str | Path) -> tuple[Config, Task, RowsView, torch.nn.Mo
 def evaluate(run_dir: str | Path, split: str = "test") -> dict[str, float]:
     """The task's metrics of a run's final model on ``split``."""
     _, task, view, dense = load_model(run_dir)
+    task.check_splits([split])
     return task.evaluate(view, dense, split, torch.device("cpu"), lambda steps: steps)
 
 

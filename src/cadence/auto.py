@@ -224,16 +224,19 @@ def choose_in_processes(config: Config, candidate_trial: Callable[[Config, str],
 
 
 def choose(config: Config, make_task: Callable[[], Task], prepare: Callable[[Config], Config], build: Build,
+           view: Callable[[Config, str, list[str]], Config] | None = None,
            trial: Callable[[Config, Callable[[], Task], Build, AutoConfig], Trial] | None = None
            ) -> tuple[Config, dict[str, Any]]:
     """This run's config with the chosen strategy, and the record of the choice (summary.json's
     ``auto``). ``make_task`` builds the task where a trial runs (isolated: a picklable recipe, called
     in the trial's process, so the caller need not hold the data while trials run); ``prepare``
     validates a candidate's config (a candidate that cannot run here is skipped, its reason noted);
-    ``trial`` measures one (tests inject speeds)."""
+    ``view``: a candidate's config (another candidate's strategy keys back to their defaults:
+    ``api.for_contender``); ``trial`` measures one (tests inject speeds)."""
     trials = []
-    for name in candidates(config):
-        candidate = copy.deepcopy(config)
+    names = candidates(config)
+    for name in names:
+        candidate = view(config, name, names) if view is not None else copy.deepcopy(config)
         candidate.strategy = name
         try:
             candidate = prepare(candidate)
@@ -242,17 +245,19 @@ def choose(config: Config, make_task: Callable[[], Task], prepare: Callable[[Con
             continue
         measure = trial or (isolated_trial if config.auto.isolate else run_trial)
         trials.append(measure(candidate, make_task, build, config.auto))
-    return decide(config, trials)
+    return decide(config, trials, view)
 
 
-def decide(config: Config, trials: list[Trial]) -> tuple[Config, dict[str, Any]]:
-    """The rule applied to measured trials, logged: this run's config with the chosen strategy, and
-    the record (summary.json's ``auto``)."""
+def decide(config: Config, trials: list[Trial], view: Callable[[Config, str, list[str]], Config] | None = None
+           ) -> tuple[Config, dict[str, Any]]:
+    """The rule applied to measured trials, logged: this run's config with the chosen strategy (seen
+    through ``view``, as ``choose``), and the record (summary.json's ``auto``)."""
+    names = candidates(config)
     chosen, reason = pick(trials, config.auto.margin)
     for line in table(trials):
         log.info("%s", line)
     log.info("strategy auto chose %s", reason)
-    config = copy.deepcopy(config)
+    config = view(config, chosen, names) if view is not None else copy.deepcopy(config)
     config.strategy = chosen
     return config, {"chosen": chosen, "reason": reason, "trials": [asdict(t) for t in trials]}
 

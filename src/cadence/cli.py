@@ -153,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:  # the operating system refused something no check above foresaw
         print(f"cadence: error: {_one_line(describe_os_error(err))}", file=sys.stderr)
         return SystemResourceError.exit_code
+    except Terminated:
+        print("cadence: terminated (SIGTERM); --resume continues the run from its newest checkpoint", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("cadence: interrupted", file=sys.stderr)
         return 130
@@ -357,8 +360,9 @@ def entry() -> None:
     aborts the process. Nothing is lost: every file a run writes is written whole or not at all,
     and ``--resume`` continues from the newest checkpoint."""
     signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _terminate)
     code = main()
-    if code == 130 or (code and _stage_threads_alive()):
+    if code in (130, 143) or (code and _stage_threads_alive()):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -373,6 +377,17 @@ def _interrupt(signum: int, frame: Any) -> None:
         threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
         return
     raise KeyboardInterrupt
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a scheduler ending a job): a Ctrl-C of its own exit code, 143."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        return
+    raise Terminated
 
 
 def _stage_threads_alive() -> bool:

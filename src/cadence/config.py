@@ -22,6 +22,7 @@ from typing import Any, Iterator, Literal
 
 import yaml
 
+from cadence.resources import check_threads
 from cadence.errors import ConfigError
 
 
@@ -413,14 +414,44 @@ _POSITIVE = {
     "ctr.synthetic.num_examples", "ctr.synthetic.num_fields", "ctr.synthetic.vocab_per_field",
     "ctr.synthetic.holdout", "ctr.num_periods", "w2v.negatives", "shadow.threads", "shadow.every",
     "shadow.block_lr", "pdasgd.backward_threads", "image.fc", "adapm.threads", "adapm.initial_rate",
-    "mf.column_blocks", "auto.trial_batches", "auto.trial_seconds",
+    "mf.column_blocks", "auto.trial_batches", "auto.trial_seconds", "adapm.lookahead",
 }
+
+# the ranges beyond a sign: waits and rates a thread sleeps by (1/rate of a tiny rate never ends), sizes
+# whose plans or tables grow with them, and factors that overflow a float32 parameter past them.
+# key -> (lowest, highest, what the setting is); a setting whose 0 means "off" is checked only when on
+_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "adapm.lookahead": (1, 100_000, "batches of intent signalled ahead"),
+    "adapm.round_interval": (1e-5, 60.0, "seconds between communication rounds"),
+    "adapm.initial_rate": (1e-3, 1e6, "clocks per round, the rate estimate's start"),
+    "adapm.start_rounds": (0, 100_000, "rounds a worker waits for its first rows"),
+    "shadow.max_syncs_per_second": (1e-4, 1e6, "syncs a second (0: no cap)"),
+    "shadow.every": (1, 1_000_000_000, "batches between foreground syncs"),
+    "shadow.block_lr": (1e-6, 100.0, "BMUF's block learning rate"),
+    "ps.emulated_latency": (0.0, 60.0, "seconds of emulated latency per message"),
+    "pipeline.stall_timeout": (1e-6, 1e6, "seconds a stage may wait"),
+    "auto.trial_seconds": (1e-2, 86_400.0, "seconds of a trial"),
+    "optimizer.lr": (1e-30, 1e6, "a learning rate"),
+    "optimizer.dense_lr": (1e-30, 1e6, "a learning rate"),
+    "optimizer.warmup_lr": (1e-30, 1e6, "a learning rate"),
+    "optimizer.eps": (1e-30, 1.0, "Adagrad's epsilon (float32 keeps 1e-38 and up)"),
+    "optimizer.weight_decay": (0.0, 1e3, "a decay factor"),
+    "train.reg_weight": (0.0, 1e6, "a regularisation weight"),
+    "model.init_std": (0.0, 1e3, "the initial rows' standard deviation"),
+    "model.gamma": (-1e6, 1e6, "a margin"),
+    "mf.reg": (0.0, 1e6, "a regularisation weight"),
+}
+_OFF_AT_ZERO = {"shadow.max_syncs_per_second"}
+# settings that count threads (or processes): at most ``resources.thread_limit()`` each
+_THREAD_COUNTS = ("threads", "pipeline.loader_threads", "pipeline.writer_threads", "shadow.threads",
+                  "pdasgd.backward_threads", "pdasgd.intra_op_threads", "adapm.threads", "ps.workers", "ps.shards",
+                  "ps.ray_idle_processes")
 _NON_NEGATIVE = {"data.synthetic.communities", "train.negative_chunk", "ps.emulated_latency", "ps.ray_idle_processes", "ps.buffer", "ps.tolerance", "ps.staleness", "ps.backup_workers", "threads", "eval.every", "eval.patience", "eval.max_triples", "eval.negatives", "checkpoint.every",
                  "train.reg_weight", "data.synthetic.holdout", "mf.reg", "mf.fold", "ctr.first_period",
                  "model.init_std",
                  "w2v.sample", "w2v.max_vocab", "w2v.min_lr", "ctr.synthetic.dim", "ctr.synthetic.zipf_exponent",
                  "shadow.max_syncs_per_second", "optimizer.weight_decay", "optimizer.warmup_epochs",
-                 "image.valid_size", "pdasgd.intra_op_threads", "adapm.lookahead", "adapm.round_interval", "adapm.start_rounds",
+                 "image.valid_size", "pdasgd.intra_op_threads", "adapm.round_interval", "adapm.start_rounds",
                  "mf.strata", "mf.row_blocks"}
 
 
@@ -677,6 +708,17 @@ def _check_ranges(config: Config, where: dict[str, str]) -> None:
     for key in _NOT_EMPTY:
         if flat[key] is not None and not str(flat[key]).strip():
             raise ConfigError(f"{_locate(key, where)}{key} is empty; give a path or name (or leave it out)")
+    for key, (low, high, what) in _BOUNDS.items():
+        value = flat[key]
+        if value is None or (key in _OFF_AT_ZERO and value == 0):
+            continue
+        if not low <= value <= high:
+            raise ConfigError(f"{_locate(key, where)}{key} must be between {low:g} and {high:g} ({what}), got {value:g}")
+    for key in _THREAD_COUNTS:  # (each a thread, or a process, of its own)
+        check_threads(_locate(key, where) + key, flat[key])
+    for key in ("shadow.threads", "adapm.threads"):  # per worker
+        check_threads(f"{_locate(key, where)}ps.workers x {key} ({flat['ps.workers']:,} x {flat[key]:,})",
+                      flat["ps.workers"] * flat[key])
     if not 1.0 <= config.auto.margin < float("inf"):
         raise ConfigError(f"{_locate('auto.margin', where)}auto.margin must be a finite ratio of at least 1 (1.05: "
                           f"another strategy must be 5% faster than sync to be chosen), got {config.auto.margin}")

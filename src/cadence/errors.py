@@ -54,6 +54,29 @@ class SystemResourceError(CadenceError):
     exit_code = 1
 
 
+class ProcessLost(CadenceError):
+    """A process of the run (a Ray actor: a trainer, a server, a node) died from outside, where the
+    strategy cannot recover from it: the run stops; its newest checkpoint is whole."""
+
+    exit_code = 1
+
+
+# the errors that say a process of the run died (matched by module and name: this module imports
+# neither): Ray's for a process of the cluster, torch's for a collective (ShadowSync's MA and BMUF
+# rounds over gloo) that cannot form or go on because a peer's process is gone
+LOST_PROCESS_ERRORS = {
+    "ray.": ("RayActorError", "ActorDiedError", "ActorUnavailableError", "WorkerCrashedError", "NodeDiedError",
+             "OwnerDiedError", "LocalRayletDiedError"),
+    "torch.": ("DistStoreError", "DistNetworkError"),
+}
+
+
+def lost_process(err: BaseException) -> bool:
+    """Whether ``err`` says a process of the run died (and not that code in one raised)."""
+    return any(kind.__module__.startswith(module) and kind.__name__ in names
+               for kind in type(err).__mro__ for module, names in LOST_PROCESS_ERRORS.items())
+
+
 def describe_os_error(err: OSError, path: str | Path | None = None, doing: str | None = None) -> str:
     """``path: cannot <doing>: <reason>`` of an ``OSError`` (its own file names when ``path`` is None)."""
     names = [str(name) for name in (err.filename, err.filename2) if name is not None]

@@ -29,6 +29,8 @@ def row_gradient(rows: Tensor) -> Tensor:
 
 
 class EntityOptimizer(ABC):
+    reads: tuple[str, ...] = ()  # the optimizer keys this rule reads beyond the rate
+
     def __init__(self, config: OptimizerConfig):
         self.lr = config.lr
         self.eps = config.eps
@@ -44,6 +46,8 @@ class EntityOptimizer(ABC):
 
 @ENTITY_OPTIMIZERS.register("rowwise_adagrad")
 class RowwiseAdagrad(EntityOptimizer):
+    reads = ("optimizer.eps",)
+
     @staticmethod
     def state_width(dim: int) -> int:
         return 1
@@ -55,6 +59,8 @@ class RowwiseAdagrad(EntityOptimizer):
 
 @ENTITY_OPTIMIZERS.register("adagrad")
 class ElementwiseAdagrad(EntityOptimizer):
+    reads = ("optimizer.eps",)
+
     @staticmethod
     def state_width(dim: int) -> int:
         return dim
@@ -74,6 +80,16 @@ class Sgd(EntityOptimizer):
 
     def step(self, values, state, grad):
         values.add_(grad, alpha=-self.lr)
+
+
+# the optimizer keys each dense rule reads beyond the rate, the decay and the schedule
+DENSE_READS: dict[str, tuple[str, ...]] = {"adagrad": ("optimizer.eps",), "adam": (),
+                                           "sgd": ("optimizer.momentum", "optimizer.nesterov")}
+
+
+def schedule_reads(config: OptimizerConfig) -> tuple[str, ...]:
+    """The schedule keys this config's schedule reads: ``warmup_lr`` only with warm-up epochs."""
+    return ("optimizer.warmup_lr",) if config.warmup_epochs else ()
 
 
 def dense_optimizer(config: OptimizerConfig, parameters: list) -> torch.optim.Optimizer:

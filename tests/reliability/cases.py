@@ -26,7 +26,9 @@ from tests.reliability.harness import (TASKS, CannotRun, Workspace, compare_args
                                        train_args, tree_digest)
 
 CATEGORIES = ("interrupts", "one_writer", "fingerprint", "flags", "numbers", "os", "data", "checkpoints",
-              "engines")
+              "engines",
+              # issue 29 (``newer_parts.py``): the parts added since
+              "unread_keys", "edge_values", "hangs", "empty_splits", "resources", "ray_strategies")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Count the corpus's handled cases by category, every command a real process.
 
     python -m tests.reliability.count [--src OTHER_CHECKOUT/src] [--out results.json] [-k SUBSTRING]
+        [--categories unread_keys,hangs,...]
 
 ``--src`` runs the commands of another checkout (the same corpus, the before of a change); the
 JSON lists each case's outcome and the first line of what went wrong.
@@ -17,7 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tests.reliability.cases import CASES, CATEGORIES
+from tests.reliability.corpus import CASES, CATEGORIES
 from tests.reliability.harness import CannotRun, Runner, TrainedRuns, Workspace
 
 
@@ -26,12 +27,16 @@ def main() -> None:
     parser.add_argument("--src", type=Path, help="the src directory of the checkout to test (default: this one)")
     parser.add_argument("--out", type=Path, default=Path("reliability-corpus.json"))
     parser.add_argument("-k", default="", help="run only cases whose id contains this")
+    parser.add_argument("--categories", default="", help="comma-separated: run only these categories")
     args = parser.parse_args()
     runner = Runner(in_process=False, src=args.src)
     scratch = Path(tempfile.mkdtemp(prefix="cdn-corpus-"))
     runs = TrainedRuns(scratch / "runs", runner)
     outcomes = []
-    for index, item in enumerate(c for c in CASES if args.k in c.id):
+    only = {name for name in args.categories.split(",") if name}
+    if only - set(CATEGORIES):
+        parser.error(f"--categories takes some of {', '.join(CATEGORIES)}")
+    for index, item in enumerate(c for c in CASES if args.k in c.id and (not only or c.category in only)):
         if item.root and os.geteuid() != 0:
             outcomes.append({"case": item.id, "category": item.category, "outcome": "skipped"})
             continue
@@ -56,7 +61,8 @@ def main() -> None:
         print(f"{outcome:12s} {item.id}  {why.splitlines()[0] if why else ''}"[:200], flush=True)
     handled = Counter(o["category"] for o in outcomes if o["outcome"] == "handled")
     total = Counter(o["category"] for o in outcomes if o["outcome"] != "skipped")
-    table = {category: {"handled": handled[category], "cases": total[category]} for category in CATEGORIES}
+    table = {category: {"handled": handled[category], "cases": total[category]} for category in CATEGORIES
+             if not only or category in only}
     report = {"src": str(args.src or "this checkout"), "by_category": table,
               "handled": sum(handled.values()), "cases": sum(total.values()), "outcomes": outcomes}
     args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -121,6 +121,8 @@ class Runner:
         try:
             done = subprocess.run(self.command(argv), capture_output=True, text=True, env=self.env(env),
                                   timeout=timeout, preexec_fn=prepare)
+        except subprocess.TimeoutExpired as err:  # (killed: a hang is what the user would see)
+            return Result(-9, _text(err.stdout), _text(err.stderr) + f"\n[killed after {timeout:g} s]")
         except subprocess.SubprocessError as err:  # the preexec step failed: no power to drop capabilities
             if plain_user:
                 raise CannotRun(f"cannot run as a plain user here ({err})") from None
@@ -130,6 +132,10 @@ class Runner:
     def start(self, argv: list[str]) -> subprocess.Popen:
         return subprocess.Popen(self.command(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=self.env(), preexec_fn=_as_at_a_terminal)
+
+
+def _text(data: bytes | str | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
 def _without_root_access() -> None:
@@ -225,8 +231,12 @@ class Workspace:
     runs: TrainedRuns
     notes: list[str] = field(default_factory=list)
 
-    def cadence(self, *argv: str, env: dict[str, str] | None = None, plain_user: bool = False) -> Result:
-        """``plain_user``: without root's power over file permissions (a real process)."""
+    def cadence(self, *argv: str, env: dict[str, str] | None = None, plain_user: bool = False,
+                timeout: float | None = None) -> Result:
+        """``plain_user``: without root's power over file permissions (a real process). ``timeout``:
+        seconds, in a real process of its own (a hang is then a result: killed, exit -9)."""
+        if timeout is not None:
+            return self.runner.process(list(argv), env=env, plain_user=plain_user, timeout=timeout)
         return self.runner(list(argv), env=env, plain_user=plain_user)
 
     def data(self, task: str, name: str = "data") -> list[str]:

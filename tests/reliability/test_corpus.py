@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.cases import CASES, Case
+from tests.reliability.cases import Case
+from tests.reliability.corpus import CASES
 from tests.reliability.harness import CannotRun, Runner, TrainedRuns, Workspace
 
 

@@ -19,7 +19,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from cadence.api import prepare_config  # noqa: E402
 from cadence.cli import TRAIN_FLAGS, _training_values, build_parser  # noqa: E402
-from cadence.config import load_config  # noqa: E402
+from cadence.config import Config, flatten, load_config  # noqa: E402
+from cadence.strategies import STRATEGIES  # noqa: E402
 from cadence.data.corpus import read_text_corpus  # noqa: E402
 from cadence.data.criteo import read_criteo  # noqa: E402
 from cadence.data.ratings import read_ratings_file  # noqa: E402
@@ -129,3 +130,74 @@ def test_flag_parser_never_raises_anything_but_a_user_error(flags, sets) -> None
         assert exit_.code == 2
         return
     _only_user_errors(lambda: prepare_config(load_config(args.config, values=_training_values(args))))
+
+
+# every key of every section (issue 29: the sections added since, shadow, pdasgd, adapm, image, auto, ...)
+ALL_KEYS = sorted(flatten(Config().to_dict()))
+EDGE_VALUE = st.one_of(FLAG_VALUE, st.sampled_from(["0", "-1", "1e300", "1e-300", "1e18", "4294967296", "true",
+                                                    "[]", "[0]", "[1000000000]", "null", "''", "{}"]))
+STRATEGY_NAMES = sorted(STRATEGIES.names())
+
+
+@settings(max_examples=400, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(ALL_KEYS), EDGE_VALUE), min_size=1, max_size=4),
+       st.sampled_from(STRATEGY_NAMES), st.sampled_from(["kge", "ctr", "mf", "w2v", "image"]))
+@example([("adapm.initial_rate", "1e300")], "adapm", "kge")
+@example([("shadow.max_syncs_per_second", "1e-300")], "shadow-ma", "kge")
+@example([("threads", "1000000000")], "sync", "kge")
+def test_any_value_of_any_key_under_any_strategy_is_a_user_error_or_accepted(sets, strategy, task) -> None:
+    """Random values for keys of every section, with every strategy and task: ``prepare_config`` (every
+    check a run makes before it reads data) accepts them or raises one line, within 2 s (a check whose
+    cost grows with a setting would hang here)."""
+    values = [("strategy", strategy, "--strategy"), ("task", task, "--task")]
+    for key, value in sets:
+        values.append((key, _yaml_value(value), f"--set {key}"))
+    _only_user_errors(lambda: prepare_config(load_config(None, values=values)))
+
+
+def _yaml_value(text: str):
+    try:
+        return yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+
+
+SECTION_OF = {"adapm": "adapm", "pdasgd": "pdasgd", "pdasgd-bu": "pdasgd", "hogwild": "shadow",
+              **{f"{kind}-{rule}": "shadow" for kind in ("shadow", "fr") for rule in ("easgd", "ma", "bmuf")},
+              "async": "pipeline", "oac": "pipeline", "gba": "ps", "bsp": "ps", "hop_bs": "ps", "hop_bw": "ps"}
+RUN_LIMIT = 90.0  # seconds a tiny run may take, whatever its settings: past it, a hang
+
+
+@pytest.mark.slow
+@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(strategy=st.sampled_from(sorted(SECTION_OF)), data=st.data())
+def test_any_value_of_a_strategys_own_section_trains_or_is_one_line_in_bounded_time(strategy, data) -> None:
+    """A real run (its own process: a hang is killed at ``RUN_LIMIT``) of tiny data under ``strategy``
+    with random edge values for keys of the section it reads: it trains, or stops with one
+    ``cadence: error:`` line; never a traceback, never a hang."""
+    import subprocess
+    import sys
+
+    from tests.reliability.harness import Runner, write_data
+
+    section = SECTION_OF[strategy]
+    keys = [key for key in ALL_KEYS if key.startswith(section + ".")]
+    value = EDGE_VALUE.filter(lambda text: "\x00" not in text)  # (no process takes a NUL in its arguments)
+    sets = data.draw(st.lists(st.tuples(st.sampled_from(keys), value), min_size=1, max_size=3))
+    workdir = Path(tempfile.mkdtemp(dir=_SCRATCH.name))
+    argv = ["-q", "train", *write_data(workdir / "data", "kge"), "--strategy", strategy, "--epochs", "2", "--dim", "8",
+            "--batch-size", "32", "--no-progress", "--set", "threads=1", "--set", "train.negatives=8",
+            "--out", str(workdir / "run"),
+            *(["--workers", "2"] if SECTION_OF[strategy] in ("shadow", "ps", "adapm") else [])]
+    for key, value in sets:
+        argv += ["--set", f"{key}={value}"]
+    runner = Runner(in_process=False)
+    try:
+        done = subprocess.run(runner.command(argv), capture_output=True, text=True, env=runner.env(),
+                              timeout=RUN_LIMIT)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"a hang: {' '.join(argv)}") from None
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert lines and lines[-1].startswith("cadence: error:"), done.stderr[-3000:]

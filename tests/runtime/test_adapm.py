@@ -395,7 +395,7 @@ def test_concurrent_pushes_on_replicas_sum_exactly() -> None:
 
 
 # ---- Algorithm 1 ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("rate", [0.5, 3.0, 20.0, 137.5, 900.0])
+@pytest.mark.parametrize("rate", [0.5, 3.0, 20.0, 137.5, 900.0, 12_000.0, 75_000.25])  # (past 1e4: an approximation)
 @pytest.mark.parametrize("p", [0.5, 0.99, 0.9999])
 def test_poisson_quantile_is_the_smallest_k_reaching_p(rate: float, p: float) -> None:
     cdf = lambda k: float(torch.distributions.Poisson(torch.tensor(rate, dtype=torch.float64))
@@ -403,6 +403,17 @@ def test_poisson_quantile_is_the_smallest_k_reaching_p(rate: float, p: float) ->
     k = poisson_quantile(rate, p)
     assert cdf(k) >= p - 1e-12
     assert k == 0 or cdf(k - 1) < p
+
+
+def test_poisson_quantile_of_a_huge_rate_ends_at_once() -> None:
+    """adapm.initial_rate 1e6 (its limit) doubled: the pmf's sum would take ~2e6 steps a call; a rate
+    of 1e12 (a clock that ran away) would never end."""
+    import time
+
+    started = time.perf_counter()
+    assert poisson_quantile(2e6, 0.9999) == pytest.approx(2e6 + 3.719 * 2e6 ** 0.5, abs=5)
+    assert poisson_quantile(1e12, 0.9999) > 1e12
+    assert time.perf_counter() - started < 0.5
 
 
 def test_action_timer_follows_algorithm_one() -> None:

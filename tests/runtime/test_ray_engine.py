@@ -24,6 +24,7 @@ ray = pytest.importorskip("ray")
 
 from cadence.cli import main  # noqa: E402
 from cadence.strategies.parameter_server import ray_engine  # noqa: E402
+from tests.conftest import foreground  # noqa: E402
 from tests.runtime.ctr_helpers import BATCH, final_state, make_trainer  # noqa: E402
 from tests.training.test_grow import STILL, assert_frozen, exported, grow_data, train  # noqa: E402,F401  (grow_data: a fixture)
 
@@ -89,8 +90,9 @@ def test_sync_with_four_workers_equals_the_thread_engine(tmp_path: Path, local_c
 # (bsp: gba's rule without a tolerance; gba with 2 shards: gba-1 and hop_bw-2 cover its parts)
 def test_one_worker_equals_the_thread_engine_in_every_mode(tmp_path: Path, local_cluster, mode: str,
                                                            shards: int) -> None:
+    buffer = ["ps.buffer=3"] if mode in ("bsp", "gba") else []  # (the modes that read it)
     (threads, threads_state), (on_ray, ray_state) = train_on_both(tmp_path, f"strategy={mode}", "ps.workers=1",
-                                                                  "ps.buffer=3", f"ps.shards={shards}")
+                                                                  *buffer, f"ps.shards={shards}")
     assert_same(threads_state, ray_state)
     assert {k: on_ray[k] for k in COUNTERS} == {k: threads[k] for k in COUNTERS}
 
@@ -362,8 +364,9 @@ def test_shadow_trainers_as_actors_train_one_pass_and_sync(tmp_path: Path, local
     gloo group), the run evaluable."""
     import os
 
-    trainer = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.threads=2", "shadow.every=2",
-                          "ps.engine=ray", "train.epochs=1", "shadow.sync_servers=2")
+    trainer = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.threads=2",
+                          *foreground(mode, "shadow.every=2"), "ps.engine=ray", "train.epochs=1",
+                          *(["shadow.sync_servers=2"] if mode.endswith("easgd") else []))
     if mode.endswith("easgd"):
         pids = trainer.runtime.engine.sync_server_pids()
         assert len(set(pids)) == 2 and os.getpid() not in pids

@@ -16,6 +16,7 @@ from cadence.strategies.parameter_server.dense_sync import (Bmuf, CentralCopy, E
 from cadence.core.runtime import WorkerFailed
 from cadence.strategies.parameter_server.modes import PS_MODES
 
+from tests.conftest import foreground
 from tests.runtime.ctr_helpers import BATCH, make_trainer
 
 SYNCED = [f"{kind}-{rule}" for kind in ("shadow", "fr") for rule in ("easgd", "ma", "bmuf")]
@@ -24,7 +25,7 @@ SYNCED = [f"{kind}-{rule}" for kind in ("shadow", "fr") for rule in ("easgd", "m
 @pytest.mark.parametrize("mode", [*SYNCED, "hogwild"])
 def test_one_pass_sees_each_example_once_and_reports_the_sync_metrics(tmp_path: Path, mode: str) -> None:
     trainer, _, splits = make_trainer(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.threads=2",
-                                      "shadow.every=2", "train.epochs=1")
+                                      *foreground(mode, "shadow.every=2"), "train.epochs=1")
     summary = trainer.fit()
     assert summary["epochs"] == 1 and summary["examples_seen"] == len(splits["train"])
     assert sum(trainer.runtime.worker_examples) == len(splits["train"])
@@ -77,8 +78,27 @@ def test_the_cap_on_syncs_per_second_holds_end_to_end(tmp_path: Path) -> None:
     trainer, _, _ = make_trainer(tmp_path, "strategy=shadow-easgd", "ps.workers=2", "shadow.alpha=0.5",
                                  "shadow.max_syncs_per_second=20", "train.epochs=1", "ps.emulated_latency=0.01")
     summary = trainer.fit()
-    # two trainers, each at most 20 rounds a second after its first
-    assert 0 < summary["dense_syncs"] <= 2 * (20 * summary["train_seconds"] + 1)
+    # two trainers, each at most 20 rounds a second after its first, and the round at the end of its
+    # data (not delayed by the cap: the data's end wakes the shadow thread)
+    assert 0 < summary["dense_syncs"] <= 2 * (20 * summary["train_seconds"] + 2)
+
+
+@pytest.mark.parametrize("mode", ["shadow-easgd", "shadow-ma", "shadow-bmuf"])
+def test_the_end_of_the_data_wakes_a_shadow_thread_waiting_on_its_rate_cap(tmp_path: Path, mode: str) -> None:
+    """At the lowest cap (1e-4 syncs a second: a wait of ~3 hours after each round) the run ends when
+    the data does: its first round, then nothing until the trainers are out of data."""
+    import time
+
+    trainer, _, _ = make_trainer(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.max_syncs_per_second=1e-4",
+                                 "train.epochs=1")
+    done: list[dict] = []
+    fitting = threading.Thread(target=lambda: done.append(trainer.fit()), daemon=True)
+    started = time.perf_counter()
+    fitting.start()
+    fitting.join(60)  # (a thread: a wait that does not end fails the test here instead of hanging it)
+    assert not fitting.is_alive(), "the run did not end with its data"
+    assert time.perf_counter() - started < 60 and done
+    assert done[0]["dense_syncs"] >= 2  # (each trainer's first round, at least)
 
 
 @pytest.mark.timeout(60)
@@ -98,7 +118,7 @@ def test_a_shadow_thread_that_fails_fails_the_epoch_instead_of_hanging(tmp_path:
 
     monkeypatch.setattr(rule, "round", failing)
     trainer, _, _ = make_trainer(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.threads=2",
-                                 "shadow.every=1", "ps.emulated_latency=0.01")
+                                 *foreground(mode, "shadow.every=1"), "ps.emulated_latency=0.01")
     with pytest.raises(WorkerFailed, match="sync parameter server is gone"):
         trainer.fit()
 
@@ -259,7 +279,7 @@ def test_a_shadow_round_runs_while_its_trainers_batches_are_in_flight(tmp_path: 
     for rule in (dense_sync.Easgd, dense_sync.ModelAverage):
         monkeypatch.setattr(rule, "round", timed_round(rule.round))
     trainer, _, _ = make_trainer(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.threads=2",
-                                 "shadow.every=2", "train.epochs=2", "shadow.fr_sync=trainer")
+                                 *foreground(mode, "shadow.every=2", "shadow.fr_sync=trainer"), "train.epochs=2")
     trainer.fit()
     assert len(rounds) > 2 and len(steps) > 20
     overlapping = sum(1 for t, r0, r1 in rounds for u, s0, s1 in steps if t == u and r0 < s1 and s0 < r1)
@@ -275,7 +295,7 @@ def test_hogwild_tables_train_while_another_thread_holds_the_shards_lock(tmp_pat
     shard's lock (the one a pull or push took before) and holds it while the whole run trains: the
     run finishes, every gradient applied. Under a locking shard the run would wait for the lock."""
     trainer, _, splits = make_trainer(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.threads=2",
-                                      "shadow.every=2", "train.epochs=1", "ps.shards=2")
+                                      *foreground(mode, "shadow.every=2"), "train.epochs=1", "ps.shards=2")
     shards = trainer.runtime.engine.shards
     held, release = threading.Event(), threading.Event()
 

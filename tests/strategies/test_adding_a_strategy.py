@@ -45,3 +45,19 @@ def test_its_runtime_keys_and_errors_come_with_its_family(registered: str, task_
 def test_an_unregistered_strategy_is_an_error_naming_the_key(tmp_path: Path, task_data) -> None:
     with pytest.raises(ConfigError, match="strategy=reverse-sync: unknown strategy 'reverse-sync'"):
         api.train(make_config(tmp_path / "none", *task_data["mf"], "strategy=reverse-sync"))
+
+
+def test_every_setting_of_the_strategies_sections_is_declared_by_a_strategy_that_reads_it() -> None:
+    """A key no strategy declares (``Strategy.reads``) would pass every run silently: the refusal of
+    keys nothing reads (``api.prepare_config``) is only as good as these declarations."""
+    from cadence.config import Config, flatten
+    from cadence.strategies import STRATEGIES
+
+    keys = [key for key in flatten(Config().to_dict())
+            if key.split(".")[0] in ("shadow", "pdasgd", "adapm", "pipeline")
+            or key in ("ps.buffer", "ps.tolerance", "ps.decay", "ps.normalizer", "ps.staleness", "ps.backup_workers")]
+    declared = {name: STRATEGIES.get(name).reads for name in STRATEGIES.names()}
+    unread = [key for key in keys
+              if not any(key == own or key.startswith(own + ".") for reads in declared.values() for own in reads)]
+    # (adapm's section is its runtime's, refused by runtime for every other strategy: api._check_foreign_keys)
+    assert [key for key in unread if not key.startswith("adapm.")] == []

@@ -35,8 +35,9 @@ def run_and_replay(graph: Path, tmp: Path, name: str, *settings: str):
     order = tmp / f"{name}.order.jsonl"
     pipelined = api.train(make_config(tmp / name, f"data.dataset={graph}", *OVERLAP, *settings,
                                       f"record_order={order}"))
-    replay = api.train(make_config(tmp / f"{name}-replay", f"data.dataset={graph}", *OVERLAP, *settings,
-                                   "strategy=sync", f"batch_order={order}"))
+    twin = make_config(tmp / f"{name}-replay", f"data.dataset={graph}", *OVERLAP, *settings, f"batch_order={order}")
+    # (its sequential twin: the pipeline's own settings, which sync does not read, at their defaults)
+    replay = api.train(api.for_contender(twin, "sync", [twin.strategy, "sync"]))
     return pipelined, replay, order
 
 

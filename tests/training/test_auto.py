@@ -59,7 +59,8 @@ def test_choose_runs_every_candidate_with_the_runs_config_and_records_why(tiny_g
         return auto.Trial(candidate.strategy, {"sync": 800.0, "gba": 2000.0}[candidate.strategy], 90, 1.0)
 
     probe = api.prepare_config(make_config(None, f"data.dataset={tiny_graph}"))
-    chosen, record = auto.choose(config, lambda: api.TASKS.get("kge")(probe), api.prepare_config, None, trial)
+    chosen, record = auto.choose(config, lambda: api.TASKS.get("kge")(probe), api.prepare_config, None,
+                                 api.for_contender, trial)
     assert seen == [("sync", 4, ["0:4"]), ("gba", 4, ["0:4"])]
     assert chosen.strategy == "gba" and config.strategy == "auto"  # (the caller's config untouched)
     assert record["chosen"] == "gba" and [t["strategy"] for t in record["trials"]] == ["sync", "gba"]

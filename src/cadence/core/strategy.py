@@ -60,6 +60,13 @@ class Strategy(ABC):
 
     name: str = ""
     description: str = ""
+    # the config keys (or sections) of the strategies' sections this strategy reads: a key another
+    # strategy declares and this one does not is an error naming who reads it (api.prepare_config)
+    reads: tuple[str, ...] = ()
+
+    def reads_for(self, config: Config) -> tuple[str, ...]:
+        """The keys this config's run of the strategy reads (a name over several families: the entry's)."""
+        return self.reads
 
     @property
     @abstractmethod

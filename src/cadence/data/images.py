@@ -15,7 +15,9 @@ number of dimensions) followed by one 32-bit size per dimension and the data.
 from __future__ import annotations
 
 import gzip
+import math
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from torch import Tensor
 from cadence.data import fetch as fetching
 from cadence.data.fetch import DebianPackage, debian_members
 from cadence.errors import DataError
+from cadence.resources import available_memory, gib
 from cadence.registry import Registry
 
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -57,31 +60,55 @@ class ImageDataset:
 
 
 def read_idx(path: Path, dims: int) -> Tensor:
-    """The unsigned-byte array of an IDX file (gzip-compressed or not) with ``dims`` dimensions."""
+    """The unsigned-byte array of an IDX file (gzip-compressed or not) with ``dims`` dimensions. The
+    header is read first: sizes of zero, and sizes that would need more memory than this process may
+    take (a decompression bomb claims them), are refused before anything else is read."""
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as raw:
+            compressed = raw.read(2) == b"\x1f\x8b"
     except FileNotFoundError:
         raise DataError("file not found", path) from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as err:
-            raise DataError(f"not a readable gzip file ({err})", path) from None
-    if len(raw) < 4 or raw[:2] != b"\0\0":
+    except OSError as err:
+        raise DataError(f"cannot read it ({err.strerror})", path) from None
+    try:
+        with (gzip.open(path, "rb") if compressed else path.open("rb")) as stream:
+            return _read_idx_stream(stream, path, dims)
+    except (OSError, EOFError, zlib.error) as err:
+        raise DataError(f"not a readable {'gzip ' if compressed else ''}file ({err})", path) from None
+
+
+def _read_idx_stream(stream, path: Path, dims: int) -> Tensor:
+    head = stream.read(4)
+    if len(head) < 4 or head[:2] != b"\0\0":
         raise DataError("not an IDX file (the first two bytes must be zero)", path)
-    kind, count = raw[2], raw[3]
+    kind, count = head[2], head[3]
     if kind != 0x08:
         raise DataError(f"IDX type code 0x{kind:02x}; only unsigned bytes (0x08) are supported", path)
     if count != dims:
         raise DataError(f"{count} dimensions; expected {dims}", path)
-    if len(raw) < 4 + 4 * dims:
+    header = stream.read(4 * dims)
+    if len(header) < 4 * dims:
         raise DataError("truncated IDX header", path)
-    sizes = struct.unpack(f">{dims}I", raw[4:4 + 4 * dims])
-    expected = 4 + 4 * dims + int(np.prod(sizes))
-    if len(raw) != expected:
-        raise DataError(f"{len(raw)} bytes; the header's sizes {list(sizes)} need {expected}", path)
-    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims).reshape(sizes)
-    return torch.from_numpy(data.copy())
+    sizes = struct.unpack(f">{dims}I", header)
+    if dims > 1 and 0 in sizes[1:]:
+        raise DataError(f"images of {' x '.join(map(str, sizes[1:]))} pixels (each side must be at least 1)", path)
+    needed = math.prod(sizes)  # (exact: a Python int)
+    check_room(f"the header's sizes {list(sizes)}", needed, path)
+    data = stream.read(needed)
+    if len(data) < needed:
+        raise DataError(f"{4 + 4 * dims + len(data)} bytes; the header's sizes {list(sizes)} need "
+                        f"{4 + 4 * dims + needed}", path)
+    if stream.read(1):
+        raise DataError(f"more bytes than the header's sizes {list(sizes)} need ({4 + 4 * dims + needed})", path)
+    return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).reshape(sizes).copy())
+
+
+def check_room(what: str, needed: int, path: Path) -> None:
+    """A ``DataError`` naming ``path`` when ``needed`` bytes (twice: read, then copied) are more than
+    this process may take."""
+    room = available_memory()
+    if 2 * needed > room:
+        raise DataError(f"{what} need {gib(2 * needed)} to read; this machine has {gib(room)} available", path)
 
 
 def _find(directory: Path, stem: str) -> Path:
@@ -106,8 +133,10 @@ def read_image_directory(directory: Path, name: str | None = None,
     if arrays["train"][0].shape[1:] != arrays["test"][0].shape[1:]:
         raise DataError(f"test images are {tuple(arrays['test'][0].shape[1:])}, train images "
                         f"{tuple(arrays['train'][0].shape[1:])}", directory)
-    if not arrays["train"][0].shape[0]:
-        raise DataError("the training images are empty", directory)
+    for split, (images_stem, _) in FILES.items():  # (no metric is made up from an empty split)
+        if not arrays[split][0].shape[0]:
+            raise DataError(f"no images in it: the {'training' if split == 'train' else split} split is empty",
+                            _find(directory, images_stem))
     labels = torch.cat([arrays["train"][1], arrays["test"][1]])
     count = int(labels.max()) + 1
     if classes is None or len(classes) < count:

@@ -9,6 +9,7 @@ import dataclasses
 import gc
 import os
 import random
+import signal
 import socket
 import threading
 import time
@@ -49,6 +50,9 @@ def connect(address: str | None = None, threads: int = 0, idle_processes: int | 
         return
     if address is not None and address != "auto":
         _reachable(address)
+    # Ray's driver takes SIGTERM for itself (``sys.exit(15)``, or its core worker's abort): the
+    # handlers this process had (the CLI's: exit 143, the run resumable) are put back after it
+    handlers = {sign: signal.getsignal(sign) for sign in (signal.SIGTERM, signal.SIGINT)}
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
@@ -56,6 +60,11 @@ def connect(address: str | None = None, threads: int = 0, idle_processes: int | 
             f"ps.ray_address: cannot join the Ray cluster at {address}: {err}. If the cluster uses token "
             "authentication (`ray start` turns it on), run with RAY_AUTH_MODE=token and its token in "
             "~/.ray/auth_token or RAY_AUTH_TOKEN") from None
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sign, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sign, handler)
 
 
 def _reachable(address: str) -> None:

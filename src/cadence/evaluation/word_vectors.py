@@ -59,7 +59,9 @@ def evaluate_word_vectors(vectors: Tensor, words: list[str]) -> dict[str, float]
         result = similarity_correlation(vectors, index, directory / filename)
         metrics[name], metrics[f"{name}_pairs"] = result.spearman, result.pairs
     analogies = analogy_accuracy(vectors, words, index, directory / "questions-words.txt")
-    metrics["analogy"], metrics["analogy_questions"] = analogies.accuracy, analogies.questions
+    # (no question answered: no accuracy, null; gensim's 0.0 would be a made-up one)
+    metrics["analogy"] = analogies.accuracy if analogies.questions else None
+    metrics["analogy_questions"] = analogies.questions
     return metrics
 
 

@@ -46,6 +46,7 @@ def _hidden(widths: list[int], inputs: int, dropout: float) -> tuple[list[nn.Mod
 
 @IMAGE_MODELS.register("mlp")
 class Mlp(nn.Module):
+    reads = ("image.hidden",)  # the config keys this model alone reads (another model's: an error)
     def __init__(self, shape: tuple[int, int], classes: int, mean: float, std: float, config) -> None:
         super().__init__()
         self.standardise = _Standardise(mean, std)
@@ -58,6 +59,7 @@ class Mlp(nn.Module):
 
 @IMAGE_MODELS.register("cnn")
 class Cnn(nn.Module):
+    reads = ("image.channels", "image.fc")
     def __init__(self, shape: tuple[int, int], classes: int, mean: float, std: float, config) -> None:
         super().__init__()
         self.standardise = _Standardise(mean, std)

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from cadence.core.rows import RowBlock
 from cadence.errors import ConfigError
+from cadence.resources import check_memory
 from cadence.registry import Registry
 from cadence.core.initial import INIT_CHUNK_ROWS, initial_chunk
 
@@ -46,6 +47,9 @@ STORE_BACKENDS: Registry[Allocator] = Registry("store backend", "store.backend")
 
 @STORE_BACKENDS.register("memory")
 def _allocate_memory(num_rows: int, dim: int, state_width: int, path: str | None):
+    # (known before anything is allocated: a table past this machine's memory is one line, not a kill)
+    check_memory(f"model.dim {dim}: a table of {num_rows:,} rows x {dim} floats (and {state_width} of optimizer "
+                 "state each)", num_rows * (dim + state_width) * 4 + num_rows * 8)
     return (
         torch.empty(num_rows, dim, dtype=torch.float32),
         torch.zeros(num_rows, state_width, dtype=torch.float32),

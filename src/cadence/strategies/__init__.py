@@ -40,6 +40,13 @@ class FirstThatFits(Strategy):
     def runtimes(self) -> tuple[RuntimeKind, ...]:
         return tuple(kind for entry in self.entries for kind in entry.runtimes)
 
+    @property
+    def reads(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(key for entry in self.entries for key in entry.reads)
+
+    def reads_for(self, config: Config) -> tuple[str, ...]:
+        return self._entry(config).reads_for(config)
+
     def _entry(self, config: Config) -> Strategy:
         for entry in self.entries[:-1]:
             try:

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from cadence import compiled
 from cadence.config import Config
 from cadence.device import resolve_device
-from cadence.errors import ConfigError
+from cadence.errors import ConfigError, DataError
 from cadence.optim import freeze_parameters
 from cadence.data.fingerprint import fingerprint
 from cadence.core.batch import Batch, BatchPlan
@@ -226,6 +226,22 @@ class Task(ABC):
         """What to evaluate after ``epoch`` epochs (default: ``valid`` every ``eval.every``)."""
         every = self.config.eval.every
         return Validation("valid") if every and epoch % every == 0 else None
+
+    def split_size(self, split: str) -> int | None:
+        """How many examples ``split`` holds (None: this task does not count it; its metrics come from
+        elsewhere, as word2vec's benchmarks). An empty split is refused before a metric is made up
+        from it (``check_splits``)."""
+        return None
+
+    def check_splits(self, splits: Iterable[str]) -> None:
+        """A ``DataError`` naming the data when one of ``splits`` is empty: no metric of it would mean
+        anything (an accuracy of 0 images, an RMSE of 0 ratings)."""
+        for split in splits:
+            if self.split_size(split) == 0:
+                setting = {"valid": "eval.every: 0", "test": "eval.test: false"}.get(split)
+                raise DataError(f"the {split} split is empty: no {self.primary_metric} can be measured on it"
+                                + (f" (to train without it, set {setting})" if setting else ""),
+                                self.config.data.dataset)
 
     @abstractmethod
     def evaluate(self, params: ParameterView, dense: nn.Module, split: str, device: torch.device,

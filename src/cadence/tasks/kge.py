@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from cadence.config import Config
 from cadence.data.datasets import load_graph
 from cadence.data.triples import KnowledgeGraph, with_reciprocals, write_id_maps
+from cadence.resources import check_memory
 from cadence.errors import ConfigError
 from cadence.evaluation.ranking import FilteredRankingMetric, summarize_ranks
 from cadence.models.kge import KgeModel
@@ -49,6 +50,12 @@ class KgeTask(Task):
         self.train_triples = (with_reciprocals(self.graph.train, self.graph.num_relations)
                               if config.train.reciprocal else self.graph.train)
         self.negatives = None if config.train.scoring == "all" else config.train.negatives
+        # a batch's candidates (their rows, and a score per query and candidate, both sides), known now
+        candidates = self.graph.num_entities if self.negatives is None else self.negatives
+        check_memory(f"model.dim {config.model.dim:,} with "
+                     f"{'train.scoring: all' if self.negatives is None else f'train.negatives {candidates:,}'} "
+                     f"and train.batch_size {config.train.batch_size:,}: a batch's candidate rows and scores",
+                     2 * 4 * candidates * (config.model.dim + config.train.batch_size))
         # a reciprocal run trains each edge twice per epoch; examples count edges, not copies
         self.copies_per_edge = self.train_triples.shape[0] // max(1, self.graph.train.shape[0])
 
@@ -123,6 +130,9 @@ class KgeTask(Task):
         return triples_seen // self.copies_per_edge
 
     # ---- evaluation -----------------------------------------------------------------------------
+    def split_size(self, split: str) -> int | None:
+        return int(self.graph.split(split).shape[0]) if split in ("train", "valid", "test") else None
+
     def evaluate(self, params: ParameterView, dense: nn.Module, split: str, device: torch.device,
                  progress: Progress) -> dict[str, float]:
         if split not in ("train", "valid", "test"):

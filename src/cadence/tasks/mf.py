@@ -271,6 +271,9 @@ class MfTask(Task):
 
     # ---- evaluation -----------------------------------------------------------------------------
     @torch.no_grad()
+    def split_size(self, split: str) -> int | None:
+        return len(self.splits[split]) if split in self.splits else None
+
     def evaluate(self, params: ParameterView, dense: nn.Module, split: str, device: torch.device,
                  progress: Progress) -> dict[str, float]:
         if split not in self.splits:

@@ -156,9 +156,12 @@ class Trainer:
         metrics = self.evaluate(validation.split)
         record = self._record(validation.record, {**dict(validation.extra), **metrics, "counters": self.counters()}, loss)
         name = self.task.primary_metric
-        log.info("epoch %d/%d  loss %.4f  %s %s %.4f  (%.1f s training)", self.progress.epoch,
-                 self.task.num_epochs(), loss, validation.split, name, metrics[name], record["wall_seconds"])
-        if not validation.early_stopping:
+        value = metrics.get(name)
+        measured = value is not None and math.isfinite(value)  # (none measured: nothing acts on it)
+        log.info("epoch %d/%d  loss %.4f  %s %s %s  (%.1f s training)", self.progress.epoch,
+                 self.task.num_epochs(), loss, validation.split, name, f"{value:.4f}" if measured else "n/a",
+                 record["wall_seconds"])
+        if not validation.early_stopping or not measured:
             return False
         if self.task.better(metrics[name], self.progress.best_value):
             self.progress.best_value, self.progress.best_epoch = metrics[name], self.progress.epoch

@@ -39,8 +39,12 @@ from cadence.pipeline.stages import ComputeStage
 from cadence.core.initial import INIT_CHUNK_ROWS
 from cadence.strategies.adapm.node import OWNER, DenseCopy, KeySpace, Node, ProtocolError, nbytes
 from cadence.strategies.adapm.timing import ActionTimer
+
 from cadence.core import checkpoint as ckpt
 from cadence.core.rows import RowBlock
+
+# the longest a worker's start waits for rounds to bring its first batch's rows (adapm.start_rounds)
+START_SECONDS = 10.0
 
 
 class Transport:
@@ -239,10 +243,13 @@ class NodeRunner:
         for position in range(min(lookahead, len(plans))):
             signal(position)
         if self.count > 1 and plans:  # the loader ran ahead: let rounds bring the first batch's rows here
+            # (at most START_SECONDS in all: rounds that never bring them, or never come, only delay
+            # the start; a row not here yet is read remotely)
+            deadline = time.monotonic() + START_SECONDS
             for _ in range(self.settings.start_rounds):
-                while not node.wait_sync(timeout=0.5) and not stop.is_set():
+                while not node.wait_sync(timeout=0.5) and not stop.is_set() and time.monotonic() < deadline:
                     pass
-                if stop.is_set() or node.holds(ready[0].ids):
+                if stop.is_set() or node.holds(ready[0].ids) or time.monotonic() >= deadline:
                     break
         for position in range(len(plans)):
             if stop.is_set():

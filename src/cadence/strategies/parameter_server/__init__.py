@@ -35,6 +35,7 @@ class ServerStrategy(Strategy):
     def __init__(self, mode: ParameterServerMode):
         self.mode = mode
         self.name, self.description = mode.name, mode.description
+        self.reads = mode.reads
 
     def runtime(self, config: Config) -> RuntimeKind:
         return PARAMETER_SERVER

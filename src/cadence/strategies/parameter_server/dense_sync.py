@@ -250,6 +250,7 @@ class DenseSync(ABC):
     how many trainers still do (0: every trainer is out of data, the shadow thread stops)."""
 
     collective = False  # a round is a collective: every trainer takes part until all are out of data
+    reads: tuple[str, ...] = ()  # the shadow.* keys this rule alone reads
     central = False  # a round exchanges with a central copy (EASGD's, held by the sync parameter server)
     averager: Averager | None = None
 
@@ -277,6 +278,7 @@ class DenseSync(ABC):
 
 
 class Easgd(DenseSync):
+    reads = ("shadow.sync_servers",)
     central = True
 
     def __init__(self, alpha: float, central: CentralCopy | CentralSlices, training: Callable[[], int]):
@@ -317,6 +319,7 @@ class ModelAverage(DenseSync):
 
 
 class Bmuf(DenseSync):
+    reads = ("shadow.block_lr", "shadow.block_momentum", "shadow.nesterov")
     collective = True
 
     def __init__(self, alpha: float, averager: Averager, initial: Params, block_lr: float = 1.0,
@@ -479,6 +482,9 @@ class ShadowThread:
         self.on_error = on_error  # (the trainer abandons its epoch: a replica no longer synced is no ShadowSync)
         self.min_interval = 1.0 / max_per_second if max_per_second > 0 else 0.0
         self.stopping = threading.Event()
+        # set when this trainer is out of data (``finish``) or stopped: the rate cap's wait ends then,
+        # not 1 / max_per_second later (a cap of 1e-4 a second slept ~3 hours past the data's end)
+        self.woken = threading.Event()
         self.syncs = 0
         self.seconds = 0.0
         self.error: BaseException | None = None
@@ -507,8 +513,8 @@ class ShadowThread:
                 if still == 0 or self.stopping.is_set() or (not training and not self.sync.collective):
                     break
                 wait = self.min_interval - (time.perf_counter() - round_start)
-                if wait > 0:
-                    self.stopping.wait(wait)
+                if wait > 0 and training:
+                    self.woken.wait(wait)
         except PeerLost as err:  # a peer's process died: this replica trains on, unsynced
             log.warning("%s: %s; this trainer trains on unsynced to the end of the epoch", self.thread.name, err)
         except BaseException as err:  # reported by join(): the trainer fails with it
@@ -533,6 +539,12 @@ class ShadowThread:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.woken.set()
+
+    def finish(self) -> None:
+        """This trainer is out of data: no more waiting on the rate cap (a collective rule's rounds
+        go on while peers train, uncapped: they only wait for the peers)."""
+        self.woken.set()
 
     def join(self, timeout: float | None = None) -> None:
         self.thread.join(timeout)

@@ -35,6 +35,11 @@ class ParameterServerMode:
     description: str
     per_worker_batches: bool = False  # each worker computes exactly one local batch per step
     fresh_tokens: bool = False  # a batch's token is the current step when it is taken (backup workers)
+    own_keys: tuple[str, ...] = ()  # the keys of the modes' settings (ps.*, shadow.*) this mode reads
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return self.own_keys
 
     def check(self, shadow: ShadowConfig) -> None:
         """A ``ConfigError`` for a setting this mode cannot honour (ShadowSync's modes read ``shadow``)."""
@@ -91,9 +96,9 @@ PS_MODES: Registry[ParameterServerMode] = Registry("parameter-server strategy")
 
 
 def _register(name: str, aggregation, gate, tokens_per_step, description: str, per_worker: bool = False,
-              fresh_tokens: bool = False) -> None:
+              fresh_tokens: bool = False, reads: tuple[str, ...] = ()) -> None:
     PS_MODES.register(name)(ParameterServerMode(name, aggregation, gate, tokens_per_step, description, per_worker,
-                                                fresh_tokens))
+                                                fresh_tokens, reads))
 
 
 # shared by the modes here and ShadowSync's (``shadow``)
@@ -109,12 +114,14 @@ _register("sync", lambda c: PerStep(), lambda c, shards: StepBarrier(shards), _w
           per_worker=True)
 _register("async", apply_each, no_gate, one_batch, "apply every gradient at once")
 _register("bsp", lambda c: Buffered(c.buffer or c.workers, math.inf, c.decay, c.normalizer), no_gate, _buffer,
-          "aggregate M gradients whatever their staleness")
+          "aggregate M gradients whatever their staleness", reads=("ps.buffer", "ps.decay", "ps.normalizer"))
 _register("gba", lambda c: Buffered(c.buffer or c.workers, c.tolerance, c.decay, c.normalizer), no_gate, _buffer,
-          "aggregate M gradients, dropping those staler than the tolerance iota")
+          "aggregate M gradients, dropping those staler than the tolerance iota",
+          reads=("ps.buffer", "ps.tolerance", "ps.decay", "ps.normalizer"))
 _register("hop_bs", apply_each, lambda c, shards: BoundedStaleness(c.workers, c.staleness), one_batch,
-          "apply each gradient; no worker runs more than `staleness` batches ahead of the slowest")
+          "apply each gradient; no worker runs more than `staleness` batches ahead of the slowest",
+          reads=("ps.staleness",))
 _register("hop_bw", lambda c: PerStep(quorum=max(1, c.workers - c.backup_workers)), no_gate, _workers,
           "backup workers: per step, apply the first workers - backup_workers gradients and do not wait for "
           "the rest (dropped as late); a late worker's next batch belongs to the current step",
-          fresh_tokens=True)
+          fresh_tokens=True, reads=("ps.backup_workers",))

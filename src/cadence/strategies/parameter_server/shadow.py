@@ -265,6 +265,7 @@ class ShadowTrainer:
             if stopped or abandoned():  # no more rounds
                 self.stop()
             if self.shadow is not None:
+                self.shadow.finish()  # (out of data: its rate cap's wait ends now)
                 self.shadow.thread.join()
         if errors:
             index, err = errors[0]
@@ -373,6 +374,16 @@ class ShadowSyncMode(ParameterServerMode):
 
     dense_sync: str | None = None
     foreground: bool = False
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """``shadow.threads``; a synced mode's ``alpha`` and its rule's keys; the foreground's
+        ``every`` and ``fr_sync``, the shadow thread's rate settings."""
+        if self.dense_sync is None:
+            return ("shadow.threads",)
+        timing = (("shadow.every", "shadow.fr_sync") if self.foreground
+                  else ("shadow.max_syncs_per_second", "shadow.wait_for_update"))
+        return ("shadow.threads", "shadow.alpha", *RULES.get(self.dense_sync).reads, *timing)
 
     @property
     def central(self) -> bool:

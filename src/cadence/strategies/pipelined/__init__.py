@@ -25,6 +25,7 @@ class PipelineStrategy(Strategy):
 
     def __init__(self, name: str, schedule: type[Schedule]):
         self.name, self.schedule = name, schedule
+        self.reads = schedule.reads
         self.description = (schedule.__doc__ or "").strip().splitlines()[0] if schedule.__doc__ else ""
 
     def runtime(self, config: Config) -> RuntimeKind:

@@ -24,6 +24,7 @@ class Schedule(ABC):
     with that section alone (``settings``), never the root config."""
 
     section: ClassVar[str | None] = None
+    reads: ClassVar[tuple[str, ...]] = ()  # the keys of its section it reads (all of them: the section)
     # whether the pipeline's compute stage may re-choose its intra-op threads (``adapt_threads``);
     # false where the schedule pins its threads' counts itself (pdASGD)
     governed: ClassVar[bool] = True

@@ -149,6 +149,8 @@ class PipelinedStrategy(Schedule):
     """Runs each epoch through a ``PipelineRunner``; subclasses choose the concurrency control."""
 
     section = "pipeline"  # PipelineConfig
+    reads = ("pipeline.staleness_bound", "pipeline.loader_threads", "pipeline.writer_threads", "pipeline.queue_size",
+             "pipeline.stall_timeout", "pipeline.overlap")
 
     # overlap: auto: the share of compute time that reads and writes must reach for an epoch to run in
     # the threads (a pipelined epoch below INLINE_BELOW makes the next inline; an inline one above
@@ -239,6 +241,7 @@ class AsyncStrategy(PipelinedStrategy):
 
 @SCHEDULES.register("oac")
 class OacStrategy(PipelinedStrategy):
+    reads = (*PipelinedStrategy.reads, "pipeline.coalesce_writes")
     counters = ("repaired_rows", "skipped_writes", "coalesced_writes", "peak_cache_rows", "evicted_rows",
                 "write_lock_wait_seconds", "write_lock_held_seconds")
 

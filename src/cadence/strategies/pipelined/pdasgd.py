@@ -120,6 +120,7 @@ class Pdasgd(Schedule):
     layerwise = True  # LU; ``pdasgd-bu``: False
 
     section = "pdasgd"  # PdasgdConfig
+    reads = ("pdasgd",)
     governed = False  # each forward and backward thread pins its own intra-op threads (pdasgd.intra_op_threads)
 
     def __init__(self, settings: PdasgdConfig):

@@ -1,0 +1,78 @@
+"""What this machine can hold: the memory a process may still take and the threads it may start,
+so a setting whose size is known before anything is allocated (a table, a decompressed file, a
+thread count) is refused with one line naming it and what it would need, instead of an
+out-of-memory kill or a thread-creation error halfway through a run."""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+
+from cadence.errors import ConfigError
+
+MEMORY_CGROUP = Path("/sys/fs/cgroup/memory")
+# threads a run may start, whatever the system allows: far past any useful count on one machine
+MAX_THREADS = 4096
+
+
+def available_memory() -> int:
+    """Bytes this process may still take: the system's available memory (``MemAvailable``), or less
+    where a memory cgroup (v1) caps this process's group."""
+    available = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if available is None:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    capped = _cgroup_room()
+    return min(available, capped) if capped is not None else available
+
+
+def _cgroup_room() -> int | None:
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            parts = line.split(":", 2)
+            if len(parts) == 3 and "memory" in parts[1].split(","):
+                group = MEMORY_CGROUP / parts[2].lstrip("/")
+                limit = int((group / "memory.limit_in_bytes").read_text())
+                usage = int((group / "memory.usage_in_bytes").read_text())
+                return max(0, limit - usage) if limit < 1 << 60 else None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def gib(size: int | float) -> str:
+    return f"{size / 2**30:,.1f} GiB" if size >= 2**30 else f"{size / 2**20:,.0f} MiB"
+
+
+def check_memory(what: str, needed: int) -> None:
+    """A ``ConfigError`` naming ``what`` when ``needed`` bytes are more than this process may take."""
+    room = available_memory()
+    if needed > room:
+        raise ConfigError(f"{what} needs {gib(needed)}; this machine has {gib(room)} available")
+
+
+def thread_limit() -> int:
+    """Threads a run may start: ``MAX_THREADS``, or fewer where the system's limits are lower (the
+    kernel's ``threads-max``, this user's process limit)."""
+    limits = [MAX_THREADS]
+    try:
+        limits.append(int(Path("/proc/sys/kernel/threads-max").read_text()) // 2)
+    except (OSError, ValueError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft != resource.RLIM_INFINITY:
+        limits.append(max(1, soft // 2))
+    return max(1, min(limits))
+
+
+def check_threads(key: str, count: int) -> None:
+    """A ``ConfigError`` naming ``key`` when ``count`` threads are past ``thread_limit()``."""
+    limit = thread_limit()
+    if count > limit:
+        raise ConfigError(f"{key}: {count:,} threads; a run may start at most {limit:,} here")
