@@ -472,7 +472,9 @@ def test_result_does_not_depend_on_the_lookahead_once_large_enough(task_data, tm
         runs = [api.train(make_config(tmp_path / f"ahead{ahead}-{rep}", *zipf, "strategy=adapm", "ps.workers=2",
                                       f"adapm.lookahead={ahead}")).summary for rep in range(3)]
         for summary in runs:  # (no intent at all: about half the accesses are remote, see the static test)
-            assert summary["remote_access_share"] < 0.01  # 2 shared cores stretch rounds: 0-0.3% measured
+            # 0-0.3% measured alone on 2 cores; 1.3-2.5% beside the suite's other worker spawning runs of
+            # its own (the corpus's process cases): rounds stretch. Without intent about half is remote.
+            assert summary["remote_access_share"] < 0.05
             assert summary["rmse"] == pytest.approx(sync, rel=0.06)
         assert sum(summary["rmse"] for summary in runs) / 3 == pytest.approx(sync, rel=0.03)
 
