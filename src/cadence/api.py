@@ -289,8 +289,7 @@ def _measured_splits(config: Config) -> list[str]:
 def _choose_strategy(config: Config) -> tuple[Config, dict[str, Any], Task]:
     """``strategy: auto``: the config with the strategy its trials chose, the record, and the task
     (its data read once, for the trials and the run)."""
-    probe = for_contender(config, auto.REFERENCE, auto.candidates(config))
-    make_task = functools.partial(TASKS.get(config.task), prepare_config(probe))
+    make_task = _task_recipe(config)
     if config.auto.isolate:
         # each trial reads the data in its own process, and this one only after them: a memory cap
         # holds this process and a trial's together (a 900 MiB cap killed the OAC trial of a 2 GiB
@@ -305,6 +304,13 @@ def _choose_strategy(config: Config) -> tuple[Config, dict[str, Any], Task]:
     return config, chosen, task
 
 
+def _task_recipe(config: Config) -> functools.partial:
+    """How a ``strategy: auto`` process builds the task (picklable): from the config as the reference
+    candidate sees it (another candidate's strategy keys at their defaults)."""
+    return functools.partial(TASKS.get(config.task), prepare_config(for_contender(config, auto.REFERENCE,
+                                                                                  auto.candidates(config))))
+
+
 def candidate_trial(config: Config, name: str) -> auto.Trial:
     """``strategy: auto``'s trial of candidate ``name`` on ``config``, whole: its config checked (one
     that cannot run here is a trial with the reason), the data read, its first batches trained."""
@@ -313,8 +319,7 @@ def candidate_trial(config: Config, name: str) -> auto.Trial:
         candidate = prepare_config(for_contender(config, name, names))
     except ConfigError as err:
         return auto.Trial(name, None, note=str(err))
-    probe = for_contender(config, auto.REFERENCE, names)
-    return auto.run_trial(candidate, functools.partial(TASKS.get(config.task), prepare_config(probe)), trial_runtime,
+    return auto.run_trial(candidate, _task_recipe(config), trial_runtime,
                           config.auto)
 
 

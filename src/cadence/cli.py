@@ -360,7 +360,7 @@ def entry() -> None:
     aborts the process. Nothing is lost: every file a run writes is written whole or not at all,
     and ``--resume`` continues from the newest checkpoint."""
     signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, _interrupt)
     code = main()
     if code in (130, 143) or (code and _stage_threads_alive()):
         sys.stdout.flush()
@@ -370,24 +370,17 @@ def entry() -> None:
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    """Ctrl-C: ``KeyboardInterrupt``, except inside a callback the interpreter runs for the import
-    system (a module lock's weakref callback), where it would be printed and dropped: there the
-    signal is sent again a moment later, once that callback has returned."""
+    """Ctrl-C (``KeyboardInterrupt``) and SIGTERM (``Terminated``), except inside a callback the
+    interpreter runs for the import system (a module lock's weakref callback), where it would be
+    printed and dropped: there the signal is sent again a moment later, once that callback has returned."""
     if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
-        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
+        threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
         return
-    raise KeyboardInterrupt
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (``kill``, a scheduler ending a job): a Ctrl-C of its own exit code, 143."""
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
-        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGTERM)).start()
-        return
-    raise Terminated
 
 
 def _stage_threads_alive() -> bool:
