@@ -32,18 +32,53 @@ def available_memory() -> int:
     return min(available, capped) if capped is not None else available
 
 
-def _cgroup_room() -> int | None:
+def page_cache_room() -> int:
+    """Bytes the page cache of this process's files may hold at most (a table on disk is read from
+    memory only if it fits here): its memory cgroup's (v1) limit less the anonymous memory charged to
+    the group (heaps: this process's and its group's), else what the system has available
+    (``MemAvailable``, which counts the page cache as available)."""
+    limit = _cgroup_limit()
+    if limit is None:
+        return available_memory()
+    try:
+        stat = dict(line.split() for line in (_memory_group() / "memory.stat").read_text().splitlines())  # type: ignore[operator]
+        anonymous = int(stat.get("total_rss", stat.get("rss", 0)))
+    except (OSError, ValueError):
+        anonymous = 0
+    return max(0, limit - anonymous)
+
+
+def _cgroup_limit() -> int | None:
+    group = _memory_group()
+    if group is None:
+        return None
+    try:
+        limit = int((group / "memory.limit_in_bytes").read_text())
+    except (OSError, ValueError):
+        return None
+    return limit if limit < 1 << 60 else None
+
+
+def _memory_group() -> Path | None:
     try:
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             parts = line.split(":", 2)
             if len(parts) == 3 and "memory" in parts[1].split(","):
-                group = MEMORY_CGROUP / parts[2].lstrip("/")
-                limit = int((group / "memory.limit_in_bytes").read_text())
-                usage = int((group / "memory.usage_in_bytes").read_text())
-                return max(0, limit - usage) if limit < 1 << 60 else None
+                return MEMORY_CGROUP / parts[2].lstrip("/")
+    except OSError:
+        pass
+    return None
+
+
+def _cgroup_room() -> int | None:
+    limit = _cgroup_limit()
+    if limit is None:
+        return None
+    try:
+        usage = int((_memory_group() / "memory.usage_in_bytes").read_text())  # type: ignore[operator]
     except (OSError, ValueError):
         return None
-    return None
+    return max(0, limit - usage)
 
 
 def gib(size: int | float) -> str:

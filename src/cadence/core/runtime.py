@@ -109,6 +109,14 @@ class Runtime(ABC):
         """Around a read of every row (a checkpoint): a memory-mapped table reads ahead meanwhile."""
         return nullcontext()
 
+    def table_on_disk(self) -> int:
+        """Bytes of this process's table files (a memory-mapped store); 0: its rows live in memory."""
+        return 0
+
+    def evict(self) -> None:
+        """Drop what the page cache holds of a table on disk (``EmbeddingStore.evict``), between
+        epochs; nothing where rows live in memory."""
+
     def recover(self) -> None:
         """Restart what a ``ShardLost`` took (the trainer then reloads the last checkpoint)."""
 

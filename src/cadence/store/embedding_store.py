@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -263,6 +264,28 @@ class EmbeddingStore:
         """Write mapped pages to disk (a no-op in memory)."""
         for array in self._mapped:
             array.flush()
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of the table's files (0 in memory): what the page cache would hold to keep it all."""
+        return sum(array.nbytes for array in self._mapped)
+
+    def evict(self) -> int:
+        """Drop the table's pages from memory, as a table larger than memory is after its hot rows
+        moved on: dirty pages written to disk (``flush``), this process's mappings of them dropped
+        (``MADV_DONTNEED``: a shared file mapping reads them back from the file), then the kernel's
+        page cache of each file (``POSIX_FADV_DONTNEED``). Called between epochs, no thread reading
+        or writing rows. Returns the bytes of the files advised (0 in memory). ``strategy: auto``'s
+        trial of an out-of-core table measures from here (docs/auto.md)."""
+        self.flush()
+        dropped = 0
+        for array in self._mapped:
+            if getattr(array, "_mmap", None) is not None:
+                array._mmap.madvise(mmap.MADV_DONTNEED)
+            with open(array.filename, "rb") as file:
+                os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            dropped += array.nbytes
+        return dropped
 
 
 class _Scratch(threading.local):

@@ -117,3 +117,9 @@ class PipelineRuntime(Runtime):
 
     def sweeping(self) -> ContextManager[None]:
         return self.store.sweeping()
+
+    def table_on_disk(self) -> int:
+        return self.store.disk_bytes
+
+    def evict(self) -> None:
+        self.store.evict()
