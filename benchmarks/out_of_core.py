@@ -183,6 +183,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=5000)
     parser.add_argument("--negatives", type=int, default=128)
     parser.add_argument("--eval-triples", type=int, default=200)
+    parser.add_argument("--epochs", type=int, default=1, help="train.epochs of every run (its speed: all of them)")
+    parser.add_argument("--out", help="the result file (default: by the options, under benchmarks/results)")
     parser.add_argument("--staleness-bound", type=int, default=16, help="pipeline.staleness_bound (every strategy)")
     parser.add_argument("--no-replay", action="store_true", help="skip OAC's replay check")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -212,7 +214,7 @@ def main() -> None:
     table_mib += entities * 8 / 2**20
     common = ["data.dataset=synthetic", f"data.synthetic.num_entities={entities}",
               f"data.synthetic.num_edges={edges}", "data.synthetic.holdout=1000", "model.name=distmult",
-              f"model.dim={args.dim}", "train.epochs=1", f"train.batch_size={args.batch}",
+              f"model.dim={args.dim}", f"train.epochs={args.epochs}", f"train.batch_size={args.batch}",
               f"train.negatives={args.negatives}", "eval.every=0", "eval.test=false",
               f"eval.max_triples={args.eval_triples}", "checkpoint.every=1",
               f"pipeline.staleness_bound={args.staleness_bound}", "store.backend=mmap", "threads=2", *args.set]
@@ -222,7 +224,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
         "setting": {"entities": entities, "dim": args.dim, "edges": edges, "batch_size": args.batch,
-                    "negatives": args.negatives, "epochs": 1, "eval_triples": args.eval_triples,
+                    "negatives": args.negatives, "epochs": args.epochs, "eval_triples": args.eval_triples,
                     "memory_cap_mib": cap, "table_mib": round(table_mib), "overrides": common},
         "runs": {name: [] for name in args.strategies},
     }
@@ -235,6 +237,7 @@ def main() -> None:
         return
     stem = "out_of_core_slowfs" if latencies else "out_of_core"
     path = RESULTS / (f"{stem}_quick.json" if args.quick else f"{stem}_subset.json" if subset else f"{stem}.json")
+    path = Path(args.out) if args.out else path
     RESULTS.mkdir(exist_ok=True)
     group = make_cgroup(cap)
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from cadence.config import AutoConfig, Config
 from cadence.errors import CadenceError, ConfigError
+from cadence.resources import gib, page_cache_room
 
 if TYPE_CHECKING:  # (names for annotations only: this module imports no training code, so the CLI can
     # run every trial in a process of its own before it imports torch or reads any data)
@@ -115,23 +116,61 @@ def run_trial(config: Config, make_task: Callable[[], Task], build: Build, setti
             pace = (time.perf_counter() - started) / sum(map(len, warm))  # seconds per batch
             warmed = sum(map(len, warm))
             timed = min(total - warmed, max(1, math.ceil(settings.trial_seconds / pace))) if pace > 0 else total
-            batches = examples = 0
-            seconds = 0.0
-            rates = []  # each part's examples/s: the median of them, so one stolen slice of CPU does not decide
-            for plans in trial_epochs(task, epoch, max(1, timed), part=max(1, math.ceil(timed / TIMED_PARTS)))[0]:
-                started = time.perf_counter()
-                _, done = runtime.run_epoch(plans, _nothing)
-                took = time.perf_counter() - started
-                seconds, batches, examples = seconds + took, batches + len(plans), examples + done
-                if took > 0:
-                    rates.append(task.examples_of(done) / took)
-            dropped = runtime.stats().get("gradients_dropped")
+            on_disk, limit = runtime.table_on_disk(), page_cache_room()
+            if on_disk and (settings.page_cache == "cold" or settings.page_cache == "detect" and on_disk > limit):
+                trial = _out_of_core(config.strategy, runtime, task, epoch, max(1, timed), on_disk, limit)
+            else:
+                parts = trial_epochs(task, epoch, max(1, timed), part=max(1, math.ceil(timed / TIMED_PARTS)))[0]
+                seconds, batches, examples, rates = _timed(runtime, task, parts)
+                # each part's examples/s: the median of them, so one stolen slice of CPU does not decide
+                trial = Trial(config.strategy, statistics.median(rates) if rates else None, batches, round(seconds, 4))
+            trial.gradients_dropped = runtime.stats().get("gradients_dropped")
         finally:
             runtime.close()
             del runtime  # (its table: a memory-mapped one is unmapped now, before the next candidate maps its own)
             release_memory()
-    speed = statistics.median(rates) if rates else None
-    return Trial(config.strategy, speed, batches, round(seconds, 4), dropped)
+    return trial
+
+
+def _timed(runtime: Runtime, task: Task, parts: list[list]) -> tuple[float, int, int, list[float]]:
+    """Train ``parts`` (each the start of an epoch's plan) in turn: (seconds, batches, batch examples,
+    each part's examples/s)."""
+    seconds, batches, examples, rates = 0.0, 0, 0, []
+    for plans in parts:
+        started = time.perf_counter()
+        _, done = runtime.run_epoch(plans, _nothing)
+        took = time.perf_counter() - started
+        seconds, batches, examples = seconds + took, batches + len(plans), examples + done
+        if took > 0:
+            rates.append(task.examples_of(done) / took)
+    return seconds, batches, examples, rates
+
+
+def _out_of_core(strategy: str, runtime: Runtime, task: Task, epoch: int, timed: int, on_disk: int, limit: int) -> Trial:
+    """The timed part of a trial whose table is on disk and larger than the page cache may hold
+    (``resources.page_cache_room``; ``auto.page_cache``):
+    the table's pages evicted (the page cache its initialisation left holds rows nobody asked for
+    yet), the first half timed from disk (as the run's first epoch reads), the second half after it
+    (as a later epoch reads what the page cache kept); the speed: examples over the run's seconds
+    per example, each regime weighted by its epochs (one cold, the rest warm; a one-epoch run: all
+    cold)."""
+    epochs = max(1, task.num_epochs())
+    cold_batches = timed if epochs == 1 or timed < 2 else math.ceil(timed / 2)
+    runtime.evict()
+    cold_parts, after = trial_epochs(task, epoch, cold_batches)
+    cold = _timed(runtime, task, cold_parts)
+    regimes = [cold]
+    if timed - cold_batches:
+        regimes.append(_timed(runtime, task, trial_epochs(task, after, timed - cold_batches)[0]))
+    per_example = [seconds / task.examples_of(examples) for seconds, _, examples, _ in regimes if examples]
+    if not per_example or not all(per_example):
+        return Trial(strategy, None, note="out of core: no examples timed")
+    weights = [1.0, epochs - 1.0][:len(per_example)]
+    speed = sum(weights) / sum(w * x for w, x in zip(weights, per_example))
+    speeds = [f"{1 / x:,.0f}" for x in per_example]
+    note = (f"table on disk {gib(on_disk)}, room for its pages {gib(limit)}: from a cold page cache {speeds[0]} examples/s"
+            + (f", then warm {speeds[1]}, weighted 1:{epochs - 1} by the run's {epochs} epochs" if len(speeds) > 1 else ""))
+    return Trial(strategy, speed, sum(r[1] for r in regimes), round(sum(r[0] for r in regimes), 4), note=note)
 
 
 def release_memory() -> None:

@@ -343,6 +343,11 @@ class AutoConfig:
     # each trial in a fresh process (it reads the data again): no trial inherits another's memory or
     # warm caches, and one that exhausts a memory cap fails alone; false: in this process (faster to start)
     isolate: bool = True
+    # a table on disk (store.backend: mmap) in a trial: detect: one larger than the page cache may hold (the
+    # memory cgroup's limit less its heaps; else the available memory) is timed from a cold page cache, then warm, the two weighted by the run's epochs (its first
+    # epoch reads the rows from disk, later ones what the page cache kept); cold: every table on disk so;
+    # warm: as the trial finds it (the page cache its initialisation left)
+    page_cache: Literal["detect", "cold", "warm"] = "detect"
 
 
 @dataclass

@@ -8,6 +8,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from cadence import api
@@ -181,3 +182,152 @@ def test_a_mistake_every_trial_makes_is_the_runs_error(tmp_path: Path) -> None:
     with pytest.raises(Exception) as raised:
         auto.choose_in_processes(config, cli.candidate_trial)
     assert "nowhere" in str(raised.value) and "no candidate could train" not in str(raised.value)
+
+
+# ---- a table on disk larger than memory: the trial times it from a cold page cache, then warm ----------
+class _Clock:
+    """A trial's clock, advanced by the fake runtime's batches: cold batches (after ``evict``, the
+    first ``cold_batches``) take ``cold`` seconds each, the rest ``warm``."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _DiskRuntime:
+    strategy = ""
+
+    def __init__(self, clock: _Clock, on_disk: int, cold: float, warm: float, cold_batches: int) -> None:
+        self.clock, self.on_disk, self.cold, self.warm, self.cold_batches = clock, on_disk, cold, warm, cold_batches
+        self.events: list[str] = []
+        self.pending_cold = 0  # batches still cold (the page cache holds none of their rows)
+
+    def run_epoch(self, plans, on_batch):
+        for _ in plans:
+            self.clock.now += self.cold if self.pending_cold > 0 else self.warm
+            self.pending_cold = max(0, self.pending_cold - 1)
+        self.events.append(f"train {len(plans)}")
+        return 0.0, sum(len(plan.examples) for plan in plans)
+
+    def table_on_disk(self) -> int:
+        return self.on_disk
+
+    def evict(self) -> None:
+        self.events.append("evict")
+        self.pending_cold = self.cold_batches
+
+    def stats(self):
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def _disk_trial(tiny_graph: Path, monkeypatch, *settings: str, on_disk: int, limit: int, epochs: int,
+                cold_batches: int = 20) -> tuple[auto.Trial, _DiskRuntime, object]:
+    config = api.prepare_config(make_config(None, f"data.dataset={tiny_graph}", f"train.epochs={epochs}",
+                                            "train.batch_size=8", "auto.trial_batches=60", *settings))
+    task = api.TASKS.get("kge")(config)
+    clock = _Clock()
+    runtime = _DiskRuntime(clock, on_disk, cold=0.04, warm=0.01, cold_batches=cold_batches)
+    monkeypatch.setattr(auto.time, "perf_counter", clock)
+    monkeypatch.setattr(auto, "page_cache_room", lambda: limit)
+    trial = auto.run_trial(config, lambda: task, lambda *_: runtime, config.auto)
+    return trial, runtime, task
+
+
+def test_an_out_of_core_table_is_timed_cold_then_warm_weighted_by_the_runs_epochs(tiny_graph: Path, monkeypatch) -> None:
+    """A table on disk larger than the memory the process may use: its pages are evicted after the
+    warm-up (the page cache its initialisation left holds rows nobody asked for), half the timed
+    batches are timed from disk, half after them; the speed weighs the two as the run will: one
+    epoch cold, the others warm (a naive sum of the run's seconds per example, computed here)."""
+    trial, runtime, task = _disk_trial(tiny_graph, monkeypatch, on_disk=2 << 30, limit=900 << 20, epochs=3)
+    evicted = runtime.events.index("evict")  # after the warm-up (20 batches), before any timed batch
+    assert sum(int(event.split()[1]) for event in runtime.events[:evicted]) == 20
+    per_batch = task.examples_of(8)  # (each batch: 8 edges)
+    cold, warm = per_batch / 0.04, per_batch / 0.01  # examples/s of the two regimes (20 batches each)
+    expected = 3 / (1 / cold + 2 / warm)  # the run: 1 epoch cold, 2 warm, at these speeds
+    assert trial.examples_per_second == pytest.approx(expected, rel=1e-6)
+    assert trial.batches == 40 and "cold page cache" in trial.note and "weighted 1:2 by the run's 3 epochs" in trial.note
+
+
+def test_a_one_epoch_run_out_of_core_is_timed_cold_only(tiny_graph: Path, monkeypatch) -> None:
+    trial, runtime, task = _disk_trial(tiny_graph, monkeypatch, on_disk=2 << 30, limit=900 << 20, epochs=1,
+                                       cold_batches=1000)
+    assert "evict" in runtime.events
+    assert trial.examples_per_second == pytest.approx(task.examples_of(8) / 0.04, rel=1e-6)
+    assert "then warm" not in trial.note
+
+
+@pytest.mark.parametrize("on_disk, limit, settings, evicted", [
+    (0, 900 << 20, (), False),                          # rows in memory: nothing to evict
+    (100 << 20, 900 << 20, (), False),                  # a table on disk that fits: its steady state is warm
+    (100 << 20, 900 << 20, ("auto.page_cache=cold",), True),
+    (2 << 30, 900 << 20, ("auto.page_cache=warm",), False),
+])
+def test_which_tables_a_trial_times_cold(tiny_graph: Path, monkeypatch, on_disk, limit, settings, evicted) -> None:
+    trial, runtime, _ = _disk_trial(tiny_graph, monkeypatch, *settings, on_disk=on_disk, limit=limit, epochs=3)
+    assert ("evict" in runtime.events) == evicted
+    assert ("cold page cache" in trial.note) == evicted
+
+
+def _resident_pages(path: Path) -> int:
+    """Pages of ``path`` the kernel's page cache holds (mincore on a fresh mapping of the file): the
+    kernel's own account, independent of the store."""
+    import ctypes
+    import mmap
+    import os
+
+    size = path.stat().st_size
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    with open(path, "rb") as file:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, file.fileno(), 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        vector = ctypes.create_string_buffer(pages)
+        try:
+            assert libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
+        finally:
+            libc.munmap(address, size)
+    return sum(byte & 1 for byte in vector.raw)
+
+
+def _filesystem(path: Path) -> str:
+    """The type of the filesystem ``path`` is on (the longest mount point above it, /proc/mounts)."""
+    best, kind = "", ""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        point = fields[1].replace("\\040", " ")
+        if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def test_evict_drops_a_mapped_tables_pages_and_keeps_its_rows(tmp_path: Path) -> None:
+    """``EmbeddingStore.evict``: every written row is on disk afterwards (read back through a fresh
+    mapping), and the page cache holds (almost) none of the table (mincore), where it held all of it."""
+    import numpy as np
+
+    from cadence.store.embedding_store import create_store
+
+    store = create_store(20_000, 64, 1, "mmap", str(tmp_path / "table"))
+    store.initialize(0.1, seed=3)
+    store.values[::7] += 1.0  # dirty pages that exist only in memory until flushed
+    expected = store.values.clone()
+    values = tmp_path / "table" / "values.npy"
+    before = _resident_pages(values)
+    if before == 0:
+        pytest.skip("this filesystem keeps no page cache for the table's file")
+    assert store.evict() == store.disk_bytes > 0
+    if _filesystem(values) in ("tmpfs", "ramfs"):
+        pytest.skip("the table is on a memory filesystem: the page cache is its storage")
+    after = _resident_pages(values)
+    assert after <= before // 20, (before, after)
+    assert np.array_equal(np.load(values, mmap_mode="r"), expected.numpy())
+    assert torch.equal(store.values, expected)  # the store reads them back from the file
