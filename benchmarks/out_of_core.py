@@ -35,6 +35,10 @@ served (requests, mean service time) is recorded per latency. Bars: oac >= 0.9x 
 bit-identical to its replay at every latency; async's lead over sync growing with the latency.
 Writes ``out_of_core_slowfs.json``.
 
+``--epochs N``: every run trains N epochs (its speed over all of them; the default, 1, times a cold
+table only: after the first epoch a power-law graph's hot rows are read from the page cache).
+``--out FILE``: where the results go.
+
 Needs root (a memory cgroup, dropping the page cache); without it the benchmark says so and exits
 0 without measuring.
 
