@@ -113,6 +113,10 @@ class StoreConfig:
     # mmap backend: let the kernel read ahead around each row it pages in (off: rows are read at
     # random, and readahead fills the page cache with their neighbours; docs/strategies/pipelined.md)
     readahead: bool = False
+    # mmap backend: glibc malloc arenas the process's threads share (0: glibc's default, 8 per core). A
+    # pipeline's threads each keep an arena of freed batch blocks whose high-water mark only grows, a
+    # heap that crowds the table's page cache out (docs/strategies/pipelined.md); 1: one heap
+    malloc_arenas: int = 1
 
 
 @dataclass
@@ -427,6 +431,7 @@ _POSITIVE = {
 # key -> (lowest, highest, what the setting is); a setting whose 0 means "off" is checked only when on
 _BOUNDS: dict[str, tuple[float, float, str]] = {
     "adapm.lookahead": (1, 100_000, "batches of intent signalled ahead"),
+    "store.malloc_arenas": (0, 4096, "malloc arenas (0: the C library's default)"),
     "adapm.round_interval": (1e-5, 60.0, "seconds between communication rounds"),
     "adapm.initial_rate": (1e-3, 1e6, "clocks per round, the rate estimate's start"),
     "adapm.start_rounds": (0, 100_000, "rounds a worker waits for its first rows"),

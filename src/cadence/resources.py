@@ -5,6 +5,7 @@ out-of-memory kill or a thread-creation error halfway through a run."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 from pathlib import Path
@@ -79,6 +80,23 @@ def _cgroup_room() -> int | None:
     except (OSError, ValueError):
         return None
     return max(0, limit - usage)
+
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter: the most malloc arenas the process's threads share
+
+
+def limit_allocator_arenas(count: int) -> bool:
+    """Let this process's threads share at most ``count`` glibc malloc arenas from now on (0: leave
+    glibc's default, 8 per core). Each arena keeps what was freed in it for reuse and gives back only
+    its top, so threads that allocate and free blocks of varying size (a pipeline's loaders and
+    writers: a batch's rows) each hold a high-water mark that only grows; fewer arenas, one heap that
+    reuses its holes. False where the C library is not glibc (nothing changed)."""
+    if count <= 0:
+        return False
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, count))
+    except (OSError, AttributeError):
+        return False
 
 
 def gib(size: int | float) -> str:

@@ -18,6 +18,7 @@ from cadence.engines.threads import ThreadGovernor, usable_cores
 from cadence.optim import module_optimizer, set_lr
 from cadence.pipeline.stages import ComputeStage, InPlaceStage, LoadStage, Stages, WriteStage
 from cadence.pipeline.transfer import DeviceLink
+from cadence.resources import limit_allocator_arenas
 from cadence.store.embedding_store import create_store
 from cadence.tasks.base import Task
 
@@ -31,6 +32,8 @@ class PipelineRuntime(Runtime):
         self.index = None if spec.fixed else KeyIndex(task.known_keys())
         rows = spec.rows if spec.fixed else self.index.keys.shape[0]
         mapped = store_path if config.store.backend == "mmap" else None
+        if mapped is not None:  # (before the stage threads take arenas of their own)
+            limit_allocator_arenas(config.store.malloc_arenas)
         self.store = create_store(rows, spec.width, state_width, config.store.backend, mapped)
         spec.initialize(self.store, None if self.index is None else self.index.keys)
         self.store.advise(config.store.readahead)
