@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from cadence.config import AutoConfig, Config
+from cadence.config import AutoConfig, CheckpointConfig, Config
 from cadence.errors import CadenceError, ConfigError
 from cadence.resources import gib, page_cache_room
 
@@ -118,7 +118,8 @@ def run_trial(config: Config, make_task: Callable[[], Task], build: Build, setti
             timed = min(total - warmed, max(1, math.ceil(settings.trial_seconds / pace))) if pace > 0 else total
             on_disk, limit = runtime.table_on_disk(), page_cache_room()
             if on_disk and (settings.page_cache == "cold" or settings.page_cache == "detect" and on_disk > limit):
-                trial = _out_of_core(config.strategy, runtime, task, epoch, max(1, timed), on_disk, limit)
+                trial = _out_of_core(config.strategy, runtime, task, epoch, max(1, timed), on_disk, limit,
+                                     cold_epochs(task.num_epochs(), config.checkpoint))
             else:
                 parts = trial_epochs(task, epoch, max(1, timed), part=max(1, math.ceil(timed / TIMED_PARTS)))[0]
                 seconds, batches, examples, rates = _timed(runtime, task, parts)
@@ -146,30 +147,41 @@ def _timed(runtime: Runtime, task: Task, parts: list[list]) -> tuple[float, int,
     return seconds, batches, examples, rates
 
 
-def _out_of_core(strategy: str, runtime: Runtime, task: Task, epoch: int, timed: int, on_disk: int, limit: int) -> Trial:
+def cold_epochs(epochs: int, checkpoint: CheckpointConfig) -> int:
+    """Epochs of a run that start from a cold page cache when its table on disk is larger than the
+    page cache may hold: the first (after the table's initialisation, a sweep of every row) and each
+    that follows a checkpoint (``checkpoint.every``: writing one reads every row in order, which
+    leaves the page cache holding the table's last rows, not the hot ones)."""
+    epochs = max(1, epochs)
+    every = checkpoint.every
+    return 1 + (sum(1 for finished in range(1, epochs) if finished % every == 0) if every > 0 else 0)
+
+
+def _out_of_core(strategy: str, runtime: Runtime, task: Task, epoch: int, timed: int, on_disk: int, limit: int,
+                 cold: int) -> Trial:
     """The timed part of a trial whose table is on disk and larger than the page cache may hold
-    (``resources.page_cache_room``; ``auto.page_cache``):
-    the table's pages evicted (the page cache its initialisation left holds rows nobody asked for
-    yet), the first half timed from disk (as the run's first epoch reads), the second half after it
-    (as a later epoch reads what the page cache kept); the speed: examples over the run's seconds
-    per example, each regime weighted by its epochs (one cold, the rest warm; a one-epoch run: all
-    cold)."""
+    (``resources.page_cache_room``; ``auto.page_cache``): the table's pages evicted (the page cache
+    its initialisation left holds rows nobody asked for yet), the first half timed from disk (as an
+    epoch after a sweep of the table reads: ``cold`` of the run's epochs), the second half after it
+    (as the other epochs read what the page cache kept); the speed: examples over the run's seconds
+    per example, each regime weighted by its epochs (all of them cold: every batch timed cold)."""
     epochs = max(1, task.num_epochs())
-    cold_batches = timed if epochs == 1 or timed < 2 else math.ceil(timed / 2)
+    warm_epochs = epochs - min(cold, epochs)
+    cold_batches = timed if warm_epochs == 0 or timed < 2 else math.ceil(timed / 2)
     runtime.evict()
     cold_parts, after = trial_epochs(task, epoch, cold_batches)
-    cold = _timed(runtime, task, cold_parts)
-    regimes = [cold]
+    regimes = [_timed(runtime, task, cold_parts)]
     if timed - cold_batches:
         regimes.append(_timed(runtime, task, trial_epochs(task, after, timed - cold_batches)[0]))
     per_example = [seconds / task.examples_of(examples) for seconds, _, examples, _ in regimes if examples]
     if not per_example or not all(per_example):
         return Trial(strategy, None, note="out of core: no examples timed")
-    weights = [1.0, epochs - 1.0][:len(per_example)]
+    weights = [float(epochs - warm_epochs), float(warm_epochs)][:len(per_example)]
     speed = sum(weights) / sum(w * x for w, x in zip(weights, per_example))
     speeds = [f"{1 / x:,.0f}" for x in per_example]
     note = (f"table on disk {gib(on_disk)}, room for its pages {gib(limit)}: from a cold page cache {speeds[0]} examples/s"
-            + (f", then warm {speeds[1]}, weighted 1:{epochs - 1} by the run's {epochs} epochs" if len(speeds) > 1 else ""))
+            + (f", then warm {speeds[1]}, weighted {weights[0]:g}:{weights[1]:g} by the run's {epochs} epochs"
+               if len(speeds) > 1 else f", all {epochs} of the run's epochs cold"))
     return Trial(strategy, speed, sum(r[1] for r in regimes), round(sum(r[0] for r in regimes), 4), note=note)
 
 

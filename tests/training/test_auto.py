@@ -208,8 +208,9 @@ class _DiskRuntime:
         for _ in plans:
             self.clock.now += self.cold if self.pending_cold > 0 else self.warm
             self.pending_cold = max(0, self.pending_cold - 1)
-        self.events.append(f"train {len(plans)}")
-        return 0.0, sum(len(plan.examples) for plan in plans)
+        examples = sum(len(plan.examples) for plan in plans)
+        self.events.append(f"train {len(plans)} {examples}")
+        return 0.0, examples
 
     def table_on_disk(self) -> int:
         return self.on_disk
@@ -243,7 +244,8 @@ def test_an_out_of_core_table_is_timed_cold_then_warm_weighted_by_the_runs_epoch
     warm-up (the page cache its initialisation left holds rows nobody asked for), half the timed
     batches are timed from disk, half after them; the speed weighs the two as the run will: one
     epoch cold, the others warm (a naive sum of the run's seconds per example, computed here)."""
-    trial, runtime, task = _disk_trial(tiny_graph, monkeypatch, on_disk=2 << 30, limit=900 << 20, epochs=3)
+    trial, runtime, task = _disk_trial(tiny_graph, monkeypatch, "checkpoint.every=0", on_disk=2 << 30,
+                                       limit=900 << 20, epochs=3)
     evicted = runtime.events.index("evict")  # after the warm-up (20 batches), before any timed batch
     assert sum(int(event.split()[1]) for event in runtime.events[:evicted]) == 20
     per_batch = task.examples_of(8)  # (each batch: 8 edges)
@@ -251,6 +253,32 @@ def test_an_out_of_core_table_is_timed_cold_then_warm_weighted_by_the_runs_epoch
     expected = 3 / (1 / cold + 2 / warm)  # the run: 1 epoch cold, 2 warm, at these speeds
     assert trial.examples_per_second == pytest.approx(expected, rel=1e-6)
     assert trial.batches == 40 and "cold page cache" in trial.note and "weighted 1:2 by the run's 3 epochs" in trial.note
+
+
+def test_epochs_after_a_checkpoint_are_weighted_cold(tiny_graph: Path, monkeypatch) -> None:
+    """Writing a checkpoint reads every row in order: the page cache then holds the table's last rows,
+    and the next epoch starts cold as the first did. 5 epochs, a checkpoint every 2: epochs 0, 2, 4 cold."""
+    trial, _, task = _disk_trial(tiny_graph, monkeypatch, "checkpoint.every=2", on_disk=2 << 30, limit=900 << 20,
+                                 epochs=5)
+    cold, warm = task.examples_of(8) / 0.04, task.examples_of(8) / 0.01
+    assert trial.examples_per_second == pytest.approx(5 / (3 / cold + 2 / warm), rel=1e-6)
+    assert "weighted 3:2 by the run's 5 epochs" in trial.note
+    every_epoch, runtime, _ = _disk_trial(tiny_graph, monkeypatch, "checkpoint.every=1", on_disk=2 << 30,
+                                          limit=900 << 20, epochs=3, cold_batches=1000)
+    timed = [event.split() for event in runtime.events[runtime.events.index("evict") + 1:]]
+    batches, examples = sum(int(t[1]) for t in timed), sum(int(t[2]) for t in timed)
+    assert every_epoch.examples_per_second == pytest.approx(task.examples_of(examples) / (0.04 * batches), rel=1e-6)
+    assert "all 3 of the run's epochs cold" in every_epoch.note
+
+
+@pytest.mark.parametrize("epochs, every", [(1, 1), (3, 0), (3, 1), (5, 2), (7, 3), (4, 10)])
+def test_cold_epochs_follow_the_trainers_checkpoints(epochs: int, every: int) -> None:
+    """Against the trainer's rule, simulated naively: after ``finished`` epochs a checkpoint is written
+    when ``finished % every == 0`` (or at the end); the epoch after one starts cold, as epoch 0 does."""
+    from cadence.config import CheckpointConfig
+
+    cold = [0] + [finished for finished in range(1, epochs) if every and finished % every == 0]
+    assert auto.cold_epochs(epochs, CheckpointConfig(every=every)) == len(cold)
 
 
 def test_a_one_epoch_run_out_of_core_is_timed_cold_only(tiny_graph: Path, monkeypatch) -> None:
