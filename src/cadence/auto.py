@@ -162,15 +162,19 @@ def _out_of_core(strategy: str, runtime: Runtime, task: Task, epoch: int, timed:
     """The timed part of a trial whose table is on disk and larger than the page cache may hold
     (``resources.page_cache_room``; ``auto.page_cache``): the table's pages evicted (the page cache
     its initialisation left holds rows nobody asked for yet), the first half timed from disk (as an
-    epoch after a sweep of the table reads: ``cold`` of the run's epochs), the second half after it
+    epoch after a sweep of the table reads: ``cold`` of the run's epochs; its piece of each epoch
+    from a table evicted again), the second half after it
     (as the other epochs read what the page cache kept); the speed: examples over the run's seconds
     per example, each regime weighted by its epochs (all of them cold: every batch timed cold)."""
     epochs = max(1, task.num_epochs())
     warm_epochs = epochs - min(cold, epochs)
     cold_batches = timed if warm_epochs == 0 or timed < 2 else math.ceil(timed / 2)
-    runtime.evict()
     cold_parts, after = trial_epochs(task, epoch, cold_batches)
-    regimes = [_timed(runtime, task, cold_parts)]
+    cold_totals = [0.0, 0, 0, []]
+    for part in cold_parts:  # each epoch's piece from an evicted table, as each cold epoch starts
+        runtime.evict()
+        cold_totals = [total + more for total, more in zip(cold_totals, _timed(runtime, task, [part]))]
+    regimes = [tuple(cold_totals)]
     if timed - cold_batches:
         regimes.append(_timed(runtime, task, trial_epochs(task, after, timed - cold_batches)[0]))
     per_example = [seconds / task.examples_of(examples) for seconds, _, examples, _ in regimes if examples]
