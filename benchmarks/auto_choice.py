@@ -3,7 +3,7 @@
 there); ``oac`` on an out-of-core table (benchmarks/out_of_core.py): on this machine's disk
 ("out-of-core": a 2 GiB table under a 900 MiB cap, 3 epochs, a checkpoint after each: OAC 1.65x and
 1.88x sync, ``out_of_core.py --epochs 3`` at 6bd09b7) and where reads take time ("slow-storage": its
-``--latency-ms 1`` setting, OAC 2.7x sync); ``gba`` with 4
+``--latency-ms 1`` setting, OAC 1.9-2.7x sync); ``gba`` with 4
 workers and a straggler (benchmarks/gba_stragglers.py: worker 0 slowed 4x by a cgroup CPU quota, its
 real cause, on Ray).
 
