@@ -22,8 +22,6 @@ config.yaml records the chosen strategy, so ``--resume`` continues with it.
 from __future__ import annotations
 
 import copy
-import ctypes
-import gc
 import json
 import logging
 import math
@@ -37,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from cadence.config import AutoConfig, CheckpointConfig, Config
 from cadence.errors import CadenceError, ConfigError
-from cadence.resources import gib, page_cache_room
+from cadence.resources import gib, page_cache_room, release_memory
 
 if TYPE_CHECKING:  # (names for annotations only: this module imports no training code, so the CLI can
     # run every trial in a process of its own before it imports torch or reads any data)
@@ -133,11 +131,14 @@ def run_trial(config: Config, make_task: Callable[[], Task], build: Build, setti
     return trial
 
 
-def _timed(runtime: Runtime, task: Task, parts: list[list]) -> tuple[float, int, int, list[float]]:
+def _timed(runtime: Runtime, task: Task, parts: list[list], cold: bool = False) -> tuple[float, int, int, list[float]]:
     """Train ``parts`` (each the start of an epoch's plan) in turn: (seconds, batches, batch examples,
-    each part's examples/s)."""
+    each part's examples/s); ``cold``: each part from a table whose pages were just dropped
+    (``Runtime.evict``, untimed), as each epoch after a sweep of the table starts."""
     seconds, batches, examples, rates = 0.0, 0, 0, []
     for plans in parts:
+        if cold:
+            runtime.evict()
         started = time.perf_counter()
         _, done = runtime.run_epoch(plans, _nothing)
         took = time.perf_counter() - started
@@ -152,9 +153,7 @@ def cold_epochs(epochs: int, checkpoint: CheckpointConfig) -> int:
     page cache may hold: the first (after the table's initialisation, a sweep of every row) and each
     that follows a checkpoint (``checkpoint.every``: writing one reads every row in order, which
     leaves the page cache holding the table's last rows, not the hot ones)."""
-    epochs = max(1, epochs)
-    every = checkpoint.every
-    return 1 + (sum(1 for finished in range(1, epochs) if finished % every == 0) if every > 0 else 0)
+    return 1 + ((max(1, epochs) - 1) // checkpoint.every if checkpoint.every > 0 else 0)
 
 
 def _out_of_core(strategy: str, runtime: Runtime, task: Task, epoch: int, timed: int, on_disk: int, limit: int,
@@ -170,11 +169,7 @@ def _out_of_core(strategy: str, runtime: Runtime, task: Task, epoch: int, timed:
     warm_epochs = epochs - min(cold, epochs)
     cold_batches = timed if warm_epochs == 0 or timed < 2 else math.ceil(timed / 2)
     cold_parts, after = trial_epochs(task, epoch, cold_batches)
-    cold_totals = [0.0, 0, 0, []]
-    for part in cold_parts:  # each epoch's piece from an evicted table, as each cold epoch starts
-        runtime.evict()
-        cold_totals = [total + more for total, more in zip(cold_totals, _timed(runtime, task, [part]))]
-    regimes = [tuple(cold_totals)]
+    regimes = [_timed(runtime, task, cold_parts, cold=True)]
     if timed - cold_batches:
         regimes.append(_timed(runtime, task, trial_epochs(task, after, timed - cold_batches)[0]))
     per_example = [seconds / task.examples_of(examples) for seconds, _, examples, _ in regimes if examples]
@@ -187,17 +182,6 @@ def _out_of_core(strategy: str, runtime: Runtime, task: Task, epoch: int, timed:
             + (f", then warm {speeds[1]}, weighted {weights[0]:g}:{weights[1]:g} by the run's {epochs} epochs"
                if len(speeds) > 1 else f", all {epochs} of the run's epochs cold"))
     return Trial(strategy, speed, sum(r[1] for r in regimes), round(sum(r[0] for r in regimes), 4), note=note)
-
-
-def release_memory() -> None:
-    """Give what a finished trial freed back to the system before the next one (or the run) starts:
-    the allocator keeps freed blocks of many threads' arenas otherwise, and a run under a memory cap
-    would count them (glibc's ``malloc_trim``; elsewhere a collection only)."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def trial_epochs(task: Task, first: int, count: int, part: int | None = None) -> tuple[list[list], int]:

@@ -6,6 +6,8 @@ out-of-memory kill or a thread-creation error halfway through a run."""
 from __future__ import annotations
 
 import ctypes
+import functools
+import gc
 import os
 import resource
 from pathlib import Path
@@ -85,18 +87,34 @@ def _cgroup_room() -> int | None:
 M_ARENA_MAX = -8  # glibc's mallopt parameter: the most malloc arenas the process's threads share
 
 
+@functools.lru_cache(maxsize=1)
+def _glibc() -> ctypes.CDLL | None:
+    """The C library's allocator controls (``mallopt``, ``malloc_trim``), or None where it is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
 def limit_allocator_arenas(count: int) -> bool:
     """Let this process's threads share at most ``count`` glibc malloc arenas from now on (0: leave
     glibc's default, 8 per core). Each arena keeps what was freed in it for reuse and gives back only
     its top, so threads that allocate and free blocks of varying size (a pipeline's loaders and
     writers: a batch's rows) each hold a high-water mark that only grows; fewer arenas, one heap that
     reuses its holes. False where the C library is not glibc (nothing changed)."""
-    if count <= 0:
-        return False
-    try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, count))
-    except (OSError, AttributeError):
-        return False
+    libc = _glibc()
+    return count > 0 and libc is not None and bool(libc.mallopt(M_ARENA_MAX, count))
+
+
+def release_memory() -> None:
+    """Give what was freed back to the system (before the next strategy trial, or the run, starts):
+    the allocator keeps freed blocks of many threads' arenas otherwise, and a run under a memory cap
+    would count them (glibc's ``malloc_trim``; elsewhere a collection only)."""
+    gc.collect()
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def gib(size: int | float) -> str:
