@@ -10,10 +10,12 @@ STAMP  := $(VENV)/.installed
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch is pinned in pyproject to exactly 2.13.0 (the CPU wheel); any other spec pulls CUDA.
-$(STAMP): pyproject.toml | $(PY)
+# pyproject states the torch versions cadence supports; this install pins the exact CPU wheel
+# (TORCH), since any other spec pulls a CUDA build.
+TORCH ?= torch==2.13.0
+$(STAMP): pyproject.toml Makefile | $(PY)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[dev,plot,ray]'
+	$(PIP) install -q -e '.[dev,plot,ray]' '$(TORCH)'
 	touch $(STAMP)
 
 install: $(STAMP)
