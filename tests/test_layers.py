@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("where code runs", ("cadence.engines", "cadence.pipeline")),
     ("how batches flow", ("cadence.strategies",)),
     ("the trainer", ("cadence.training",)),
-    ("the edge", ("cadence.api", "cadence.auto", "cadence.cli", "cadence.report", "cadence")),
+    ("the edge", ("cadence.api", "cadence.auto", "cadence.comparison", "cadence.cli", "cadence.report", "cadence")),
 ]
 HEAVY = ("ray", "matplotlib")  # optional dependencies a module may import lazily (STYLE.md, 10)
 STRATEGY_READERS = ("cadence.strategies", "cadence.api", "cadence.auto", "cadence.cli")

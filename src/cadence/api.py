@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -39,7 +40,7 @@ from cadence.training.batch_order import BatchOrder
 from cadence.training.run_directory import RunDirectory, default_run_dir, finite, write_atomic  # noqa: F401  (re-exported)
 from cadence.core.keys import KeyIndex
 from cadence.core.runtime import RowsView, Runtime
-from cadence import auto
+from cadence import auto, comparison as stats
 from cadence.training import grow
 from cadence.training.environment import environment
 from cadence.training.trainer import Trainer, TrainerHook
@@ -48,6 +49,7 @@ log = logging.getLogger("cadence")
 
 RESUMABLE_KEYS = {"train.epochs", "progress", "threads", "adapt_threads", "device"}
 DEFAULT_MODELS = {"kge": "complex", "ctr": "deepfm", "mf": "biased", "w2v": "skipgram", "image": "mlp"}
+WARM_UP_BATCHES = 8  # compare: batches of a scratch run that pay a process's one-time costs before timing
 DEFAULT_ENTITY_OPTIMIZERS = {"kge": "rowwise_adagrad", "ctr": "rowwise_adagrad", "mf": "adagrad", "w2v": "sgd",
                              "image": "sgd"}  # (image: no rows; sgd keeps no per-row state)
 
@@ -60,15 +62,19 @@ class TrainResult:
 
 
 def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] = (),
-          measured: dict[str, Any] | None = None) -> TrainResult:
+          measured: dict[str, Any] | None = None, warm_up: int = 0) -> TrainResult:
     """Train from scratch into ``config.out`` (default: ``runs/<dataset>-<model>-<strategy>-<time>``).
     ``measured``: with ``strategy: auto``, the choice its trials already made (``auto.choose_in_processes``
-    with ``candidate_trial``, as the CLI does before it imports this module); else they run here."""
+    with ``candidate_trial``, as the CLI does before it imports this module); else they run here.
+    ``warm_up``: first train that many batches on a scratch runtime, discarded (``warm_up``), so the
+    process's one-time costs fall outside ``train_seconds``; summary.json's ``warmup_seconds`` says what
+    they took."""
     with user_terms(config):
-        return _train(config, overwrite, hooks, measured)
+        return _train(config, overwrite, hooks, measured, warm_up)
 
 
-def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook], measured: dict[str, Any] | None) -> TrainResult:
+def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook], measured: dict[str, Any] | None,
+           batches: int = 0) -> TrainResult:
     auto.check_unread(config)
     chosen = None
     if config.strategy == auto.AUTO and measured is not None:
@@ -92,8 +98,11 @@ def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook], measur
     run = RunDirectory(config.out)
     with run.locked():  # one writer per run directory; checked under the lock: no other run slips in
         run.check_empty(overwrite)
+        warmed = warm_up(config, task, batches) if batches else None
         trainer = build_trainer(config, task, run, hooks)
         trainer.notes["environment"] = environment()
+        if warmed is not None:
+            trainer.notes["warmup_seconds"] = round(warmed, 4)
         if chosen is not None:
             trainer.notes["auto"] = chosen
         try:
@@ -155,17 +164,29 @@ def _resume(config: Config, run: RunDirectory, overrides: dict[str, Any] | None,
         return _fit(trainer, run)
 
 
-def compare(config: Config, strategies: list[str], out: str | Path, overwrite: bool = False) -> dict[str, Any]:
-    """Train the same config (seed, data, hyperparameters) under each strategy, side by side.
+def compare(config: Config, strategies: list[str], out: str | Path, overwrite: bool = False, repeats: int = 1,
+            warm: bool = True) -> dict[str, Any]:
+    """Train the same config (seed, data, hyperparameters) under each strategy, side by side,
+    ``repeats`` times, interleaved (A B C A B C ...): a slow minute of a shared machine falls on every
+    contender alike. ``warm``: before its first timed run, each contender trains a few batches on a
+    scratch runtime, discarded, so one-time costs (compiling kernels, first touch of caches and thread
+    pools) are paid outside every ``train_seconds`` (each summary's ``warmup_seconds``).
 
-    Writes ``out/<strategy>/`` run directories, ``out/comparison.json`` (each strategy's summary and
-    validation curve), and, when matplotlib is installed, ``out/time_to_accuracy.png`` and
-    ``out/accuracy_per_epoch.png``.
+    Writes the first round's run directories at ``out/<strategy>/`` and round k's at
+    ``out/repeats/<k>/<strategy>/``, ``out/comparison.json`` (each strategy's first summary and
+    validation curve, every run's summary, ``stats``: each contender's median and range of its speed and
+    metrics, its speed against the first contender's, and ``verdict``: the sentence the table says),
+    and, when matplotlib is installed, ``out/time_to_accuracy.png`` and ``out/accuracy_per_epoch.png``.
     """
     if not strategies:
         raise ConfigError("compare needs at least one strategy")
     if len(set(strategies)) != len(strategies):
         raise ConfigError(f"a strategy is listed twice: {','.join(strategies)}")
+    if repeats < 1:
+        raise ConfigError(f"--repeats {repeats}: at least 1 (each contender trained that many times, interleaved)")
+    if repeats > 1 and (config.record_order or config.batch_order):
+        raise ConfigError(f"--repeats {repeats} with {'record_order' if config.record_order else 'batch_order'}: "
+                          "each repeat would record or replay the same file; compare one run (--repeats 1)")
     for name in strategies:  # every one is checked before the first trains
         with user_terms(config):
             if auto.AUTO not in strategies:
@@ -175,31 +196,58 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CadenceError(f"{out}: the comparison directory is not empty; use --overwrite or another --out")
-    results: dict[str, Any] = {}
-    for name in strategies:
-        run_config = copy.deepcopy(config if name == auto.AUTO else for_contender(config, name, strategies))
-        run_config.strategy = name
-        run_config.out = str(out / name)
-        if name != auto.AUTO and auto.AUTO in strategies:
-            run_config.auto = AutoConfig()  # (the auto.* settings are the auto contender's)
-        result = train(run_config, overwrite=overwrite)
-        results[name] = {"summary": result.summary,
-                         "curve": [r for r in result.metrics if r["split"] in ("valid", "next_period")]}
+    if overwrite:
+        shutil.rmtree(out / "repeats", ignore_errors=True)  # (an earlier comparison's further rounds)
+    results: dict[str, Any] = {name: {"runs": []} for name in strategies}
+    summaries: dict[str, list[dict[str, Any]]] = {name: [] for name in strategies}
+    for round_ in range(repeats):
+        for name in strategies:
+            run_config = copy.deepcopy(config if name == auto.AUTO else for_contender(config, name, strategies))
+            run_config.strategy = name
+            run_config.out = str(out / name if round_ == 0 else out / "repeats" / str(round_ + 1) / name)
+            if name != auto.AUTO and auto.AUTO in strategies:
+                run_config.auto = AutoConfig()  # (the auto.* settings are the auto contender's)
+            # (auto's trials train every candidate first: its own warm-up)
+            batches = WARM_UP_BATCHES if warm and round_ == 0 and name != auto.AUTO else 0
+            result = train(run_config, overwrite=overwrite, warm_up=batches)
+            summaries[name].append(result.summary)
+            results[name]["runs"].append(str(result.run_dir))
+            if round_ == 0:
+                results[name].update(summary=result.summary,
+                                     curve=[r for r in result.metrics if r["split"] in ("valid", "next_period")])
+    first = results[strategies[0]]["summary"]
+    metric = first["primary_metric"]
+    table = stats.statistics_of(summaries, stats.metrics_of(metric))
     from cadence.report import plots
 
     drawn = ["time_to_accuracy.png", "accuracy_per_epoch.png"] if plots.available() else None
-    comparison = {"config": config.to_dict(), "strategies": results, "plots": drawn}
+    comparison = {"config": config.to_dict(), "repeats": repeats, "strategies": results, "stats": table,
+                  "verdict": stats.verdict(table, metric, repeats), "plots": drawn}
     write_atomic(out / "comparison.json", json.dumps(finite(comparison), indent=2, allow_nan=False) + "\n")
     if drawn is None:
         log.warning("plots skipped: matplotlib is not installed (pip install 'cadence[plot]')")
         return comparison
-    first = results[strategies[0]]["summary"]
-    metric = first["primary_metric"]
     curves = {name: entry["curve"] for name, entry in results.items()}
     title = f"{first['dataset']}, {first['model']}"
     plots.plot_curves(curves, metric, "wall_seconds", "training wall seconds", title, out / "time_to_accuracy.png")
     plots.plot_curves(curves, metric, "epoch", "epoch", title, out / "accuracy_per_epoch.png")
     return comparison
+
+
+def warm_up(config: Config, task: Task, batches: int) -> float:
+    """Pay this process's one-time costs of training ``config`` (compiling kernels, the first touch of
+    caches and thread pools) before a timed run: the first ``batches`` of epoch 0 on a scratch runtime,
+    discarded (its own files, no fault injected, nothing recorded). Its seconds."""
+    started = time.perf_counter()
+    scratch_config = copy.deepcopy(config)
+    scratch_config.ps.stragglers, scratch_config.ps.kill_workers = [], []
+    with tempfile.TemporaryDirectory(prefix="cadence-warm-up-") as scratch:
+        runtime = trial_runtime(scratch_config, task, Path(scratch))
+        try:
+            runtime.run_epoch(task.plan(0)[:max(1, batches)], lambda batch: None)
+        finally:
+            runtime.close()
+    return time.perf_counter() - started
 
 
 # ---- configuration checks ------------------------------------------------------------------------------

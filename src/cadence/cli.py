@@ -20,6 +20,7 @@ import threading
 from typing import Any, Sequence
 
 from cadence import auto
+from cadence.comparison import Against, cell, metrics_of
 from cadence.config import Config
 from cadence.errors import CadenceError, ConfigError, SystemResourceError, describe_os_error
 
@@ -70,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="train one config under several strategies, side by side")
     compare.add_argument("--strategies", required=True, metavar="A,B,...",
                          help="comma-separated strategy names, e.g. sync,async,oac")
+    compare.add_argument("--repeats", type=int, default=1, metavar="N",
+                         help="train each strategy N times, interleaved (A B C A B C ...); each cell is the median "
+                              "with its range, and a speed-up whose ranges overlap the first strategy's shows as ≈")
+    compare.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                         help="time each strategy's first run from its first batch (by default a few batches on a "
+                              "scratch copy pay the one-time costs, compiling kernels, first touch, untimed)")
     _add_training_options(compare)
 
     evaluate = commands.add_parser("eval", help="evaluate a run's final model")
@@ -230,7 +237,8 @@ def _compare(args: argparse.Namespace) -> int:
     if config.out is None:
         raise CadenceError("compare needs --out DIR for its runs, comparison.json and plots")
     strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
-    comparison = api.compare(config, strategies, config.out, overwrite=args.overwrite)
+    comparison = api.compare(config, strategies, config.out, overwrite=args.overwrite, repeats=args.repeats,
+                             warm=args.warm_up)
     print_comparison(comparison)
     if comparison.get("plots"):
         print(f"comparison: {config.out}/comparison.json, {', '.join(comparison['plots'])}")
@@ -240,29 +248,41 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-SECONDARY_METRICS = {"mrr": ["hits@10"], "auc": ["logloss", "ne"], "rmse": ["mae"],
-                     "wordsim353": ["simlex999", "analogy"]}
 COUNTERS = ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes", "peak_cache_rows", "evicted_rows",
             "global_steps", "gradients_dropped", "staleness_mean", "staleness_max", "sync_gap", "syncs_per_second",
             "examples_in_flight", "eval_candidates")
 
 
 def print_comparison(comparison: dict[str, Any]) -> None:
+    """The table (each cell the median of a strategy's runs, with their range over several), then
+    the sentence made from the same numbers (``comparison.verdict``)."""
     entries = comparison["strategies"]
     summaries = [entry["summary"] for entry in entries.values()]
+    table = comparison.get("stats") or {}
     baseline = summaries[0]["examples_per_second"] or 1.0
     primary = summaries[0].get("primary_metric", "mrr")
-    metrics = [primary, *SECONDARY_METRICS.get(primary, [])]
+    metrics = metrics_of(primary)
     stat_keys = [k for k in COUNTERS if any(k in summary for summary in summaries)]
     header = ["strategy", "runtime", "epochs", "train_seconds", "examples/s", "speedup", *metrics, *stat_keys]
     rows = []
     for name, summary in zip(entries, summaries):
-        rows.append([name, summary.get("runtime", "-"), summary["epochs"], f"{summary['train_seconds']:.2f}",
-                     f"{summary['examples_per_second']:,.0f}", f"{summary['examples_per_second'] / baseline:.2f}x",
-                     *(_format(summary.get(k, float("nan"))) for k in metrics),
+        spread = table.get(name, {})
+        speedup = spread.get("speedup")
+        rows.append([name, summary.get("runtime", "-"), summary["epochs"],
+                     cell(spread["train_seconds"], ".2f") if "train_seconds" in spread else f"{summary['train_seconds']:.2f}",
+                     cell(spread["examples_per_second"], ",.0f") if "examples_per_second" in spread
+                     else f"{summary['examples_per_second']:,.0f}",
+                     Against(**speedup).cell if speedup else f"{summary['examples_per_second'] / baseline:.2f}x",
+                     *(cell(spread[k], ".4f") if k in spread else _format(summary.get(k, float("nan"))) for k in metrics),
                      *(_format(summary[k]) if k in summary else "-" for k in stat_keys)])
     _print_table(header, rows)
     _note_sampled_ranking(summaries)
+    if comparison.get("verdict"):
+        repeats = comparison.get("repeats", 1)
+        warmed = [s["warmup_seconds"] for s in summaries if "warmup_seconds" in s]
+        print(f"{repeats} run{'s' if repeats > 1 else ''} each, interleaved"
+              + (f"; each strategy's one-time costs paid before its timed runs ({min(warmed):.1f}-"
+                 f"{max(warmed):.1f} s, untimed)" if warmed else "") + f". {comparison['verdict']}")
 
 
 def _note_sampled_ranking(summaries: Sequence[dict[str, Any]]) -> None:
