@@ -141,7 +141,10 @@ def task_data(tmp_path: Path, tiny_graph: Path) -> dict[str, list[str]]:
         "mf": ["task=mf", f"data.dataset={write_ratings(tmp_path / 'ratings.tsv', 25, 20, 300, 4)}",
                "model.init_std=0.1"],
         "w2v": ["task=w2v", f"data.dataset={write_corpus(tmp_path / 'corpus.txt', 60, 5)}", "w2v.min_count=1",
-                "w2v.sample=0.01", "optimizer.entity=sgd", "optimizer.lr=0.05", "model.init_std=0.03"],
+                "w2v.sample=0.01", "optimizer.entity=sgd", "optimizer.lr=0.05", "model.init_std=0.03",
+                # the batch path, which every strategy runs (the default, auto, is word2vec's own loop
+                # under sync and async: tests/tasks/test_update_choice.py)
+                "w2v.update=batch"],
         "image": ["task=image", f"data.dataset={write_images(tmp_path / 'images', 240, 60, 5)}", "image.valid_size=40",
                   "image.hidden=[32]", "optimizer.dense=sgd", "optimizer.momentum=0.9", "optimizer.lr=0.05"],
     }

@@ -76,6 +76,9 @@ def train(config: Config, overwrite: bool = False, hooks: Iterable[TrainerHook] 
 def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook], measured: dict[str, Any] | None,
            batches: int = 0) -> TrainResult:
     auto.check_unread(config)
+    if config.strategy == auto.AUTO:  # (one algorithm for every candidate, said once)
+        config = copy.deepcopy(config)
+        resolve_update(config, [auto.AUTO])
     chosen = None
     if config.strategy == auto.AUTO and measured is not None:
         chosen = measured
@@ -196,6 +199,9 @@ def compare(config: Config, strategies: list[str], out: str | Path, overwrite: b
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CadenceError(f"{out}: the comparison directory is not empty; use --overwrite or another --out")
+    config = copy.deepcopy(config)
+    with user_terms(config):
+        resolve_update(config, strategies)  # (one algorithm for every contender, said once)
     if overwrite:
         shutil.rmtree(out / "repeats", ignore_errors=True)  # (an earlier comparison's further rounds)
     results: dict[str, Any] = {name: {"runs": []} for name in strategies}
@@ -258,6 +264,7 @@ def prepare_config(config: Config) -> Config:
         config.model.name = DEFAULT_MODELS[config.task]
     if config.optimizer.entity is None:
         config.optimizer.entity = DEFAULT_ENTITY_OPTIMIZERS[config.task]
+    resolve_update(config, [config.strategy])
     _check_init_from(config)
     strategy = STRATEGIES.get(config.strategy)
     runtime = strategy.runtime(config)
@@ -272,6 +279,51 @@ def prepare_config(config: Config) -> Config:
     strategy.check(config)  # (first: a strategy's own word on the device is the clearer one)
     resolve_device(config.device)
     return config
+
+
+AUTO_UPDATE = "auto"
+
+
+def resolve_update(config: Config, strategies: Iterable[str], say: bool = True) -> None:
+    """``w2v.update`` / ``mf.update``: ``auto`` becomes the task's in-place loop (word2vec's own,
+    Surprise's: ``Task.update_choice``) where it applies under every strategy of ``strategies`` (a
+    run's one; the contenders of ``compare`` and ``strategy: auto``, which then all train one
+    algorithm), else ``batch``, said in one line with the reason. Once, here at the edge: config.yaml
+    records the choice, so a resume trains as the run began. ``say``: log the line (once per run)."""
+    choice = TASKS.get(config.task).update_choice
+    if choice is None:
+        return
+    key, in_place = choice
+    section = getattr(config, key.split(".")[0])
+    if section.update != AUTO_UPDATE:
+        return
+    reason = _in_place_refusal(config, strategies, key, in_place)
+    section.update = in_place if reason is None else "batch"
+    if reason is not None and say:
+        log.info("%s: auto -> batch updates: %s", key, reason)
+
+
+def _in_place_refusal(config: Config, strategies: Iterable[str], key: str, in_place: str) -> str | None:
+    """Why the task's in-place loop cannot run this config (None: it can), in the words of the checks
+    that would refuse it if it were asked for."""
+    if config.record_order or config.batch_order:
+        return ("a run that records or replays a computation order trains batch updates, the sequential twin "
+                "of an asynchronous run")
+    trial = copy.deepcopy(config)
+    getattr(trial, key.split(".")[0]).update = in_place
+    try:
+        TASKS.get(config.task).in_place_setting(trial)  # the optimizer, the compiled kernels, the device
+        _check_init_from(trial)  # (frozen rows)
+    except ConfigError as err:
+        return str(err).removeprefix(f"{key}: ")
+    names = [name for given in strategies for name in (auto.candidates(config) if given == auto.AUTO else [given])]
+    refused = [name for name in names if not STRATEGIES.get(name).in_place(trial)]
+    if refused:
+        able = [name for name in STRATEGIES.names() if STRATEGIES.get(name).in_place(trial)]
+        return (f"strategy {', '.join(refused)} does not run the task's in-place loop ({key}: {in_place}), which "
+                f"needs one process computing one batch at a time ({', '.join(able) or 'no strategy'} with "
+                f"ps.workers={config.ps.workers}, ps.engine={config.ps.engine})")
+    return None
 
 
 def _check_init_from(config: Config) -> None:
@@ -417,6 +469,7 @@ def for_contender(config: Config, name: str, contenders: Iterable[str]) -> Confi
     (``compare``, ``strategy: auto``): a strategy key another contender reads, this one not, is that
     contender's setting, back to its default here (a key no contender reads stays: an error)."""
     config = copy.deepcopy(config)
+    resolve_update(config, contenders, say=False)  # (before the strategy is set: one algorithm for every contender)
     config.strategy = name
     mine = STRATEGIES.get(name).reads_for(config)
     others = [key for other in contenders if other != name and other in STRATEGIES.names()

@@ -302,8 +302,9 @@ class MfConfig:
     # batch: each batch's mean gradient and the entity optimizer (every strategy); rating: Surprise's
     # SVD step, each rating's SGD step of size optimizer.lr applied to the rows in place as it is
     # computed, the batch split among the threads (Hogwild); strategies sync and async on one process,
-    # the CPU, optimizer.entity sgd (docs/tasks/mf.md)
-    update: Literal["batch", "rating"] = "batch"
+    # the CPU, optimizer.entity sgd (docs/tasks/mf.md); auto: rating where it applies, else batch (the
+    # run says why in one line; config.yaml records the choice)
+    update: Literal["auto", "batch", "rating"] = "auto"
     synthetic: SyntheticRatingsConfig = field(default_factory=SyntheticRatingsConfig)
 
 
@@ -321,8 +322,9 @@ class W2vConfig:
     # batch: each batch's summed gradient applied once (every strategy); pair: word2vec's own update,
     # each (centre, context) pair's SGD step applied to the rows in place as it is computed, the
     # batch's centres split among the threads (Hogwild, as word2vec.c and gensim); strategies sync
-    # and async on one process, the CPU, optimizer.entity sgd (docs/tasks/w2v.md)
-    update: Literal["batch", "pair"] = "batch"
+    # and async on one process, the CPU, optimizer.entity sgd (docs/tasks/w2v.md); auto: pair where it
+    # applies, else batch (the run says why in one line; config.yaml records the choice)
+    update: Literal["auto", "batch", "pair"] = "auto"
 
 
 @dataclass

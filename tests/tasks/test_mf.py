@@ -37,7 +37,7 @@ def test_sync_mf_equals_the_naive_per_rating_reference(tmp_path: Path) -> None:
     path = write_ratings(tmp_path / "r.tsv", 12, 9, 70, 1)
     config = make_config(tmp_path / "run", "task=mf", f"data.dataset={path}", "optimizer.entity=sgd",
                          "optimizer.lr=0.05", "mf.reg=0.1", "model.init_std=0.3", "train.batch_size=16",
-                         "eval.every=0")
+                         "eval.every=0", "mf.update=batch")  # (with sgd, auto is Surprise's loop)
     result = api.train(config)
     _, task, view, dense = api.load_model(result.run_dir)
     spec = task.table()

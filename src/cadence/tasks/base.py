@@ -101,6 +101,10 @@ class Task(ABC):
     own_keys: ClassVar[tuple[str, ...]] = ()
     # "mean": ``loss`` is a mean over the batch's examples; "sum": a sum (per-example SGD step sizes)
     loss_reduction: ClassVar[str] = "mean"
+    # (the config key that chooses how this task's updates are applied, the value of its in-place
+    # loop): its value ``auto`` is resolved once, at the edge, to that loop where it applies, else
+    # ``batch`` (``api.prepare_config``); None: the runtime applies every update
+    update_choice: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self, config: Config):
         self.config = config

@@ -129,6 +129,8 @@ class MfTask(Task):
         train = self.splits["train"].values
         self.mean, self.low, self.high = float(train.double().mean()), float(train.min()), float(train.max())
 
+    update_choice = ("mf.update", "rating")
+
     @classmethod
     def in_place_setting(cls, config: Config) -> str | None:
         if config.mf.update != "rating":

@@ -156,6 +156,8 @@ class Word2VecTask(Task):
         lengths = starts[1:] - starts[:-1]
         self.sentence_of = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)
 
+    update_choice = ("w2v.update", "pair")
+
     @classmethod
     def in_place_setting(cls, config: Config) -> str | None:
         if config.w2v.update != "pair":
