@@ -118,11 +118,20 @@ def kge_epochs(report: dict[str, Any], name: str) -> list[str]:
 def w2v(report: dict[str, Any], name: str) -> list[str]:
     s = report["summary"]
     peer = s["gensim"]
-    # (since w2v.update: pair, "cadence" is configs/w2v-pair.yaml and "cadence-batch" configs/w2v.yaml;
-    # an older file's "cadence" was the batch updates)
-    labels = ({"cadence": ("skip-gram words/s, word2vec's update (`w2v.update: pair`)", "cadence_over_gensim"),
-               "cadence-batch": ("the same with batch updates (`configs/w2v.yaml`)", "cadence_batch_over_gensim")}
-              if "cadence-batch" in s else {"cadence": ("skip-gram words/s", "cadence_over_gensim")})
+    # (since w2v.update: auto, "cadence" is configs/w2v.yaml, the default: word2vec's loop, and
+    # "cadence-pair" configs/w2v-pair.yaml; from w2v.update: pair to then, "cadence" was
+    # configs/w2v-pair.yaml and "cadence-batch" configs/w2v.yaml; before, "cadence" was the batch updates)
+    if "cadence-pair" in s:
+        labels = {"cadence": ("skip-gram words/s, the default (`configs/w2v.yaml`: word2vec's loop)", "cadence_over_gensim"),
+                  "cadence-pair": ("word2vec's loop in batches of 8,192 (`configs/w2v-pair.yaml`)",
+                                   "cadence_pair_over_gensim")}
+        if "cadence-batch" in s:
+            labels["cadence-batch"] = ("batch updates (`configs/w2v-batch.yaml`)", "cadence_batch_over_gensim")
+    elif "cadence-batch" in s:
+        labels = {"cadence": ("skip-gram words/s, word2vec's update (`w2v.update: pair`)", "cadence_over_gensim"),
+                  "cadence-batch": ("the same with batch updates (`configs/w2v.yaml`)", "cadence_batch_over_gensim")}
+    else:
+        labels = {"cadence": ("skip-gram words/s", "cadence_over_gensim")}
     rows = []
     for contender, (label, ratio) in labels.items():
         mine = s[contender]

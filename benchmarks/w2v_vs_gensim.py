@@ -9,10 +9,12 @@ Every contender trains on the same file, the registered corpus's ``corpus.txt`` 
 with one setting (gensim's reference run): d100, window 5, 5 negatives, 3 epochs, min_count 5,
 sample 1e-3, alpha 0.025 -> 1e-4, 2 threads. For each seed, each contender runs in a fresh process:
 
-- ``cadence``: ``configs/w2v-pair.yaml`` (word2vec's own update, ``w2v.update: pair``: gensim's
-  algorithm) with ``--seed s --set threads=2`` through the CLI of ``.venv`` (checkpoints off, which
+- ``cadence``: ``configs/w2v.yaml``, what a user gets: its ``w2v.update`` is the default, ``auto``,
+  which under ``sync`` is word2vec's own loop (``pair``: gensim's algorithm), in batches of 1,024
+  centres; with ``--seed s --set threads=2`` through the CLI of ``.venv`` (checkpoints off, which
   changes neither the model nor the timing);
-- ``cadence-batch``: ``configs/w2v.yaml``, the same setting with batch updates (every strategy);
+- ``cadence-pair``: ``configs/w2v-pair.yaml``, the same loop in batches of 8,192 centres;
+- ``cadence-batch``: ``configs/w2v-batch.yaml``, the same setting with batch updates (every strategy);
 - ``gensim``: ``benchmarks/peers/gensim_contender.py`` in ``.venv-bench-gensim``, ``--seed s --workers 2``
   (gensim with 2 workers is not deterministic even with a seed).
 
@@ -58,7 +60,8 @@ from cadence.config import load_config
 from cadence.data.corpus import CORPORA, CORPUS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = {"cadence": REPO / "configs" / "w2v-pair.yaml", "cadence-batch": REPO / "configs" / "w2v.yaml"}
+CONFIGS = {"cadence": REPO / "configs" / "w2v.yaml", "cadence-pair": REPO / "configs" / "w2v-pair.yaml",
+           "cadence-batch": REPO / "configs" / "w2v-batch.yaml"}
 CADENCE_CLI = REPO / ".venv" / "bin" / "cadence"
 GENSIM_PYTHON = REPO / ".venv-bench-gensim" / "bin" / "python"
 GENSIM_CONTENDER = REPO / "benchmarks" / "peers" / "gensim_contender.py"
@@ -220,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = peer_parser(__doc__, "enwiki-excerpt, 1 seed, 1 epoch", 2, "seconds to wait, before each run, for the "
                          "load average to drop (default 120)", max_wait=120.0)
     parser.add_argument("--conditions", default="quiet,busy", help="comma-separated: quiet, busy")
+    parser.add_argument("--contenders", default=None,
+                        help=f"comma-separated cadence contenders beside gensim (default all: {', '.join(CONFIGS)})")
     args = parser.parse_args(argv)
     conditions = args.conditions.split(",")
     if not conditions or set(conditions) - {"quiet", "busy"}:
@@ -230,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     if not GENSIM_PYTHON.exists():
         raise SystemExit(f"{GENSIM_PYTHON} is missing: see benchmarks/peers/gensim_contender.py")
     check_setting()
+    chosen = [name.strip() for name in args.contenders.split(",")] if args.contenders else list(CONFIGS)
+    if set(chosen) - set(CONFIGS) or "cadence" not in chosen:
+        raise SystemExit(f"w2v_vs_gensim.py: --contenders takes cadence and any of {', '.join(CONFIGS)}")
     corpus = CORPORA.get(dataset).fetch() / CORPUS_FILE
     gate = LoadGate(args.max_wait)
     started_all = time.perf_counter()
@@ -243,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {
             "shared": {**GENSIM_SETTING, "epochs": epochs, "threads": THREADS},
             **{name: " ".join(shlex.quote(a) for a in cadence_command(config, "SEED", Path("RUN_DIR"), dataset, epochs))
-               .replace(str(REPO) + "/", "") for name, config in CONFIGS.items()},
+               .replace(str(REPO) + "/", "") for name, config in CONFIGS.items() if name in chosen},
             "gensim": " ".join(shlex.quote(a) for a in gensim_command("SEED", corpus, epochs))
                          .replace(str(REPO) + "/", "").replace(str(Path.home()), "~"),
             "speed": "effective words/s: in-vocabulary tokens kept by subsampling, over all epochs, per second of "
@@ -260,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(scratch)
         contenders = {name: (lambda seed, name=name, config=config:
                              run_cadence(config, seed, work / f"{name}-{seed}", dataset, epochs))
-                      for name, config in CONFIGS.items()}
+                      for name, config in CONFIGS.items() if name in chosen}
         contenders["gensim"] = lambda seed: run_gensim(seed, corpus, epochs)
         busy_contenders = {name: contenders[name] for name in ("cadence", "gensim")}
         per_seed, busy = [], []
