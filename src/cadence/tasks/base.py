@@ -45,6 +45,7 @@ from cadence.device import resolve_device
 from cadence.errors import ConfigError, DataError
 from cadence.optim import freeze_parameters
 from cadence.data.fingerprint import fingerprint
+from cadence.data.text import TSV_DIGITS, tsv_name  # noqa: F401  (re-exported: export's TSV files)
 from cadence.core.batch import Batch, BatchPlan
 from cadence.registry import Registry
 from cadence.core.rows import ParameterView, TablePart, TableSpec  # noqa: F401  (the task interface's row types)
@@ -326,15 +327,7 @@ def in_place_key(config: Config, key: str, loop: str, default_optimizer: str) ->
 
 
 # ---- export -----------------------------------------------------------------------------------------------
-TSV_DIGITS = "%.9g"  # 9 significant digits: every float32 reads back to itself
-_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 _TSV_BLOCK = 65536  # rows formatted at a time
-
-
-def tsv_name(name: Any) -> str:
-    """A name as one TSV field: a backslash, tab, newline or carriage return in it written as ``\\\\``,
-    ``\\t``, ``\\n``, ``\\r`` (the escapes of PostgreSQL's text format)."""
-    return str(name).translate(_TSV_ESCAPES)
 
 
 def write_vectors_tsv(path: Path, names: Sequence[Any], vectors: Tensor) -> Path:
