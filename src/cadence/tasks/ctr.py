@@ -19,6 +19,7 @@ periods``, GBA's protocol): the run trains ``train.epochs`` epochs on each perio
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from pathlib import Path
@@ -30,10 +31,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cadence.config import Config
-from cadence.data.ctr import MAX_VALUE_INDEX, CtrDataset, CtrExamples, field_of, load_ctr_dataset
+from cadence.data.ctr import MAX_VALUE_INDEX, CtrDataset, CtrExamples, field_of, load_ctr_dataset, rows_reader
 from cadence.errors import ConfigError
 from cadence.evaluation.classification import auc, logloss, normalized_entropy
 from cadence.models.ctr import CTR_MODELS, batch_logits, examples_batch, examples_logits
+from cadence.prediction.clicks import CtrPredictor
 from cadence import compiled
 from cadence.core.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
@@ -191,6 +193,13 @@ class CtrTask(Task):
             return super().final_metrics(evaluate, history)
         aucs = [r["auc"] for r in history if r["split"] == "next_period"]
         return {}, {"auc": sum(aucs) / len(aucs) if aucs else None, "next_period_auc": aucs}
+
+    # ---- prediction ------------------------------------------------------------------------------
+    predictor_type = CtrPredictor
+
+    def predictor(self, params: ParameterView, dense: nn.Module) -> CtrPredictor:
+        return CtrPredictor(self.config, self.dataset, params, dense,
+                            functools.partial(rows_reader, self.config.data.dataset))
 
     # ---- outputs --------------------------------------------------------------------------------
     def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:

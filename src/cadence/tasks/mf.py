@@ -36,6 +36,7 @@ from cadence.config import Config
 from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
 from cadence.errors import ConfigError
 from cadence.models.mf import GlobalMean, predicted_ratings
+from cadence.prediction.ratings import MfPredictor
 from cadence.core.batch import Batch, BatchPlan, plan_epoch, unique_keys
 from cadence.seeding import derive_seed
 from cadence.tasks.base import (TASKS, ParameterView, Progress, TablePart, TableSpec, Task, Vocabulary, in_place_key,
@@ -277,6 +278,13 @@ class MfTask(Task):
             absolute += float(error.double().abs().sum())
         count = max(1, len(ratings))
         return {"rmse": (squared / count) ** 0.5, "mae": absolute / count}
+
+    # ---- prediction ------------------------------------------------------------------------------
+    predictor_type = MfPredictor
+
+    def predictor(self, params: ParameterView, dense: nn.Module) -> MfPredictor:
+        data = self.dataset
+        return MfPredictor(self.config, data.user_ids, data.item_ids, params, dense, self.splits["train"])
 
     # ---- outputs --------------------------------------------------------------------------------
     def write_metadata(self, run_dir: Path) -> None:
