@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("shared types", ("cadence.core",)),
     ("where rows live", ("cadence.store",)),
     ("what is learned", ("cadence.data", "cadence.models")),
-    ("how it is judged", ("cadence.evaluation",)),
+    ("how it is judged and asked", ("cadence.evaluation", "cadence.prediction")),
     ("tasks", ("cadence.tasks",)),
     ("where code runs", ("cadence.engines", "cadence.pipeline")),
     ("how batches flow", ("cadence.strategies",)),

@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Config", "TrainResult", "compare", "evaluate", "export", "load_config", "resume", "train"]
+__all__ = ["Config", "TrainResult", "compare", "evaluate", "export", "load", "load_config", "resume", "train"]
 
 _LOCATIONS = {
     "Config": "cadence.config", "load_config": "cadence.config",
     "TrainResult": "cadence.api", "train": "cadence.api", "resume": "cadence.api",
-    "evaluate": "cadence.api", "export": "cadence.api", "compare": "cadence.api",
+    "evaluate": "cadence.api", "export": "cadence.api", "compare": "cadence.api", "load": "cadence.api",
 }
 
 

@@ -29,9 +29,11 @@ from cadence.config import AutoConfig, Config, flatten, load_config, user_terms
 from cadence.data import fingerprint
 from cadence.device import resolve_device, use_deterministic_kernels
 from cadence.engines.threads import usable_cores
-from cadence.errors import CadenceError, CheckpointError, ConfigError, ProcessLost, lost_process, os_errors
+from cadence.errors import (CadenceError, CheckpointError, ConfigError, ProcessLost, QueryError, lost_process,
+                            os_errors)
 from cadence.models.image import IMAGE_MODELS
 from cadence.optim import DENSE_READS, ENTITY_OPTIMIZERS, schedule_reads
+from cadence.prediction import Prediction, Predictor
 from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
 from cadence.strategies import STRATEGIES, runtime_kinds
 from cadence.tasks import TASKS, Task
@@ -604,6 +606,34 @@ def load_model(run_dir: str | Path) -> tuple[Config, Task, RowsView, torch.nn.Mo
     dense = task.dense_module()
     dense.load_state_dict({k[len("dense."):]: v for k, v in tensors.items() if k.startswith("dense.")})
     return config, task, view, dense
+
+
+def load(run_dir: str | Path) -> Predictor:
+    """A finished run's final model, to be asked: the predictor of its task (``cadence.prediction``;
+    ``Task.predictor``), e.g. ``cadence.load(run).tails("virus", "causes", top=5)``."""
+    _, task, view, dense = load_model(run_dir)
+    return task.predictor(view, dense)
+
+
+def predictor_type(run_dir: str | Path) -> type[Predictor]:
+    """The kind of predictor ``load`` gives for ``run_dir`` (its ``queries``), from the run's config
+    alone: a question its task does not answer is refused before the model and data are read."""
+    kind = TASKS.get(RunDirectory(run_dir).load_config().task).predictor_type
+    if kind is None:
+        raise QueryError(f"{run_dir}: its task answers no queries")
+    return kind
+
+
+def predict(run_dir: str | Path, verb: str, arguments: list[str], out: str | Path | None = None,
+            **options: Any) -> Prediction:
+    """``cadence predict``: the answer of the run's final model to question ``verb`` (a ``Query`` of
+    its task) with ``arguments`` as typed and keyword ``options``; with ``out``, also written there as
+    TSV, whole or not at all."""
+    query = predictor_type(run_dir).query(verb)
+    answer = query.ask(load(run_dir), arguments, **options)
+    if out is not None:
+        write_atomic(Path(out), answer.tsv())
+    return answer
 
 
 def evaluate(run_dir: str | Path, split: str = "test") -> dict[str, float]:

@@ -5,6 +5,7 @@
     cadence compare --strategies sync,async,oac [train options] --out DIR
     cadence eval RUN_DIR [--split test]
     cadence export RUN_DIR --format npy|tsv|word2vec --out DIR
+    cadence predict RUN_DIR QUERY ARG... [--top K] [--filter] [--negative WORD] [--out FILE]
 
 A user's mistake (``CadenceError``) prints one line, ``cadence: error: ...``, and exits with 2.
 """
@@ -89,6 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="npy (every task); tsv: a name, then its vector, per line (every task); word2vec: the "
                              "text format gensim's KeyedVectors reads (task w2v)")
     export.add_argument("--out", required=True, metavar="DIR")
+
+    predict = commands.add_parser("predict", help="ask a run's final model: top answers by name, scores, classes",
+                                  description=f"Ask a run's final model (docs/predict.md). {PREDICT_QUESTIONS}.")
+    predict.add_argument("run_dir", metavar="RUN_DIR")
+    predict.add_argument("query", metavar="QUERY", help="the question, e.g. tails (a question the run's task does "
+                                                        "not answer lists those it does)")
+    predict.add_argument("arguments", nargs="*", metavar="ARG", help="the question's arguments: names as the run's "
+                                                                      "data spells them, or a file")
+    for flag, (option, settings) in PREDICT_OPTIONS.items():  # (an option not given is not in ``args``)
+        predict.add_argument(flag, dest=option, default=argparse.SUPPRESS, **settings)
+    predict.add_argument("--out", metavar="FILE", help="write the answer to FILE as TSV (a line of column names, "
+                                                       "then a line per row), whole or not at all")
 
     report = commands.add_parser("report", help="one self-contained HTML page of runs and comparisons")
     report.add_argument("paths", nargs="+", metavar="RUN_OR_COMPARISON_DIR")
@@ -311,6 +324,48 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _predict(args: argparse.Namespace) -> int:
+    from cadence import api
+
+    query = api.predictor_type(args.run_dir).query(args.query)
+    options = {option: getattr(args, option) for option, _ in PREDICT_OPTIONS.values() if hasattr(args, option)}
+    unread = [flag for flag, (option, _) in PREDICT_OPTIONS.items()
+              if option in options and option not in query.options]
+    if unread:
+        reads = [flag for flag, (option, _) in PREDICT_OPTIONS.items() if option in query.options]
+        raise CadenceError(f"predict {query.verb}: {', '.join(unread)} is not an option of this question "
+                           f"({'its options: ' + ', '.join(reads) if reads else 'it has none'}; usage: {query.usage})")
+    answer = api.predict(args.run_dir, args.query, args.arguments, args.out, **options)
+    if args.out:
+        print(f"{args.out}: {len(answer):,} row{'s' if len(answer) != 1 else ''}")
+    else:
+        _print_table(answer.columns, [[_cell(value) for value in row] for row in answer])
+    return 0
+
+
+# every task's questions, for ``cadence predict --help`` (without importing the tasks: a test keeps it whole)
+PREDICT_QUESTIONS = ("kge: tails HEAD RELATION, heads RELATION TAIL, score FILE; w2v: similar WORD..., analogy A B C, "
+                     "similarity WORD1 WORD2; mf: items USER, rating USER ITEM; ctr: clicks FILE; image: classify FILE")
+# ``cadence predict``'s options: flag -> (the keyword of the predictor's methods, argparse settings)
+PREDICT_OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "--top": ("top", {"type": int, "metavar": "K", "help": "how many answers to list, best first (default 10)"}),
+    "--filter": ("filtered", {"action": "store_true", "help": "kge tails, heads: leave out known triples (train, "
+                                                             "valid and test, as filtered evaluation does); kept "
+                                                             "and marked in the column 'known' by default"}),
+    "--negative": ("negative", {"action": "append", "metavar": "WORD",
+                                "help": "w2v similar: a word to move away from (gensim's negative); repeatable"}),
+}
+
+
+def _cell(value: Any) -> str:
+    """A value of an answer, as the table shows it."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return _one_line(str(value))
+
+
 def _report(args: argparse.Namespace) -> int:
     from cadence.report.html import write_report
 
@@ -319,7 +374,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"data": _data, "train": _train, "compare": _compare, "eval": _eval, "export": _export,
-            "report": _report}
+            "predict": _predict, "report": _report}
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

@@ -47,6 +47,11 @@ class FetchError(CadenceError):
     """A dataset could not be downloaded or failed its checksum."""
 
 
+class QueryError(CadenceError):
+    """A question to a trained model names something it does not know (an entity, a word, a user) or
+    asks what its task does not answer (``cadence predict``, ``cadence.load``)."""
+
+
 class SystemResourceError(CadenceError):
     """The operating system refused: a file cannot be read or written (permissions, a full disk, a
     read-only file system). Exit status 1, apart from a mistake in what the user typed (2)."""

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cadence.data.ctr_examples import MAX_VALUE_INDEX, VALUE_BITS, CtrDataset, CtrExamples
+from cadence.data.ctr_examples import MAX_VALUE_INDEX, VALUE_BITS, CtrDataset, CtrExamples, CtrRows
 from cadence.data.text import numbered_lines
 from cadence.errors import DataError
 
@@ -70,13 +70,16 @@ def is_header(line: str) -> bool:
     return label[:1].isalpha()
 
 
-def parse_line(line: str, path: Path, number: int) -> tuple[float, list[float], list[int]]:
-    """(label, 13 dense values, 26 categorical value indices) of one line."""
+def parse_line(line: str, path: Path, number: int, labelled: bool = True) -> tuple[float, list[float], list[int]]:
+    """(label, 13 dense values, 26 categorical value indices) of one line; ``labelled=False``: a line
+    without the label column (I1-I13, C1-C26: rows to predict), its label NaN."""
     columns = line.split("\t")
-    if len(columns) != NUM_COLUMNS:
-        raise DataError(f"expected {NUM_COLUMNS} tab-separated columns (label, I1-I13, C1-C26), "
-                        f"found {len(columns)}", path, number)
-    if columns[0] not in ("0", "1"):
+    if len(columns) != NUM_COLUMNS - (not labelled):
+        raise DataError(f"expected {NUM_COLUMNS - (not labelled)} tab-separated columns "
+                        f"({'label, ' if labelled else ''}I1-I13, C1-C26), found {len(columns)}", path, number)
+    if not labelled:
+        columns = ["nan", *columns]
+    elif columns[0] not in ("0", "1"):
         raise DataError(f"label {columns[0]!r} is not 0 or 1", path, number)
     dense = []
     for name, text in zip(DENSE_NAMES, columns[1:1 + NUM_DENSE], strict=True):
@@ -92,7 +95,23 @@ def parse_line(line: str, path: Path, number: int) -> tuple[float, list[float], 
 def read_criteo(path: str | Path, max_rows: int | None = None) -> CtrDataset:
     """The first ``max_rows`` examples (all when None) of a Criteo-format file."""
     path = Path(path)
-    labels, dense, values = array("f"), array("f"), array("q")  # flat and compact: 4-8 bytes a value
+    examples, _, _ = _read_examples(path, max_rows, label_optional=False)
+    return CtrDataset(path.stem, list(FIELD_NAMES), [], list(DENSE_NAMES), examples)
+
+
+def read_criteo_rows(path: str | Path) -> CtrRows:
+    """Rows to predict, from a Criteo-format file, read and hashed as ``read_criteo`` reads a training
+    file. Its lines have the label column (40 columns) or all lack it (39: I1-I13, C1-C26); the first
+    example decides, and a line of the other layout is an error naming it."""
+    return CtrRows(*_read_examples(Path(path), None, label_optional=True))
+
+
+def _read_examples(path: Path, max_rows: int | None, label_optional: bool) -> tuple[CtrExamples, list[int], bool]:
+    """(the examples, each one's line number, whether they have labels); blank lines skipped, and a
+    first line of column names. ``label_optional``: the first example says whether lines have the
+    label column (else they must)."""
+    labels, dense, values, lines = array("f"), array("f"), array("q"), []  # flat and compact: 4-8 bytes a value
+    labelled = None if label_optional else True
     for number, line in numbered_lines(path):
         if max_rows is not None and len(labels) >= max_rows:
             break
@@ -101,10 +120,13 @@ def read_criteo(path: str | Path, max_rows: int | None = None) -> CtrDataset:
         if number == 1 and is_header(line):
             log.warning("%s:1: skipped a header line (%s...): the Criteo format has none", path, line[:40])
             continue
-        label, row_dense, row_values = parse_line(line, path, number)
+        if labelled is None:
+            labelled = line.count("\t") + 1 == NUM_COLUMNS
+        label, row_dense, row_values = parse_line(line, path, number, labelled)
         labels.append(label)
         dense.extend(row_dense)
         values.extend(row_values)
+        lines.append(number)
     if not labels:
         raise DataError("file holds no examples", path)
     n = len(labels)
@@ -116,4 +138,4 @@ def read_criteo(path: str | Path, max_rows: int | None = None) -> CtrDataset:
         labels=torch.from_numpy(np.frombuffer(labels, dtype=np.float32)),
         timestamps=torch.zeros(n, dtype=torch.int64),
     )
-    return CtrDataset(path.stem, list(FIELD_NAMES), [], list(DENSE_NAMES), examples)
+    return examples, lines, bool(labelled)

@@ -4,12 +4,13 @@ The types, feature keys and splits are ``ctr_examples``'s; they are re-exported 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from cadence.data import criteo, movielens, synthetic_ctr  # noqa: F401  (the readers register themselves)
 from cadence.data.ctr_examples import (CTR_DATASETS, MAX_FIELD_INDEX, MAX_VALUE_INDEX, PAD, VALUE_BITS,  # noqa: F401
-                                       CtrDataset, CtrDatasetEntry, CtrExamples, feature_key, feature_keys, field_of)
-from cadence.errors import DataError
+                                       CtrDataset, CtrDatasetEntry, CtrExamples, CtrRows, feature_key, feature_keys,
+                                       field_of)
+from cadence.errors import DataError, QueryError
 
 
 def load_ctr_dataset(name_or_path: str, seed: int, synthetic_config: Any = None) -> CtrDataset:
@@ -32,3 +33,17 @@ def load_ctr_dataset(name_or_path: str, seed: int, synthetic_config: Any = None)
         raise DataError("file not found (a CTR dataset path must be a Criteo-format TSV file)", path)
     CTR_DATASETS.get(name_or_path)  # raises with the list of names and a close match
     raise AssertionError("unreachable")
+
+
+def rows_reader(name_or_path: str) -> Callable[[Path], CtrRows]:
+    """How rows to predict are read for a run on ``name_or_path``: a file in the format of the data
+    set's own files, read and hashed by the reader that read them for training (a Criteo-format file:
+    ``criteo.read_criteo_rows``; a registered data set: its entry's ``read_rows``). A generated data
+    set has no file format: a ``QueryError``."""
+    if name_or_path not in CTR_DATASETS:
+        return criteo.read_criteo_rows
+    entry = CTR_DATASETS.get(name_or_path)
+    if entry.read_rows is None:
+        raise QueryError(f"the {name_or_path} data set {'is generated: it has' if entry.generate else 'has'} no file "
+                         "format to read rows to predict from (a run on a Criteo-format file reads that format)")
+    return entry.read_rows

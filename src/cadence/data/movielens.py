@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from cadence.data import fetch as fetching
-from cadence.data.ctr_examples import CTR_DATASETS, PAD, CtrDataset, CtrDatasetEntry, CtrExamples, feature_keys
+from cadence.data.ctr_examples import (CTR_DATASETS, PAD, CtrDataset, CtrDatasetEntry, CtrExamples, CtrRows,
+                                       feature_keys)
 from cadence.data.text import numbered_lines
 from cadence.errors import DataError
 
@@ -94,27 +95,82 @@ def first_appearance_codes(values: np.ndarray) -> np.ndarray:
 
 def read_movielens_directory(directory: str | Path, name: str | None = None) -> CtrDataset:
     """Read ``X.inter``, ``X.user`` and ``X.item`` from ``directory`` (X: the one ``*.inter`` there)."""
-    directory = Path(directory)
-    inter_files = sorted(directory.glob("*.inter"))
-    if len(inter_files) != 1:
-        raise DataError(f"expected one *.inter file, found {len(inter_files)}", directory)
-    stem = inter_files[0].stem
-    paths = {kind: directory / f"{stem}.{kind}" for kind in COLUMNS}
-    tables = {kind: read_atomic_file(paths[kind], columns) for kind, columns in COLUMNS.items()}
-    users = _index_rows(paths["user"], tables["user"], "user")
-    items = _index_rows(paths["item"], tables["item"], "item")
-    user_index, item_index, ratings, timestamps = [], [], [], []
-    path = paths["inter"]
-    for number, (user, item, rating, timestamp) in tables["inter"]:
-        for ident, known, what in ((user, users, "user"), (item, items, "item")):
+    read = _Directory(Path(directory))
+    examples = _examples(read.tables, np.array(read.user_index), np.array(read.item_index), read.ratings,
+                         read.timestamps)
+    return CtrDataset(name or read.stem, list(FIELD_NAMES), list(BAG_NAMES), [], examples)
+
+
+class _Directory:
+    """A MovieLens directory's three tables, and each interaction's user and item rows, rating and time."""
+
+    def __init__(self, directory: Path):
+        inter_files = sorted(directory.glob("*.inter"))
+        if len(inter_files) != 1:
+            raise DataError(f"expected one *.inter file, found {len(inter_files)}", directory)
+        self.stem = inter_files[0].stem
+        self.paths = {kind: directory / f"{self.stem}.{kind}" for kind in COLUMNS}
+        self.tables = {kind: read_atomic_file(self.paths[kind], columns) for kind, columns in COLUMNS.items()}
+        self.users = _index_rows(self.paths["user"], self.tables["user"], "user")
+        self.items = _index_rows(self.paths["item"], self.tables["item"], "item")
+        self.user_index: list[int] = []
+        self.item_index: list[int] = []
+        self.ratings: list[float] = []
+        self.timestamps: list[int] = []
+        path = self.paths["inter"]
+        for number, (user, item, rating, timestamp) in self.tables["inter"]:
+            self.add(path, number, user, item, _number(rating, "rating", path, number),
+                     int(_number(timestamp, "timestamp", path, number)))
+
+    def add(self, path: Path, number: int, user: str, item: str, rating: float, timestamp: int) -> None:
+        """An interaction of line ``number`` of ``path``; a user or item the tables lack is an error."""
+        for ident, known, what in ((user, self.users, "user"), (item, self.items, "item")):
             if ident not in known:
-                raise DataError(f"{what} {ident!r} is not in {paths[what].name}", path, number)
-        user_index.append(users[user])
-        item_index.append(items[item])
-        ratings.append(_number(rating, "rating", path, number))
-        timestamps.append(int(_number(timestamp, "timestamp", path, number)))
-    examples = _examples(tables, np.array(user_index), np.array(item_index), ratings, timestamps)
-    return CtrDataset(name or stem, list(FIELD_NAMES), list(BAG_NAMES), [], examples)
+                raise DataError(f"{what} {ident!r} is not in {self.paths[what].name}", path, number)
+        self.user_index.append(self.users[user])
+        self.item_index.append(self.items[item])
+        self.ratings.append(rating)
+        self.timestamps.append(timestamp)
+
+
+# the layouts of an interaction file of rows to predict: the .inter file's columns, rating and time optional
+ROW_LAYOUTS = (COLUMNS["inter"][:2], COLUMNS["inter"][:3], COLUMNS["inter"])
+
+
+def read_movielens_rows(directory: str | Path, path: str | Path) -> CtrRows:
+    """Rows to predict for a run on the MovieLens data set in ``directory``: an interaction file in its
+    ``.inter`` format, whose header names ``user_id``, ``item_id`` and optionally ``rating`` and
+    ``timestamp``, in that order. Each row's user and item are looked up in the data set's ``.user``
+    and ``.item`` files and its features coded as training coded them: codes in order of first
+    appearance in the data set's interactions, then in these rows (a value the data set never showed
+    gets a code of its own, whose key's row is the initial one). Labels (rating >= 4) where the file
+    has ratings."""
+    read, path = _Directory(Path(directory)), Path(path)
+    trained = len(read.ratings)
+    lines, labelled = [], False
+    for number, line in numbered_lines(path):
+        values = line.split("\t")
+        if number == 1:
+            names = [value.split(":")[0] for value in values]
+            if names not in ROW_LAYOUTS:
+                raise DataError(f"header names columns {names}, expected {' or '.join(map(str, ROW_LAYOUTS))}",
+                                path, number)
+            labelled = len(names) > 2
+            continue
+        if not line.strip():
+            continue
+        if len(values) != len(names):
+            raise DataError(f"expected {len(names)} tab-separated columns, found {len(values)}", path, number)
+        rating = _number(values[2], "rating", path, number) if labelled else math.nan
+        read.add(path, number, values[0], values[1], rating, 0)
+        lines.append(number)
+    if not lines:
+        raise DataError("file holds no rows", path)
+    examples = _examples(read.tables, np.array(read.user_index), np.array(read.item_index), read.ratings,
+                         read.timestamps).subset(torch.arange(trained, trained + len(lines)))
+    if not labelled:
+        examples.labels = torch.full_like(examples.labels, math.nan)
+    return CtrRows(examples, lines, labelled)
 
 
 def _examples(tables: dict[str, list[Row]], user_index: np.ndarray, item_index: np.ndarray,
@@ -151,7 +207,11 @@ def load_movielens_100k() -> CtrDataset:
     return read_movielens_directory(fetching.fetch("ml-100k", SOURCE), name="ml-100k")
 
 
+def read_movielens_100k_rows(path: Path) -> CtrRows:
+    return read_movielens_rows(fetching.fetch("ml-100k", SOURCE), path)
+
+
 CTR_DATASETS.register("ml-100k")(CtrDatasetEntry(
     "ml-100k", "MovieLens-100k ratings as clicks (rating >= 4): 943 users, 1,682 items, 100k examples",
-    lambda seed: load_movielens_100k(), SOURCE,
+    lambda seed: load_movielens_100k(), SOURCE, read_rows=read_movielens_100k_rows,
 ))

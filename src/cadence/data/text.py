@@ -1,13 +1,16 @@
-"""Reading users' text files strictly: every reader reports a problem as ``path:line: what``."""
+"""Reading users' text files strictly (every reader reports a problem as ``path:line: what``), and
+writing names and numbers as TSV fields that read back whole."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from cadence.errors import DataError
 
 UTF8_BOM = b"\xef\xbb\xbf"
+TSV_DIGITS = "%.9g"  # 9 significant digits: every float32 reads back to itself
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
 def numbered_lines(path: str | Path, missing: str = "file not found") -> Iterator[tuple[int, str]]:
@@ -32,3 +35,9 @@ def numbered_lines(path: str | Path, missing: str = "file not found") -> Iterato
                 yield number, raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as err:
                 raise DataError(f"not UTF-8 text (byte {err.start} of the line)", path, number) from None
+
+
+def tsv_name(name: Any) -> str:
+    """A name as one TSV field: a backslash, tab, newline or carriage return in it written as ``\\\\``,
+    ``\\t``, ``\\n``, ``\\r`` (the escapes of PostgreSQL's text format)."""
+    return str(name).translate(_TSV_ESCAPES)

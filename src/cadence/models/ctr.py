@@ -32,10 +32,13 @@ Dense parameters use the standard ``nn.Linear`` initialisation (biases of the li
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Callable, Iterable
 
 import torch
 from torch import Tensor, nn
 
+from cadence.core.batch import Batch, BatchPlan, distinct_keys
+from cadence.data.ctr_examples import CtrExamples
 from cadence.errors import ConfigError
 from cadence.models.layers import Dropout
 from cadence.registry import Registry
@@ -232,3 +235,42 @@ class DLRM(CtrModel):
         """[B, n, dim] -> [B, n(n-1)/2]: <t_i, t_j> for i < j, in row-major order."""
         gram = features @ features.transpose(1, 2)  # [B, n, n]
         return gram[:, self.upper[0], self.upper[1]]
+
+
+# ---- a batch of examples, as the models read it (training, evaluation and prediction alike) ----------------
+def examples_batch(plan: BatchPlan, examples: CtrExamples) -> Batch:
+    """A batch of CTR examples: its unique feature keys, and each key slot's index into them (single
+    fields first, then the valid bag entries in order)."""
+    present = examples.bags[examples.bags >= 0]
+    keys, inverse = distinct_keys(torch.cat([examples.keys.flatten(), present]))
+    inputs = {"inverse": inverse, "slots": examples.keys, "bags": examples.bags, "dense": examples.dense,
+              "labels": examples.labels}
+    return Batch(plan, keys, inputs)
+
+
+def batch_logits(model: nn.Module, inputs: dict[str, Tensor], rows: Tensor) -> Tensor:
+    """Logits of a batch from its unique rows [U, W] (gathered per field, bags sum-pooled)."""
+    size, fields = inputs["slots"].shape
+    inverse, bags = inputs["inverse"], inputs["bags"]
+    single = rows.index_select(0, inverse[: size * fields]).view(size, fields, -1)  # [B, F, W]
+    if bags.shape[1]:
+        mask = bags >= 0  # [B, Fb, L]
+        bag_rows = rows.new_zeros(*bags.shape, rows.shape[1])
+        bag_rows = bag_rows.index_put((*mask.nonzero().unbind(1),), rows.index_select(0, inverse[size * fields:]))
+        single = torch.cat([single, pool_bags(bag_rows, mask)], dim=1)  # [B, F + Fb, W]
+    return model(single, inputs["dense"])
+
+
+def examples_logits(model: nn.Module, examples: CtrExamples, rows: Callable[[Tensor], Tensor],
+                    device: torch.device, progress: Callable[[Iterable], Iterable] = iter,
+                    batch_size: int = 4096) -> Tensor:
+    """[n] logits of ``examples``, ``batch_size`` at a time, each batch's rows read by key through
+    ``rows`` (onto ``device``): what evaluation scores and what prediction answers, one computation."""
+    logits = []
+    with torch.no_grad():
+        for start in progress(range(0, len(examples), batch_size)):
+            part = examples.subset(torch.arange(start, min(start + batch_size, len(examples))))
+            batch = examples_batch(BatchPlan(-1, start, torch.empty(0, dtype=torch.int64)), part)
+            inputs = {name: value.to(device) for name, value in batch.inputs.items()}
+            logits.append(batch_logits(model, inputs, rows(batch.ids)).cpu())
+    return torch.cat(logits) if logits else torch.empty(0)

@@ -4,8 +4,9 @@ A task owns everything specific to one kind of model: its data (a dataset regist
 embedding rows it learns (one key space, ``TableSpec``), its dense module, the plan of an epoch's
 batches (a pure function of seed and epoch), which rows a batch touches, the loss computed from the
 pulled rows and the dense module, its evaluation (one primary metric drives early stopping,
-``compare`` and the plots) and its export. Strategies, the pipeline and the parameter-server
-runtime know nothing task-specific: they move rows by key and call ``prepare`` and ``loss``.
+``compare`` and the plots), its export and its predictor (a trained run, asked). Strategies, the
+pipeline and the parameter-server runtime know nothing task-specific: they move rows by key and call
+``prepare`` and ``loss``.
 
     task = TASKS.get(config.task)(config)       # reads and validates the data
     for plan in task.plan(epoch):
@@ -42,10 +43,12 @@ from torch import Tensor, nn
 from cadence import compiled
 from cadence.config import Config
 from cadence.device import resolve_device
-from cadence.errors import ConfigError, DataError
+from cadence.errors import ConfigError, DataError, QueryError
 from cadence.optim import freeze_parameters
 from cadence.data.fingerprint import fingerprint
+from cadence.data.text import TSV_DIGITS, tsv_name  # noqa: F401  (re-exported: export's TSV files)
 from cadence.core.batch import Batch, BatchPlan
+from cadence.prediction import Predictor
 from cadence.registry import Registry
 from cadence.core.rows import ParameterView, TablePart, TableSpec  # noqa: F401  (the task interface's row types)
 
@@ -284,6 +287,14 @@ class Task(ABC):
     def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
         """Write the trained parameters in ``format``; return the files written."""
 
+    # what ``predictor`` builds: its ``queries`` are what ``cadence predict`` may ask a run of this task
+    predictor_type: ClassVar[type[Predictor] | None] = None
+
+    def predictor(self, params: ParameterView, dense: nn.Module) -> Predictor:
+        """The trained model, to be asked (``cadence.load``, ``cadence.prediction``): a predictor over
+        the run's rows ``params`` and its ``dense`` module."""
+        raise QueryError(f"the {self.name} task answers no queries")
+
     def summary_fields(self) -> dict[str, Any]:
         return {"task": self.name, "dataset": self.dataset_name, "model": self.model_name}
 
@@ -330,15 +341,7 @@ def in_place_key(config: Config, key: str, loop: str, default_optimizer: str) ->
 
 
 # ---- export -----------------------------------------------------------------------------------------------
-TSV_DIGITS = "%.9g"  # 9 significant digits: every float32 reads back to itself
-_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 _TSV_BLOCK = 65536  # rows formatted at a time
-
-
-def tsv_name(name: Any) -> str:
-    """A name as one TSV field: a backslash, tab, newline or carriage return in it written as ``\\\\``,
-    ``\\t``, ``\\n``, ``\\r`` (the escapes of PostgreSQL's text format)."""
-    return str(name).translate(_TSV_ESCAPES)
 
 
 def write_vectors_tsv(path: Path, names: Sequence[Any], vectors: Tensor) -> Path:

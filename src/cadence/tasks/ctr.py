@@ -19,6 +19,7 @@ periods``, GBA's protocol): the run trains ``train.epochs`` epochs on each perio
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from pathlib import Path
@@ -30,12 +31,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cadence.config import Config
-from cadence.data.ctr import MAX_VALUE_INDEX, CtrDataset, CtrExamples, field_of, load_ctr_dataset
+from cadence.data.ctr import MAX_VALUE_INDEX, CtrDataset, CtrExamples, field_of, load_ctr_dataset, rows_reader
 from cadence.errors import ConfigError
 from cadence.evaluation.classification import auc, logloss, normalized_entropy
-from cadence.models.ctr import CTR_MODELS, pool_bags
+from cadence.models.ctr import CTR_MODELS, batch_logits, examples_batch, examples_logits
+from cadence.prediction.clicks import CtrPredictor
 from cadence import compiled
-from cadence.core.batch import Batch, BatchPlan, distinct_keys, plan_epoch
+from cadence.core.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, Validation, Vocabulary, write_vectors_tsv
 
@@ -145,7 +147,7 @@ class CtrTask(Task):
         return examples_batch(plan, self.training_examples(plan.epoch).subset(plan.examples))
 
     def loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
-        return F.binary_cross_entropy_with_logits(forward(dense, batch.inputs, rows), batch.inputs["labels"])
+        return F.binary_cross_entropy_with_logits(batch_logits(dense, batch.inputs, rows), batch.inputs["labels"])
 
     # ---- evaluation -----------------------------------------------------------------------------
     def validation(self, epoch: int) -> Validation | None:
@@ -172,14 +174,9 @@ class CtrTask(Task):
                  progress: Progress) -> dict[str, float]:
         examples = self._split(split)
         dense.eval()
-        logits = []
-        for start in progress(range(0, len(examples), EVAL_BATCH)):
-            part = examples.subset(torch.arange(start, min(start + EVAL_BATCH, len(examples))))
-            batch = examples_batch(BatchPlan(-1, start, torch.empty(0, dtype=torch.int64)), part)
-            inputs = {name: value.to(device) for name, value in batch.inputs.items()}
-            logits.append(forward(dense, inputs, params.values(batch.ids).to(device)).cpu())
+        scores = examples_logits(dense, examples, lambda keys: params.values(keys).to(device), device, progress,
+                                 EVAL_BATCH)
         dense.train()
-        scores = torch.cat(logits)
         area = auc(scores, examples.labels)
         if math.isnan(area):
             log.warning("auc of the %s split is undefined: its %d labels are all one class (reported as null)",
@@ -196,6 +193,13 @@ class CtrTask(Task):
             return super().final_metrics(evaluate, history)
         aucs = [r["auc"] for r in history if r["split"] == "next_period"]
         return {}, {"auc": sum(aucs) / len(aucs) if aucs else None, "next_period_auc": aucs}
+
+    # ---- prediction ------------------------------------------------------------------------------
+    predictor_type = CtrPredictor
+
+    def predictor(self, params: ParameterView, dense: nn.Module) -> CtrPredictor:
+        return CtrPredictor(self.config, self.dataset, params, dense,
+                            functools.partial(rows_reader, self.config.data.dataset))
 
     # ---- outputs --------------------------------------------------------------------------------
     def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:
@@ -241,26 +245,3 @@ def _mean_label(parts: list[CtrExamples]) -> float:
         labels = part.labels if share >= size else part.subset(torch.linspace(0, size - 1, share).long()).labels
         total, seen = total + float(labels.double().sum()), seen + len(labels)
     return total / seen if seen else math.nan
-
-
-def examples_batch(plan: BatchPlan, examples: CtrExamples) -> Batch:
-    """A batch of CTR examples: its unique feature keys, and each key slot's index into them (single
-    fields first, then the valid bag entries in order)."""
-    present = examples.bags[examples.bags >= 0]
-    keys, inverse = distinct_keys(torch.cat([examples.keys.flatten(), present]))
-    inputs = {"inverse": inverse, "slots": examples.keys, "bags": examples.bags, "dense": examples.dense,
-              "labels": examples.labels}
-    return Batch(plan, keys, inputs)
-
-
-def forward(model: nn.Module, inputs: dict[str, Tensor], rows: Tensor) -> Tensor:
-    """Logits of a batch from its unique rows [U, W] (gathered per field, bags sum-pooled)."""
-    size, fields = inputs["slots"].shape
-    inverse, bags = inputs["inverse"], inputs["bags"]
-    single = rows.index_select(0, inverse[: size * fields]).view(size, fields, -1)  # [B, F, W]
-    if bags.shape[1]:
-        mask = bags >= 0  # [B, Fb, L]
-        bag_rows = rows.new_zeros(*bags.shape, rows.shape[1])
-        bag_rows = bag_rows.index_put((*mask.nonzero().unbind(1),), rows.index_select(0, inverse[size * fields:]))
-        single = torch.cat([single, pool_bags(bag_rows, mask)], dim=1)  # [B, F + Fb, W]
-    return model(single, inputs["dense"])

@@ -25,6 +25,7 @@ from cadence.config import Config
 from cadence.data.images import ImageDataset, load_image_dataset
 from cadence.errors import ConfigError
 from cadence.models.image import IMAGE_MODELS
+from cadence.prediction.images import ImagePredictor
 from cadence.core.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, Vocabulary, write_vectors_tsv
@@ -113,6 +114,12 @@ class ImageTask(Task):
         dense.train()
         count = max(1, images.shape[0])
         return {"accuracy": correct / count, "cross_entropy": entropy / count}
+
+    # ---- prediction ------------------------------------------------------------------------------
+    predictor_type = ImagePredictor
+
+    def predictor(self, params: ParameterView, dense: nn.Module) -> ImagePredictor:
+        return ImagePredictor(self.config, self.dataset.classes, self.dataset.shape, dense)
 
     # ---- outputs --------------------------------------------------------------------------------
     def write_metadata(self, run_dir: Path) -> None:

@@ -25,6 +25,7 @@ from cadence.errors import ConfigError
 from cadence.evaluation.ranking import FilteredRankingMetric, summarize_ranks
 from cadence.models.kge import KgeModel
 from cadence.models.scorers import SCORERS
+from cadence.prediction.kge import KgePredictor
 from cadence.core.batch import Batch, BatchPlan, plan_epoch
 from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, Vocabulary, write_vectors_tsv
@@ -174,6 +175,12 @@ class KgeTask(Task):
             generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "eval-negatives", split))
             cache[split] = torch.randperm(count, generator=generator)[:wanted].sort().values
         return cache[split]
+
+    # ---- prediction ------------------------------------------------------------------------------
+    predictor_type = KgePredictor
+
+    def predictor(self, params: ParameterView, dense: nn.Module) -> KgePredictor:
+        return KgePredictor(self.config, self.graph, dense, params, self.config.train.reciprocal)
 
     # ---- outputs --------------------------------------------------------------------------------
     def write_metadata(self, run_dir: Path) -> None:

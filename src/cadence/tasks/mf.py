@@ -35,21 +35,14 @@ from cadence import compiled
 from cadence.config import Config
 from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
 from cadence.errors import ConfigError
+from cadence.models.mf import GlobalMean, predicted_ratings
+from cadence.prediction.ratings import MfPredictor
 from cadence.core.batch import Batch, BatchPlan, plan_epoch, unique_keys
 from cadence.seeding import derive_seed
 from cadence.tasks.base import (TASKS, ParameterView, Progress, TablePart, TableSpec, Task, Vocabulary, in_place_key,
                                 write_vectors_tsv)
 
 EVAL_BATCH = 65536
-
-
-class GlobalMean(nn.Module):
-    """The dense part of biased MF: the training ratings' mean (and range, for clipping)."""
-
-    def __init__(self, mean: float, low: float, high: float):
-        super().__init__()
-        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32))
-        self.register_buffer("range", torch.tensor([low, high], dtype=torch.float32))
 
 
 class BiasedMfLoss(torch.autograd.Function):
@@ -267,10 +260,6 @@ class MfTask(Task):
                                             self.config.optimizer.lr)
         return total / max(1, size)
 
-    @staticmethod
-    def _predict(user: Tensor, item: Tensor, dense: nn.Module) -> Tensor:
-        return dense.mean + user[:, -1] + item[:, -1] + (user[:, :-1] * item[:, :-1]).sum(1)
-
     # ---- evaluation -----------------------------------------------------------------------------
     @torch.no_grad()
     def split_size(self, split: str) -> int | None:
@@ -286,12 +275,18 @@ class MfTask(Task):
             part = ratings.subset(torch.arange(start, min(start + EVAL_BATCH, len(ratings))))
             user = params.values(part.users).to(device)
             item = params.values(part.items + self.dataset.num_users).to(device)
-            low, high = dense.range.tolist()
-            error = part.values.to(device) - self._predict(user, item, dense).clamp(low, high)
+            error = part.values.to(device) - predicted_ratings(user, item, dense)
             squared += float(error.double().square().sum())
             absolute += float(error.double().abs().sum())
         count = max(1, len(ratings))
         return {"rmse": (squared / count) ** 0.5, "mae": absolute / count}
+
+    # ---- prediction ------------------------------------------------------------------------------
+    predictor_type = MfPredictor
+
+    def predictor(self, params: ParameterView, dense: nn.Module) -> MfPredictor:
+        data = self.dataset
+        return MfPredictor(self.config, data.user_ids, data.item_ids, params, dense, self.splits["train"])
 
     # ---- outputs --------------------------------------------------------------------------------
     def write_metadata(self, run_dir: Path) -> None:

@@ -50,6 +50,7 @@ from cadence.config import Config
 from cadence.data.corpus import Corpus, keep_probabilities, load_corpus, noise_distribution
 from cadence.errors import ConfigError
 from cadence.evaluation.word_vectors import evaluate_word_vectors
+from cadence.prediction.word_vectors import W2vPredictor
 from cadence.core.batch import Batch, BatchPlan, plan_epoch, unique_keys
 from cadence.seeding import derive_seed
 from cadence.tasks.base import (TASKS, ParameterView, Progress, TablePart, TableSpec, Task, Vocabulary, in_place_key,
@@ -277,6 +278,12 @@ class Word2VecTask(Task):
             raise ConfigError(f"split must be valid or test for the w2v task (both evaluate the word-vector "
                               f"benchmarks), got {split!r}")
         return evaluate_word_vectors(self.vectors(params), self.corpus.words)
+
+    # ---- prediction ------------------------------------------------------------------------------
+    predictor_type = W2vPredictor
+
+    def predictor(self, params: ParameterView, dense: nn.Module) -> W2vPredictor:
+        return W2vPredictor(self.config, self.corpus.words, params)
 
     # ---- outputs --------------------------------------------------------------------------------
     def export(self, params: ParameterView, dense: nn.Module, run_dir: Path, out: Path, format: str) -> list[Path]:

@@ -1,0 +1,1 @@
+"""Predictions from trained runs (``cadence.load``, ``cadence predict``) against independent references."""
