@@ -20,12 +20,12 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 
 install: $(STAMP)
 
-# Trains ComplEx on UMLS under sync, async and OAC side by side, 3 runs each interleaved (about 90 s
+# Trains ComplEx on UMLS under sync, async and OAC side by side, 3 runs each interleaved (49 s
 # here); prints the table (medians and ranges; ≈ where a speed-up is within the noise), the sentence
 # it says, and writes plots.
 demo: install
 	$(VENV)/bin/cadence data fetch umls
-	$(VENV)/bin/cadence compare --strategies sync,async,oac --config configs/umls-complex.yaml \
+	$(VENV)/bin/cadence -q compare --strategies sync,async,oac --config configs/umls-complex.yaml \
 		--repeats 3 --out runs/demo-umls --overwrite
 	@echo "Where the pipeline pays (reads that wait on a slow disk, a GPU computing): docs/strategies/pipelined.md, 'When the pipeline runs'. Predictions from a run: docs/predict.md."
 
