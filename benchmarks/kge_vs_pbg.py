@@ -3,17 +3,21 @@
 
     .venv/bin/python benchmarks/kge_vs_pbg.py [--quick] [--reps N] [--entities N] [--edges N]
         [--conditions quiet,busy] [--contenders cadence,pbg[,cadence-fixed]] [--model distmult|complex]
-        [--epochs E] [--communities C] [--out FILE] [--dirty]
+        [--loss logistic|softmax] [--epochs E] [--communities C] [--out FILE] [--dirty]
 
 One synthetic graph (``cadence.data.synthetic.power_law_graph``: Zipf-distributed endpoints, seed 0;
 default 1M entities, 2M edges, 16 relations, the last 2 x 2,000 edges held out), written as TSV for
 PBG (imported once with PBG's own importer, not timed) and generated in memory by cadence from the
 same config and seed (``data.dataset=synthetic``): the same edges. One model (``--model``): DistMult
 (default) or ComplEx (PBG's ``complex_diagonal`` operator), d=100, 100 negatives, batch 1000,
-logistic loss, row-wise Adagrad at lr 0.1, one epoch, both cores:
+logistic loss (``--loss softmax``: softmax on both sides), row-wise Adagrad at lr 0.1, one epoch,
+both cores:
 
 - ``cadence``: ``cadence train`` (``.venv``), ``threads=2`` and the default ``adapt_threads`` (the
-  compute thread's intra-op count chosen by measurement), 100 negatives shared by the batch;
+  compute thread's intra-op count chosen by measurement), the default negative layout
+  (``train.negative_chunk: auto``: shared by the batch under logistic loss, per chunk of 100 edges
+  under softmax; the record's ``negative_chunk`` says which);
+- ``cadence-shared``: ``cadence`` with 100 negatives shared by the batch (``train.negative_chunk=0``);
 - ``cadence-fixed``: the same at a fixed count of 2 (``adapt_threads=false``): the behaviour before
   the thread governor;
 - ``cadence-chunked``: ``cadence`` with PBG's chunked negatives (``train.negative_chunk=100``: each
@@ -54,7 +58,8 @@ one epoch; ``--communities C`` (``data.synthetic.communities``, docs/data.md) gi
 structure to learn, on which quality rises over several epochs.
 
 Writes ``benchmarks/results/kge_vs_pbg.json`` (``kge_vs_pbg_complex.json`` for ComplEx; ``_epochsE``
-with ``--epochs E`` > 1, ``_communitiesC`` with ``--communities C``; ``_quick`` with ``--quick``).
+with ``--epochs E`` > 1, ``_communitiesC`` with ``--communities C``, ``_softmax`` with ``--loss
+softmax``; ``_quick`` with ``--quick``).
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ from provenance import check  # same folder: every result traces to a commit
 
 import numpy as np
 import torch
+import yaml
 
 from kge_throughput import loadavg, machine_info
 from peer_stats import BusyCore, OthersMeter, mean_ci, peer_parser, peer_run, write_report
@@ -93,7 +99,8 @@ TORCHKGE_PYTHON = REPO / ".venv-bench-torchkge" / "bin" / "python"
 TORCHKGE_CONTENDER = REPO / "benchmarks" / "peers" / "torchkge_contender.py"
 SETTING = dict(dim=100, negatives=100, batch_size=1000, lr=0.1, threads=2, relations=16, holdout=2000, seed=0)
 EVAL_EDGES, EVAL_CANDIDATES = 2000, 1000
-CONTENDERS = ("cadence", "cadence-fixed", "cadence-chunked", "pbg", "torchkge")
+CONTENDERS = ("cadence", "cadence-fixed", "cadence-shared", "cadence-chunked", "pbg", "torchkge")
+LAYOUTS = {"cadence": "auto", "cadence-fixed": "auto", "cadence-shared": 0, "cadence-chunked": SETTING["negatives"]}
 PEERS = ("pbg", "torchkge")  # the others are cadence's, each compared with every peer that ran
 
 
@@ -162,24 +169,24 @@ def graph_config(args) -> SyntheticGraphConfig:
                                 num_edges=args.edges, holdout=SETTING["holdout"], communities=args.communities)
 
 
-def cadence_overrides(args, fixed: bool, chunked: bool = False) -> list[str]:
+def cadence_overrides(args, fixed: bool, layout: int | str = "auto") -> list[str]:
     g, s = graph_config(args), SETTING
     return [f"seed={s['seed']}", "task=kge", "strategy=sync", "data.dataset=synthetic",
             f"data.synthetic.num_entities={g.num_entities}", f"data.synthetic.num_relations={g.num_relations}",
             f"data.synthetic.num_edges={g.num_edges}", f"data.synthetic.holdout={g.holdout}",
             f"data.synthetic.communities={g.communities}",
             f"model.name={args.model}", f"model.dim={s['dim']}", "train.scoring=sampled",
-            f"train.negatives={s['negatives']}", "train.loss=logistic", f"train.batch_size={s['batch_size']}",
+            f"train.negatives={s['negatives']}", f"train.loss={args.loss}", f"train.batch_size={s['batch_size']}",
             f"train.epochs={args.epochs}", "optimizer.entity=rowwise_adagrad", "optimizer.dense=adagrad", f"optimizer.lr={s['lr']}",
             f"threads={s['threads']}", f"adapt_threads={'false' if fixed else 'true'}", "eval.every=0",
-            f"train.negative_chunk={s['negatives'] if chunked else 0}",
+            f"train.negative_chunk={layout}",
             "eval.test=false", "checkpoint.every=1", f"checkpoint.keep={max(2, args.epochs)}", "progress=false"]
 
 
-def run_cadence(args, work: Path, fixed: bool, chunked: bool = False) -> dict[str, Any]:
+def run_cadence(args, work: Path, fixed: bool, layout: int | str = "auto") -> dict[str, Any]:
     out = work / "run"
     command = [str(CADENCE_CLI), "train", "--out", str(out), "--overwrite"]
-    for item in cadence_overrides(args, fixed, chunked):
+    for item in cadence_overrides(args, fixed, layout):
         command += ["--set", item]
     code, peak, wall = run_tree(command, work / "log.txt")
     if code != 0:
@@ -189,7 +196,9 @@ def run_cadence(args, work: Path, fixed: bool, chunked: bool = False) -> dict[st
     entities = view.values(torch.arange(args.entities)).numpy()
     relations = dense.relations.detach().numpy()
     record = {"edges_per_second": summary["examples_per_second"], "train_seconds": summary["train_seconds"],
-              "peak_pss_mib": peak, "process_wall_seconds": round(wall, 2)}
+              "peak_pss_mib": peak, "process_wall_seconds": round(wall, 2),
+              "negative_chunk": yaml.safe_load((out / "config.yaml").read_text())["train"]["negative_chunk"],
+              "cadence_commit": summary.get("environment", {}).get("commit")}  # the checkout its cadence ran from
     record.update({k: summary[k] for k in ("intra_op_threads", "intra_op_switches", "intra_op_probes") if k in summary})
     if args.epochs > 1:
         record["_epochs"] = [epoch_vectors(path, args.entities) for path in ckpt.epoch_checkpoints(out)]
@@ -228,7 +237,8 @@ def run_pbg(args, work: Path, data: Path) -> dict[str, Any]:
     s = SETTING
     command = [str(PBG_PYTHON), str(PBG_CONTENDER), "--data", str(data), "--out", str(work), "--dim", str(s["dim"]),
                "--negatives", str(s["negatives"]), "--batch-size", str(s["batch_size"]), "--lr", str(s["lr"]),
-               "--workers", str(s["threads"]), "--epochs", str(args.epochs), "--operator", PBG_OPERATORS[args.model]]
+               "--workers", str(s["threads"]), "--epochs", str(args.epochs), "--operator", PBG_OPERATORS[args.model],
+               "--loss", args.loss]
     return run_peer(command, work, lambda result: {"train_call_seconds": round(result["train_call_seconds"], 2)})
 
 
@@ -299,6 +309,8 @@ def main() -> int:
     parser.add_argument("--contenders", default="cadence,pbg", help="comma-separated: " + ", ".join(CONTENDERS))
     parser.add_argument("--model", choices=sorted(PBG_OPERATORS), default="distmult",
                         help="distmult (default) or complex")
+    parser.add_argument("--loss", choices=("logistic", "softmax"), default="logistic",
+                        help="the loss of every contender (default logistic; PBG's loss_fn of the same name)")
     parser.add_argument("--torchkge-batches", type=int, default=0,
                         help="stop torchkge after this many batches (default 0: the whole epoch)")
     parser.add_argument("--epochs", type=int, default=1,
@@ -315,6 +327,8 @@ def main() -> int:
     contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     if set(conditions) - {"quiet", "busy"} or set(contenders) - set(CONTENDERS):
         raise SystemExit("kge_vs_pbg.py: --conditions takes quiet, busy; --contenders " + ", ".join(CONTENDERS))
+    if "torchkge" in contenders and args.loss != "logistic":
+        raise SystemExit("kge_vs_pbg.py: torchkge runs the logistic loss only")
     if args.epochs < 1 or (args.epochs > 1 and "torchkge" in contenders):
         raise SystemExit("kge_vs_pbg.py: --epochs takes a positive count (and > 1 not with torchkge)")
     if "pbg" in contenders and not PBG_PYTHON.exists():
@@ -325,7 +339,8 @@ def main() -> int:
                          "(benchmarks/peers/requirements-torchkge.txt)")
     name = "kge_vs_pbg" + ("" if args.model == "distmult" else f"_{args.model}") + (
         f"_epochs{args.epochs}" if args.epochs > 1 else "") + (
-        f"_communities{args.communities}" if args.communities else "")
+        f"_communities{args.communities}" if args.communities else "") + (
+        "" if args.loss == "logistic" else f"_{args.loss}")
     _, out, command = peer_run(args, name, 1)
     started = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="cadence-kge-vs-pbg-"))
@@ -359,7 +374,7 @@ def main() -> int:
                             result = (run_pbg(args, work, data) if contender == "pbg"
                                       else run_torchkge(args, work, data) if contender == "torchkge"
                                       else run_cadence(args, work, fixed=contender == "cadence-fixed",
-                                                       chunked=contender == "cadence-chunked"))
+                                                       layout=LAYOUTS[contender]))
                         finally:
                             if busy:
                                 busy.__exit__()
@@ -376,7 +391,7 @@ def main() -> int:
                     records.append(record)
                     say(describe(record))
                     shutil.rmtree(work, ignore_errors=True)
-        report = {"command": command, "machine": machine_info(), "setting": {**SETTING, "model": args.model},
+        report = {"command": command, "machine": machine_info(), "setting": {**SETTING, "model": args.model, "loss": args.loss},
                   "graph": {"entities": args.entities, "entities_on_edges": int(known.shape[0]),
                             "training_edges": int(graph.train.shape[0]), "relations": SETTING["relations"],
                             "exponent": graph_config(args).exponent, "communities": args.communities},

@@ -3,12 +3,13 @@
 imports cadence).
 
     pbg_contender.py --data DIR --out DIR --entities N --dim D --negatives K --batch-size B --lr LR
-                     --workers W --epochs E [--operator diagonal|complex_diagonal]
+                     --workers W --epochs E [--operator diagonal|complex_diagonal] [--loss logistic|softmax]
 
 ``DIR/train.tsv`` and ``DIR/test.tsv`` hold ``head<TAB>relation<TAB>tail`` lines of integer ids. They are
 imported with PBG's own importer (one partition; not timed), then ``train()`` runs with PBG's
 chunked negatives: ``num_uniform_negs = K`` uniformly drawn entities per chunk of ``K`` edges
-(``num_batch_negs = 0``), a batch of ``B`` edges, logistic loss, ``dot`` comparator with the
+(``num_batch_negs = 0``), a batch of ``B`` edges, logistic loss (``--loss softmax``: PBG's softmax
+loss_fn), ``dot`` comparator with the
 ``diagonal`` operator on the right-hand side (DistMult; ``complex_diagonal``: ComplEx), row-wise
 Adagrad, ``W`` Hogwild worker processes of one torch thread each (PBG's own layout), no global
 embeddings, no held-out evaluation during training.
@@ -96,6 +97,7 @@ def main() -> int:
     parser = kge_contender_parser(__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--operator", default="diagonal")
+    parser.add_argument("--loss", choices=("logistic", "softmax"), default="logistic")
     args = parser.parse_args()
     setup_logging(0)
     buckets = BucketTimes()
@@ -116,7 +118,7 @@ def main() -> int:
         "batch_size": args.batch_size,
         "num_batch_negs": 0,
         "num_uniform_negs": args.negatives,
-        "loss_fn": "logistic",
+        "loss_fn": args.loss,
         "lr": args.lr,
         "eval_fraction": 0,
         "workers": args.workers,

@@ -260,13 +260,14 @@ def warm_up(config: Config, task: Task, batches: int) -> float:
 
 # ---- configuration checks ------------------------------------------------------------------------------
 def prepare_config(config: Config) -> Config:
-    """Resolve defaults that depend on the task (``model.name``, ``optimizer.entity``) and reject what
-    does not fit this run; no other side effect."""
+    """Resolve defaults that depend on the task (``model.name``, ``optimizer.entity``, the task's own:
+    ``Task.resolve_defaults``) and reject what does not fit this run; no other side effect."""
     if config.model.name is None:
         config.model.name = DEFAULT_MODELS[config.task]
     if config.optimizer.entity is None:
         config.optimizer.entity = DEFAULT_ENTITY_OPTIMIZERS[config.task]
     resolve_update(config, [config.strategy])
+    TASKS.get(config.task).resolve_defaults(config)  # (kge's train.negative_chunk: auto)
     _check_init_from(config)
     strategy = STRATEGIES.get(config.strategy)
     runtime = strategy.runtime(config)

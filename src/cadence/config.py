@@ -65,8 +65,11 @@ class TrainConfig:
     scoring: Literal["sampled", "all"] = "sampled"  # shared sampled negatives, or every entity
     negatives: int = 256  # shared negatives per batch and side (scoring: sampled)
     # 0: the negatives are shared by the whole batch; N: each chunk of N edges of the batch draws its
-    # own ``negatives`` (PyTorch-BigGraph's chunked negatives: more distinct rows trained per batch)
-    negative_chunk: int = 0
+    # own ``negatives`` (PyTorch-BigGraph's chunked negatives: more distinct rows trained per batch);
+    # auto: the layout that reaches a quality soonest for ``loss`` (docs/tasks/kge.md): chunks of
+    # ``negatives`` edges under softmax, shared under logistic. Resolved once, when the run starts
+    # (api.prepare_config): the run's config.yaml records the number
+    negative_chunk: int | Literal["auto"] = "auto"
     loss: Literal["softmax", "logistic"] = "softmax"
     reciprocal: bool = False  # add inverse relations; heads are then predicted as tails of (t, r^-1)
     regularizer: Literal["none", "n3", "l2"] = "none"
@@ -667,6 +670,11 @@ def _convert(tp: Any, value: Any, key: str, where: dict[str, str]) -> Any:
                 return _convert(option, value, key, where)
             except ConfigError as err:
                 errors.append(err)
+        if len(errors) > 1:  # a number or a word (int | Literal["auto"]): one line naming both
+            kinds = [f"one of {', '.join(map(str, typing.get_args(option)))}" if typing.get_origin(option) is Literal
+                     else f"of type {option.__name__}" for option in options if option is not type(None)]
+            raise ConfigError(f"{_locate(key, where)}{key} must be {' or '.join(kinds)}; "
+                              f"got {type(value).__name__} {value!r}")
         raise errors[0]
     if origin is list:
         if not isinstance(value, list):
@@ -712,7 +720,7 @@ def _check_ranges(config: Config, where: dict[str, str]) -> None:
         if flat[key] <= 0:
             raise ConfigError(f"{_locate(key, where)}{key} must be positive, got {flat[key]}")
     for key in _NON_NEGATIVE:
-        if flat[key] < 0:
+        if isinstance(flat[key], (int, float)) and flat[key] < 0:  # (a word such as auto is a Literal's)
             raise ConfigError(f"{_locate(key, where)}{key} must not be negative, got {flat[key]}")
     for key in ("optimizer.lr", "optimizer.eps"):
         if flat[key] <= 0:

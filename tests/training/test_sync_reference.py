@@ -12,6 +12,7 @@ from cadence.data.triples import with_reciprocals
 from cadence.models.kge import KgeModel
 from cadence.core.batch import plan_epoch
 from cadence.seeding import derive_seed
+from cadence.tasks.kge import negative_chunk
 from tests.conftest import make_config
 
 
@@ -30,10 +31,13 @@ def naive_training(config, graph, initial_entities: torch.Tensor):
         for plan in plan_epoch(train.shape[0], config.train.batch_size, config.seed, epoch):
             h, r, t = train[plan.examples].unbind(1)
             negatives = None
-            if config.train.scoring == "sampled":
-                negatives = torch.randint(graph.num_entities, (config.train.negatives,), generator=plan.generator(config.seed))
+            if config.train.scoring == "sampled":  # shared by the batch, or per chunk of edges (softmax's auto)
+                chunks = -(-plan.size // (negative_chunk(config.train) or plan.size))
+                negatives = torch.randint(graph.num_entities, (chunks * config.train.negatives,),
+                                          generator=plan.generator(config.seed))
             table = entities.clone().requires_grad_(True)
-            loss = model.loss(table, h, r, t, negatives)
+            loss = model.loss(table, h, r, t, negatives if negatives is None or chunks == 1
+                              else negatives.view(chunks, config.train.negatives))
             relation_optimizer.zero_grad()
             loss.backward()
             relation_optimizer.step()

@@ -65,15 +65,23 @@ class KgeModel(nn.Module):
         if candidates is None or candidates.dim() == 1:
             pool = rows if candidates is None else rows.index_select(0, candidates)
             return self.scorer.score_tails(h, r, pool), self.scorer.score_heads(pool, r, t) if both else None
-        step = -(-h.shape[0] // candidates.shape[0])
-        tails, heads = [], []
-        for index, start in enumerate(range(0, h.shape[0], step)):
-            pool = rows.index_select(0, candidates[index])
-            edges = slice(start, start + step)
-            tails.append(self.scorer.score_tails(h[edges], r[edges], pool))
-            if both:
-                heads.append(self.scorer.score_heads(pool, r[edges], t[edges]))
-        return torch.cat(tails), torch.cat(heads) if both else None
+        # chunked: K pools gathered at once, the edges viewed as K chunks of ceil(B / K) (the last
+        # padded with zero rows, whose scores are cut off), one batched product per side
+        chunks, size = candidates.shape[0], h.shape[0]
+        step = -(-size // chunks)
+        pools = rows.index_select(0, candidates.reshape(-1)).view(chunks, candidates.shape[1], rows.shape[1])
+        h, r, t = (self._as_chunks(x, chunks, step) for x in (h, r, t))
+        tails = self.scorer.score_tails_chunked(h, r, pools).reshape(chunks * step, -1)[:size]
+        heads = self.scorer.score_heads_chunked(pools, r, t).reshape(chunks * step, -1)[:size] if both else None
+        return tails, heads
+
+    @staticmethod
+    def _as_chunks(x: Tensor, chunks: int, step: int) -> Tensor:
+        """[B, D] -> [K, step, D], zero rows appended up to K * step."""
+        missing = chunks * step - x.shape[0]
+        if missing:
+            x = torch.cat([x, x.new_zeros(missing, x.shape[1])])
+        return x.view(chunks, step, x.shape[1])
 
     def _side_loss(self, scores: Tensor, positive: Tensor | None, targets: Tensor) -> Tensor:
         """One side's loss. scores: [B, C]; positive: [B] with sampled negatives (the logistic

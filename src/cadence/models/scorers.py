@@ -6,10 +6,15 @@ imaginary parts. Three shapes of scoring are needed:
 
 - ``score(h, r, t)``: one score per triple, ``[B]``;
 - ``score_tails(h, r, candidates)``: each (h, r) against every candidate tail, ``[B, C]``;
-- ``score_heads(candidates, r, t)``: each (r, t) against every candidate head, ``[B, C]``.
+- ``score_heads(candidates, r, t)``: each (r, t) against every candidate head, ``[B, C]``;
+- ``score_tails_chunked(h, r, pools)`` and ``score_heads_chunked(pools, r, t)``: K chunks of c
+  queries each against the chunk's own pool, ``[K, c, D]`` x ``[K, C, D]`` -> ``[K, c, C]``.
 
 Shared-negative training (PyTorch-BigGraph, Marius) and all-entity ranking both use the ``[B, C]``
-forms, which are matrix products for the bilinear models.
+forms, which are matrix products for the bilinear models; chunked negatives (PyTorch-BigGraph's
+layout) the ``[K, c, C]`` forms, one batched matrix product (or one batched distance) per side
+instead of K small ones. The base class defines those as the loop over chunks of the ``[B, C]``
+forms: the reference each scorer's batched form equals to float rounding (tests/models).
 """
 
 from __future__ import annotations
@@ -50,6 +55,15 @@ class Scorer(ABC):
     @abstractmethod
     def score_heads(self, candidates: Tensor, r: Tensor, t: Tensor) -> Tensor: ...
 
+    def score_tails_chunked(self, h: Tensor, r: Tensor, pools: Tensor) -> Tensor:
+        """[K, c, D] heads, [K, c, R] relations, [K, C, D] pools -> [K, c, C]: chunk k's queries against
+        pool k. This loop is the reference; each scorer overrides it with one batched operation."""
+        return torch.stack([self.score_tails(h[k], r[k], pools[k]) for k in range(pools.shape[0])])
+
+    def score_heads_chunked(self, pools: Tensor, r: Tensor, t: Tensor) -> Tensor:
+        """[K, C, D] pools, [K, c, R] relations, [K, c, D] tails -> [K, c, C]."""
+        return torch.stack([self.score_heads(pools[k], r[k], t[k]) for k in range(pools.shape[0])])
+
     def magnitudes(self, x: Tensor) -> Tensor:
         """Per-component magnitudes of entity rows for the N3 / L2 regularisers (complex modulus)."""
         if not self.complex_valued:
@@ -73,6 +87,12 @@ class DistMultScorer(Scorer):
 
     def score_heads(self, candidates, r, t):
         return (r * t) @ candidates.t()
+
+    def score_tails_chunked(self, h, r, pools):
+        return torch.bmm(h * r, pools.transpose(1, 2))  # [K, c, D] @ [K, D, C]
+
+    def score_heads_chunked(self, pools, r, t):
+        return torch.bmm(r * t, pools.transpose(1, 2))
 
 
 def _complex_product(a: Tensor, b: Tensor) -> Tensor:
@@ -103,6 +123,12 @@ class ComplExScorer(Scorer):
         # Re(<c, r conj(t)>) = [Re(c), Im(c)] . [Re(r conj t), -Im(r conj t)] = c . conj(r conj(t))
         return _conjugate(_complex_product(r, _conjugate(t))) @ candidates.t()
 
+    def score_tails_chunked(self, h, r, pools):
+        return torch.bmm(_complex_product(h, r), pools.transpose(1, 2))
+
+    def score_heads_chunked(self, pools, r, t):
+        return torch.bmm(_conjugate(_complex_product(r, _conjugate(t))), pools.transpose(1, 2))
+
 
 class _DistanceScorer(Scorer):
     """score = gamma - distance(query, candidate), for translation-like models."""
@@ -114,6 +140,10 @@ class _DistanceScorer(Scorer):
     @abstractmethod
     def distance(self, queries: Tensor, candidates: Tensor) -> Tensor:
         """[B, D] x [C, D] -> [B, C] distances."""
+
+    @abstractmethod
+    def pooled_distance(self, queries: Tensor, pools: Tensor) -> Tensor:
+        """[K, c, D] x [K, C, D] -> [K, c, C] distances: chunk k's queries to pool k."""
 
     @abstractmethod
     def tail_query(self, h: Tensor, r: Tensor) -> Tensor: ...
@@ -133,6 +163,12 @@ class _DistanceScorer(Scorer):
     def score_heads(self, candidates, r, t):
         return self.gamma - self.distance(self.head_query(r, t), candidates)
 
+    def score_tails_chunked(self, h, r, pools):
+        return self.gamma - self.pooled_distance(self.tail_query(h, r), pools)
+
+    def score_heads_chunked(self, pools, r, t):
+        return self.gamma - self.pooled_distance(self.head_query(r, t), pools)
+
 
 @SCORERS.register("transe")
 class TransEScorer(_DistanceScorer):
@@ -148,6 +184,9 @@ class TransEScorer(_DistanceScorer):
         if queries.dim() == 3:  # paired: [B, 1, D] and [B, 1, D]
             return (queries - candidates).norm(p=self.p, dim=-1, keepdim=True)
         return torch.cdist(queries, candidates, p=self.p)
+
+    def pooled_distance(self, queries, pools):
+        return torch.cdist(queries, pools, p=self.p)  # batched over the leading dimension
 
     def tail_query(self, h, r):
         return h + r
@@ -181,6 +220,15 @@ class RotatEScorer(_DistanceScorer):
             block = candidates[start:start + self.CANDIDATE_CHUNK]
             parts.append(self._modulus_sum(queries.unsqueeze(1) - block.unsqueeze(0)))
         return torch.cat(parts, dim=1)
+
+    def pooled_distance(self, queries, pools):
+        # [K, c, 1, D] - [K, 1, C', D], C' bounded as in ``distance``: the [K, c, C', D] difference
+        # holds as many elements as the shared form's [B, C', D]
+        parts = []
+        for start in range(0, pools.shape[1], self.CANDIDATE_CHUNK):
+            block = pools[:, start:start + self.CANDIDATE_CHUNK]
+            parts.append(self._modulus_sum(queries.unsqueeze(2) - block.unsqueeze(1)))
+        return torch.cat(parts, dim=2)
 
     @staticmethod
     def _modulus_sum(difference: Tensor) -> Tensor:

@@ -198,6 +198,12 @@ class Task(ABC):
             rows = torch.where(batch.frozen.to(rows.device).unsqueeze(1), rows.detach(), rows)
         return self.loss(batch, rows, dense)
 
+    @classmethod
+    def resolve_defaults(cls, config: Config) -> None:
+        """Give the task's own settings left at a word that the rest of the config decides (kge's
+        ``train.negative_chunk: auto``) their concrete value, in place. Called once, by
+        ``api.prepare_config``, so the run's config.yaml records what ran; the default: none."""
+
     # ---- updates in place (word2vec's own loop) ---------------------------------------------------
     @classmethod
     def in_place_setting(cls, config: Config) -> str | None:

@@ -1,7 +1,8 @@
 """Knowledge-graph embeddings (``task: kge``): link prediction with DistMult, ComplEx, TransE, RotatE.
 
 Rows: one per entity (a fixed table). Dense module: ``KgeModel`` (the relation parameters). A batch
-is a slice of the shuffled training triples plus ``train.negatives`` shared negative entities,
+is a slice of the shuffled training triples plus ``train.negatives`` negative entities, shared by the
+batch or drawn per chunk of ``train.negative_chunk`` edges (``auto``: by the loss, ``negative_chunk``),
 sampled from the batch's own generator (seed, epoch, index); with ``train.scoring: all`` it touches
 every entity. Evaluation: filtered MRR and Hits@k, both directions (primary metric ``mrr``).
 """
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from cadence.config import Config
+from cadence.config import Config, TrainConfig
 from cadence.data.datasets import load_graph
 from cadence.data.triples import KnowledgeGraph, with_reciprocals, write_id_maps
 from cadence.resources import check_memory
@@ -33,6 +34,16 @@ from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, 
 WHOLE_TABLE_FLOATS = 1 << 26  # evaluation reads an entity table of up to 256 MiB whole ...
 ENTITY_BLOCK_FLOATS = 1 << 22  # ... a larger one 16 MiB of rows at a time (where the rows live, a
 # block's reads are a passing allocation: small ones fit beside a node's rows under a memory cap)
+
+
+def negative_chunk(train: TrainConfig) -> int:
+    """``train.negative_chunk`` as a number. ``auto``: the layout that reaches a quality soonest for the
+    loss (measured: docs/tasks/kge.md): chunks of ``train.negatives`` edges, each drawing its own
+    negatives (PyTorch-BigGraph's layout), under softmax; 0, shared by the batch, under logistic (and
+    with ``train.scoring: all``, which samples none)."""
+    if train.negative_chunk != "auto":
+        return train.negative_chunk
+    return 0 if train.scoring == "all" or train.loss == "logistic" else train.negatives
 
 
 @TASKS.register("kge")
@@ -51,6 +62,7 @@ class KgeTask(Task):
         self.train_triples = (with_reciprocals(self.graph.train, self.graph.num_relations)
                               if config.train.reciprocal else self.graph.train)
         self.negatives = None if config.train.scoring == "all" else config.train.negatives
+        self.negative_chunk = negative_chunk(config.train)  # (a config from api.prepare_config: as given)
         # a batch's candidates (their rows, and a score per query and candidate, both sides), known now
         candidates = self.graph.num_entities if self.negatives is None else self.negatives
         check_memory(f"model.dim {config.model.dim:,} with "
@@ -59,6 +71,10 @@ class KgeTask(Task):
                      2 * 4 * candidates * (config.model.dim + config.train.batch_size))
         # a reciprocal run trains each edge twice per epoch; examples count edges, not copies
         self.copies_per_edge = self.train_triples.shape[0] // max(1, self.graph.train.shape[0])
+
+    @classmethod
+    def resolve_defaults(cls, config: Config) -> None:
+        config.train.negative_chunk = negative_chunk(config.train)
 
     @property
     def dataset_name(self) -> str:
@@ -114,7 +130,7 @@ class KgeTask(Task):
         if self.negatives is None:
             return Batch(plan, torch.arange(num_entities), {"heads": heads, "relations": relations, "tails": tails})
         size = plan.size
-        chunk = self.config.train.negative_chunk or size
+        chunk = self.negative_chunk or size
         chunks = -(-size // chunk)  # each chunk of edges draws its own negatives; one: the batch shares them
         sampled = torch.randint(num_entities, (chunks * self.negatives,), generator=plan.generator(self.config.seed))
         ids, local = torch.unique(torch.cat([heads, tails, sampled]), return_inverse=True)
