@@ -50,7 +50,7 @@ def negative_chunk(train: TrainConfig) -> int:
 class KgeTask(Task):
     name = "kge"
     primary_metric = "mrr"
-    own_keys = ("train.scoring", "train.negatives", "train.negative_chunk", "train.loss", "train.reciprocal", "train.regularizer",
+    own_keys = ("train.scoring", "train.negatives", "train.negative_chunk", "train.negative_pool", "train.loss", "train.reciprocal", "train.regularizer",
                 "train.reg_weight", "eval.max_triples", "eval.negatives", "data.synthetic")
 
     def __init__(self, config: Config, graph: KnowledgeGraph | None = None):
@@ -63,6 +63,7 @@ class KgeTask(Task):
                               if config.train.reciprocal else self.graph.train)
         self.negatives = None if config.train.scoring == "all" else config.train.negatives
         self.negative_chunk = negative_chunk(config.train)  # (a config from api.prepare_config: as given)
+        self.negative_pool = self._negative_pool()
         # a batch's candidates (their rows, and a score per query and candidate, both sides), known now
         candidates = self.graph.num_entities if self.negatives is None else self.negatives
         check_memory(f"model.dim {config.model.dim:,} with "
@@ -71,6 +72,15 @@ class KgeTask(Task):
                      2 * 4 * candidates * (config.model.dim + config.train.batch_size))
         # a reciprocal run trains each edge twice per epoch; examples count edges, not copies
         self.copies_per_edge = self.train_triples.shape[0] // max(1, self.graph.train.shape[0])
+
+    def _negative_pool(self) -> Tensor | None:
+        """The sorted ids sampled negatives are drawn from (``train.negative_pool: edges``: the entities
+        on a training edge), or None: every entity (``all``, or a graph whose every entity is on one:
+        the draws are then exactly those of ``all``)."""
+        if self.negatives is None or self.config.train.negative_pool == "all":
+            return None
+        on_edges = torch.unique(self.graph.train[:, [0, 2]])
+        return None if on_edges.shape[0] == self.graph.num_entities else on_edges
 
     @classmethod
     def resolve_defaults(cls, config: Config) -> None:
@@ -132,7 +142,11 @@ class KgeTask(Task):
         size = plan.size
         chunk = self.negative_chunk or size
         chunks = -(-size // chunk)  # each chunk of edges draws its own negatives; one: the batch shares them
-        sampled = torch.randint(num_entities, (chunks * self.negatives,), generator=plan.generator(self.config.seed))
+        pool = self.negative_pool
+        sampled = torch.randint(num_entities if pool is None else pool.shape[0], (chunks * self.negatives,),
+                                generator=plan.generator(self.config.seed))
+        if pool is not None:
+            sampled = pool.index_select(0, sampled)
         ids, local = torch.unique(torch.cat([heads, tails, sampled]), return_inverse=True)
         candidates = local[2 * size:]
         inputs = {"heads": local[:size], "relations": relations, "tails": local[size:2 * size],
