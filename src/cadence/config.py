@@ -71,9 +71,10 @@ class TrainConfig:
     # (api.prepare_config): the run's config.yaml records the number
     negative_chunk: int | Literal["auto"] = "auto"
     # which entities the sampled negatives are drawn from: edges, those on a training edge (what
-    # PyTorch-BigGraph's importer keeps: an entity on no edge is no useful negative, its row untrained;
-    # the same as all where every entity is on one); all: every entity of the graph
-    negative_pool: Literal["edges", "all"] = "edges"
+    # PyTorch-BigGraph's importer keeps; the same as all where every entity is on one); all: every
+    # entity of the graph; auto: the pool that reached the better quality for ``loss`` (docs/tasks/kge.md):
+    # edges under logistic, all under softmax. Resolved once, when the run starts (config.yaml records it)
+    negative_pool: Literal["auto", "edges", "all"] = "auto"
     loss: Literal["softmax", "logistic"] = "softmax"
     reciprocal: bool = False  # add inverse relations; heads are then predicted as tails of (t, r^-1)
     regularizer: Literal["none", "n3", "l2"] = "none"

@@ -1,10 +1,15 @@
-"""``train.negative_pool``: sampled negatives come from the entities on a training edge (``edges``, the
-default, as PyTorch-BigGraph's importer keeps only those), or from every entity (``all``)."""
+"""``train.negative_pool``: sampled negatives come from the entities on a training edge (``edges``, as
+PyTorch-BigGraph's importer keeps only those), or from every entity (``all``); ``auto`` (the default)
+picks by the loss, once, and config.yaml records it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import yaml
+
+from cadence import api
+from tests.conftest import make_config
 
 from cadence.config import load_config
 from cadence.errors import ConfigError
@@ -41,7 +46,7 @@ def test_negatives_come_from_the_entities_on_training_edges(chunk: str) -> None:
     g = graph(500)
     on_edges = set(torch.unique(g.train[:, [0, 2]]).tolist())  # (the reference: a set, by hand)
     assert len(on_edges) < 500
-    drawn = negatives(task(g, f"train.negative_chunk={chunk}"), epochs=20)
+    drawn = negatives(task(g, f"train.negative_chunk={chunk}", "train.negative_pool=edges"), epochs=20)
     assert set(drawn.tolist()) == on_edges  # only those, and (over 20 epochs of draws) every one of them
     everywhere = set(negatives(task(g, f"train.negative_chunk={chunk}", "train.negative_pool=all")).tolist())
     assert everywhere - on_edges  # all: entities on no edge are drawn too
@@ -49,7 +54,7 @@ def test_negatives_come_from_the_entities_on_training_edges(chunk: str) -> None:
 
 def test_the_pool_is_drawn_uniformly() -> None:
     g = graph(500)
-    drawn = negatives(task(g), epochs=20)
+    drawn = negatives(task(g, "train.negative_pool=edges"), epochs=20)
     counts = torch.bincount(drawn, minlength=500)
     pool = torch.unique(g.train[:, [0, 2]])
     expected = drawn.shape[0] / pool.shape[0]
@@ -64,7 +69,8 @@ def test_where_every_entity_is_on_an_edge_the_draws_are_those_of_all_bit_for_bit
     train = torch.stack([compact[:, 0], g.train[:, 1], compact[:, 1]], 1)
     dense = KnowledgeGraph("dense", int(ids.shape[0]), 3, train, train[:10], train[10:20])
     for plan in task(dense).plan(0):
-        edges, every = task(dense).prepare(plan), task(dense, "train.negative_pool=all").prepare(plan)
+        edges = task(dense, "train.negative_pool=edges").prepare(plan)
+        every = task(dense, "train.negative_pool=all").prepare(plan)
         assert edges.ids.equal(every.ids) and edges.inputs["candidates"].equal(every.inputs["candidates"])
 
 
@@ -72,3 +78,14 @@ def test_a_bad_pool_is_a_one_line_error_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="train.negative_pool") as raised:
         load_config(None, ["train.negative_pool=seen"])
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("loss, pool", [("logistic", "edges"), ("softmax", "all")])
+def test_auto_picks_the_pool_by_the_loss_once_and_config_yaml_records_it(task_data, tmp_path, loss, pool) -> None:
+    g = graph(500)
+    on_edges = set(torch.unique(g.train[:, [0, 2]]).tolist())
+    drawn = set(negatives(task(g, f"train.loss={loss}")).tolist())
+    assert (drawn <= on_edges) == (pool == "edges")
+    result = api.train(make_config(tmp_path / loss, *task_data["kge"], f"train.loss={loss}", "train.epochs=1",
+                                   "eval.every=0", "eval.test=false"))
+    assert yaml.safe_load((result.run_dir / "config.yaml").read_text())["train"]["negative_pool"] == pool

@@ -46,6 +46,15 @@ def negative_chunk(train: TrainConfig) -> int:
     return 0 if train.scoring == "all" or train.loss == "logistic" else train.negatives
 
 
+def negative_pool(train: TrainConfig) -> str:
+    """``train.negative_pool`` as a pool. ``auto``: the one that reached the better quality for the
+    loss (measured: docs/tasks/kge.md): the entities on a training edge under logistic, every entity
+    under softmax."""
+    if train.negative_pool != "auto":
+        return train.negative_pool
+    return "edges" if train.loss == "logistic" else "all"
+
+
 @TASKS.register("kge")
 class KgeTask(Task):
     name = "kge"
@@ -77,7 +86,7 @@ class KgeTask(Task):
         """The sorted ids sampled negatives are drawn from (``train.negative_pool: edges``: the entities
         on a training edge), or None: every entity (``all``, or a graph whose every entity is on one:
         the draws are then exactly those of ``all``)."""
-        if self.negatives is None or self.config.train.negative_pool == "all":
+        if self.negatives is None or negative_pool(self.config.train) == "all":
             return None
         on_edges = torch.unique(self.graph.train[:, [0, 2]])
         return None if on_edges.shape[0] == self.graph.num_entities else on_edges
@@ -85,6 +94,7 @@ class KgeTask(Task):
     @classmethod
     def resolve_defaults(cls, config: Config) -> None:
         config.train.negative_chunk = negative_chunk(config.train)
+        config.train.negative_pool = negative_pool(config.train)
 
     @property
     def dataset_name(self) -> str:
