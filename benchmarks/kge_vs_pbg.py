@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/kge_vs_pbg.py [--quick] [--reps N] [--entities N] [--edges N]
         [--conditions quiet,busy] [--contenders cadence,pbg[,cadence-fixed]] [--model distmult|complex]
-        [--loss logistic|softmax] [--epochs E] [--communities C] [--out FILE] [--dirty]
+        [--loss logistic|softmax] [--lr LR] [--epochs E] [--communities C] [--out FILE] [--dirty]
 
 One synthetic graph (``cadence.data.synthetic.power_law_graph``: Zipf-distributed endpoints, seed 0;
 default 1M entities, 2M edges, 16 relations, the last 2 x 2,000 edges held out), written as TSV for
@@ -59,7 +59,7 @@ structure to learn, on which quality rises over several epochs.
 
 Writes ``benchmarks/results/kge_vs_pbg.json`` (``kge_vs_pbg_complex.json`` for ComplEx; ``_epochsE``
 with ``--epochs E`` > 1, ``_communitiesC`` with ``--communities C``, ``_softmax`` with ``--loss
-softmax``; ``_quick`` with ``--quick``).
+softmax``; ``_lrLR`` with ``--lr`` other than 0.1; ``_quick`` with ``--quick``).
 """
 
 from __future__ import annotations
@@ -99,8 +99,9 @@ TORCHKGE_PYTHON = REPO / ".venv-bench-torchkge" / "bin" / "python"
 TORCHKGE_CONTENDER = REPO / "benchmarks" / "peers" / "torchkge_contender.py"
 SETTING = dict(dim=100, negatives=100, batch_size=1000, lr=0.1, threads=2, relations=16, holdout=2000, seed=0)
 EVAL_EDGES, EVAL_CANDIDATES = 2000, 1000
-CONTENDERS = ("cadence", "cadence-fixed", "cadence-shared", "cadence-chunked", "pbg", "torchkge")
-LAYOUTS = {"cadence": "auto", "cadence-fixed": "auto", "cadence-shared": 0, "cadence-chunked": SETTING["negatives"]}
+CONTENDERS = ("cadence", "cadence-fixed", "cadence-shared", "cadence-chunked", "cadence-reciprocal", "pbg", "torchkge")
+LAYOUTS = {"cadence": "auto", "cadence-fixed": "auto", "cadence-shared": 0, "cadence-chunked": SETTING["negatives"],
+           "cadence-reciprocal": "auto"}
 PEERS = ("pbg", "torchkge")  # the others are cadence's, each compared with every peer that ran
 
 
@@ -169,7 +170,7 @@ def graph_config(args) -> SyntheticGraphConfig:
                                 num_edges=args.edges, holdout=SETTING["holdout"], communities=args.communities)
 
 
-def cadence_overrides(args, fixed: bool, layout: int | str = "auto") -> list[str]:
+def cadence_overrides(args, fixed: bool, layout: int | str = "auto", reciprocal: bool = False) -> list[str]:
     g, s = graph_config(args), SETTING
     return [f"seed={s['seed']}", "task=kge", "strategy=sync", "data.dataset=synthetic",
             f"data.synthetic.num_entities={g.num_entities}", f"data.synthetic.num_relations={g.num_relations}",
@@ -179,14 +180,14 @@ def cadence_overrides(args, fixed: bool, layout: int | str = "auto") -> list[str
             f"train.negatives={s['negatives']}", f"train.loss={args.loss}", f"train.batch_size={s['batch_size']}",
             f"train.epochs={args.epochs}", "optimizer.entity=rowwise_adagrad", "optimizer.dense=adagrad", f"optimizer.lr={s['lr']}",
             f"threads={s['threads']}", f"adapt_threads={'false' if fixed else 'true'}", "eval.every=0",
-            f"train.negative_chunk={layout}",
+            f"train.negative_chunk={layout}", f"train.reciprocal={'true' if reciprocal else 'false'}",
             "eval.test=false", "checkpoint.every=1", f"checkpoint.keep={max(2, args.epochs)}", "progress=false"]
 
 
-def run_cadence(args, work: Path, fixed: bool, layout: int | str = "auto") -> dict[str, Any]:
+def run_cadence(args, work: Path, fixed: bool, layout: int | str = "auto", reciprocal: bool = False) -> dict[str, Any]:
     out = work / "run"
     command = [str(CADENCE_CLI), "train", "--out", str(out), "--overwrite"]
-    for item in cadence_overrides(args, fixed, layout):
+    for item in cadence_overrides(args, fixed, layout, reciprocal):
         command += ["--set", item]
     code, peak, wall = run_tree(command, work / "log.txt")
     if code != 0:
@@ -194,43 +195,59 @@ def run_cadence(args, work: Path, fixed: bool, layout: int | str = "auto") -> di
     summary = json.loads((out / "summary.json").read_text())
     _, _, view, dense = api.load_model(out)
     entities = view.values(torch.arange(args.entities)).numpy()
-    relations = dense.relations.detach().numpy()
+    relations = by_direction(dense.relations.detach().numpy(), reciprocal)
     record = {"edges_per_second": summary["examples_per_second"], "train_seconds": summary["train_seconds"],
               "peak_pss_mib": peak, "process_wall_seconds": round(wall, 2),
               "negative_chunk": yaml.safe_load((out / "config.yaml").read_text())["train"]["negative_chunk"],
               "cadence_commit": summary.get("environment", {}).get("commit")}  # the checkout its cadence ran from
     record.update({k: summary[k] for k in ("intra_op_threads", "intra_op_switches", "intra_op_probes") if k in summary})
     if args.epochs > 1:
-        record["_epochs"] = [epoch_vectors(path, args.entities) for path in ckpt.epoch_checkpoints(out)]
-    return {**record, "_vectors": (entities, relations)}
+        record["_epochs"] = [epoch_vectors(path, args.entities, reciprocal) for path in ckpt.epoch_checkpoints(out)]
+    return {**record, "_vectors": (entities, *relations)}
 
 
-def epoch_vectors(path: Path, entities: int) -> tuple[float, tuple[np.ndarray, np.ndarray]]:
+def by_direction(relations: np.ndarray, reciprocal: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(the relation rows tails are predicted with, those heads are): a reciprocal run's inverse rows
+    (``r^-1``, row R + r) predict heads."""
+    if not reciprocal:
+        return relations, relations
+    half = relations.shape[0] // 2
+    return relations[:half], relations[half:]
+
+
+def epoch_vectors(path: Path, entities: int, reciprocal: bool = False
+                  ) -> tuple[float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """One epoch checkpoint of a cadence run: its training seconds so far, and its entity rows (in
-    id order) and relation vectors."""
+    id order) and the relation rows of each direction (``by_direction``)."""
     tensors, state = ckpt.load_checkpoint(path)
     rows = np.zeros((entities, tensors["table.values"].shape[1]), dtype=np.float32)
     rows[tensors["table.keys"].numpy()] = tensors["table.values"].numpy()
-    return state["progress"]["train_seconds"], (rows, tensors["dense.relations"].numpy())
+    return state["progress"]["train_seconds"], (rows, *by_direction(tensors["dense.relations"].numpy(), reciprocal))
 
 
 def run_peer(command: list[str], work: Path, fields: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
     """A peer's contender script as a process tree: its edges/s and seconds (its ``OUT/result.json``),
-    the tree's peak PSS, its vectors (``OUT/entities.npy``, ``OUT/relations.npy``), and ``fields``
-    of its result; or ``error``."""
+    the tree's peak PSS, its vectors (``OUT/entities.npy``, ``OUT/relations.npy``: the relation rows
+    heads are predicted with, and tails too unless ``OUT/relations_lhs.npy`` holds those), and
+    ``fields`` of its result; or ``error``."""
     code, peak, wall = run_tree(command, work / "log.txt")
     if code != 0:
         return {"error": f"exit {code}: {(work / 'log.txt').read_text()[-400:]}"}
     result = json.loads((work / "result.json").read_text())
-    entities, relations = np.load(work / "entities.npy"), np.load(work / "relations.npy")
+
+    def relations(suffix: str = "") -> tuple[np.ndarray, np.ndarray]:
+        heads = np.load(work / f"relations{suffix}.npy")
+        tails = work / f"relations_lhs{suffix}.npy"
+        return (np.load(tails) if tails.exists() else heads), heads
+
+    entities = np.load(work / "entities.npy")
     record = {"edges_per_second": result["edges_per_second"], "train_seconds": result["train_seconds"],
               **fields(result), "peak_pss_mib": peak, "process_wall_seconds": round(wall, 2)}
     if len(result.get("epoch_seconds", [])) > 1:
         seconds = np.cumsum(result["epoch_seconds"])
-        record["_epochs"] = [(float(seconds[e - 1]), (np.load(work / f"entities.e{e}.npy"),
-                                                      np.load(work / f"relations.e{e}.npy")))
+        record["_epochs"] = [(float(seconds[e - 1]), (np.load(work / f"entities.e{e}.npy"), *relations(f".e{e}")))
                              for e in range(1, len(seconds) + 1)]
-    return {**record, "_vectors": (entities, relations)}
+    return {**record, "_vectors": (entities, *relations())}
 
 
 def run_pbg(args, work: Path, data: Path) -> dict[str, Any]:
@@ -265,29 +282,37 @@ def _conjugate(a: torch.Tensor) -> torch.Tensor:
     return torch.cat([real, -imag], dim=-1)
 
 
-# (tail query(h, r), head query(r, t)): the vectors whose dot with a candidate entity is its score
+# (tail query(h, r), head query(r, t)): the vectors whose dot with a candidate entity is its score,
+# r being the relation rows of that direction (a reciprocal run's r^-1 predicts heads; PBG's dynamic
+# relations keep one operator per side: the left-hand one scores tail corruptions, g_r(h) . c, the
+# right-hand one head corruptions, c . h_r(t))
 QUERIES = {
     ("cadence", "distmult"): (lambda h, r: h * r, lambda r, t: r * t),
+    ("cadence-reciprocal", "distmult"): (lambda h, r: h * r, lambda r, t: t * r),
     ("pbg", "distmult"): (lambda h, r: h * r, lambda r, t: r * t),
     # Re(<h r, conj c>) = (h r) . c;  Re(<c r, conj t>) = c . conj(r conj t)
     ("cadence", "complex"): (lambda h, r: _product(h, r), lambda r, t: _conjugate(_product(r, _conjugate(t)))),
-    # PBG, the operator on the right: h . (r c) = (h conj r) . c;  c . (r t)
-    ("pbg", "complex"): (lambda h, r: _product(h, _conjugate(r)), lambda r, t: _product(r, t)),
+    # the inverse relation's tail query from t: Re(<t r^-1, conj c>) = (t r^-1) . c
+    ("cadence-reciprocal", "complex"): (lambda h, r: _product(h, r), lambda r, t: _product(t, r)),
+    # PBG: (r_lhs h) . c;  c . (r_rhs t)
+    ("pbg", "complex"): (lambda h, r: _product(r, h), lambda r, t: _product(r, t)),
 }
 
 
-def sampled_ranking(vectors: tuple[np.ndarray, np.ndarray], test: torch.Tensor, candidates: torch.Tensor,
+def sampled_ranking(vectors: tuple[np.ndarray, np.ndarray, np.ndarray], test: torch.Tensor, candidates: torch.Tensor,
                     side: str = "cadence", model: str = "distmult") -> dict[str, float]:
     """Each held-out edge's tail (and head) ranked against the same candidates by ``side``'s own
-    score of ``model`` (``QUERIES``), unfiltered; ties count half. Entities a side never saw (NaN
-    rows) score as zero vectors."""
+    score of ``model`` (``QUERIES``) with the relation rows of that direction (``vectors``: entity
+    rows, tail-side relation rows, head-side relation rows), unfiltered; ties count half. Entities a
+    side never saw (NaN rows) score as zero vectors."""
     entities = torch.from_numpy(np.nan_to_num(vectors[0], nan=0.0)).double()
-    relations = torch.from_numpy(vectors[1]).double()
+    tail_relations, head_relations = (torch.from_numpy(v).double() for v in vectors[1:])
     tail_query, head_query = QUERIES[(side, model)]
     h, r, t = test.unbind(1)
     cand = entities[candidates]  # [C, d]
     ranks = []
-    for query, target in ((tail_query(entities[h], relations[r]), t), (head_query(relations[r], entities[t]), h)):
+    for query, target in ((tail_query(entities[h], tail_relations[r]), t),
+                          (head_query(head_relations[r], entities[t]), h)):
         true = (query * entities[target]).sum(1, keepdim=True)
         scores = query @ cand.T
         scores[candidates.unsqueeze(0) == target.unsqueeze(1)] = float("-inf")
@@ -318,8 +343,11 @@ def main() -> int:
                              "PBG's MRR after each of its epochs is compared")
     parser.add_argument("--communities", type=int, default=0,
                         help="data.synthetic.communities of the graph (default 0: independent endpoints)")
+    parser.add_argument("--lr", type=float, default=SETTING["lr"],
+                        help=f"the learning rate of every contender (default {SETTING['lr']})")
     args = parser.parse_args()
     provenance = check(args)
+    SETTING["lr"] = args.lr
     args.entities = args.entities or (300_000 if args.quick else 1_000_000)
     args.edges = args.edges or (600_000 if args.quick else 2_000_000)
     reps = 1 if args.quick else args.reps
@@ -340,7 +368,7 @@ def main() -> int:
     name = "kge_vs_pbg" + ("" if args.model == "distmult" else f"_{args.model}") + (
         f"_epochs{args.epochs}" if args.epochs > 1 else "") + (
         f"_communities{args.communities}" if args.communities else "") + (
-        "" if args.loss == "logistic" else f"_{args.loss}")
+        "" if args.loss == "logistic" else f"_{args.loss}") + (f"_lr{args.lr:g}" if args.lr != 0.1 else "")
     _, out, command = peer_run(args, name, 1)
     started = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="cadence-kge-vs-pbg-"))
@@ -374,14 +402,15 @@ def main() -> int:
                             result = (run_pbg(args, work, data) if contender == "pbg"
                                       else run_torchkge(args, work, data) if contender == "torchkge"
                                       else run_cadence(args, work, fixed=contender == "cadence-fixed",
-                                                       layout=LAYOUTS[contender]))
+                                                       layout=LAYOUTS[contender],
+                                                       reciprocal=contender == "cadence-reciprocal"))
                         finally:
                             if busy:
                                 busy.__exit__()
                     record["others_cpu_share"] = round(meter.share, 3)
                     vectors, epochs = result.pop("_vectors", None), result.pop("_epochs", None)
                     record.update(result)
-                    side = "pbg" if contender == "pbg" else "cadence"
+                    side = contender if contender in ("pbg", "cadence-reciprocal") else "cadence"
                     if vectors is not None:
                         record.update(sampled_ranking(vectors, test, candidates, side, args.model))
                     if epochs is not None:

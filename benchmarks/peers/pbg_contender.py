@@ -17,7 +17,8 @@ embeddings, no held-out evaluation during training.
 Writes ``OUT/result.json`` (``train_seconds``: the seconds of PBG's buckets, ``train_call_seconds``:
 the wall time of ``train()``; ``edges``; ``epoch_seconds``: each epoch's bucket seconds; the config)
 and ``OUT/entities.npy`` (rows in cadence's id order: row i is the entity named ``i``; entities PBG
-never saw are NaN) and ``OUT/relations.npy`` (each relation's operator parameters, in id order): the
+never saw are NaN), ``OUT/relations.npy`` and ``OUT/relations_lhs.npy`` (each relation's right- and
+left-hand operator parameters, in id order: dynamic relations keep one operator per side): the
 model after the last epoch. With ``--epochs E`` > 1 every epoch's model is kept
 (``checkpoint_preservation_interval: 1``) and also written as ``OUT/entities.e{N}.npy`` and
 ``OUT/relations.e{N}.npy`` for epochs N = 1..E.
@@ -70,9 +71,10 @@ class BucketTimes(logging.Handler):
         return sum(seconds for _, seconds in self.buckets)
 
 
-def vectors(model: Path, version: int, imported: Path) -> tuple[np.ndarray, np.ndarray, str]:
+def vectors(model: Path, version: int, imported: Path) -> tuple[np.ndarray, dict[str, np.ndarray], str]:
     """The entity rows (in cadence's id order; NaN rows for entities PBG never saw) and the
-    relation parameters (in id order) of checkpoint version ``version``, and the parameter's name."""
+    relation parameters (in id order) of each side's operator (``lhs``, ``rhs``: dynamic relations
+    keep one per side) of checkpoint version ``version``, and the parameter's name."""
     names = json.loads((imported / "entities" / "entity_names_all_0.json").read_text())
     with h5py.File(model / f"embeddings_all_0.v{version}.h5", "r") as handle:
         embeddings = handle["embeddings"][...]
@@ -80,17 +82,27 @@ def vectors(model: Path, version: int, imported: Path) -> tuple[np.ndarray, np.n
     ordered = np.full((entities, embeddings.shape[1]), np.nan, dtype=np.float32)
     ordered[np.array([int(n) for n in names])] = embeddings
     relation_names = json.loads((imported / "entities" / "dynamic_rel_names.json").read_text())
+    sides, key = {}, ""
     with h5py.File(model / f"model.v{version}.h5", "r") as handle:
-        group = handle["model"]["relations"]["0"]["operator"]["rhs"]
-        params = {key: group[key][...] for key in group}
-    if {"real", "imag"} <= set(params):  # complex_diagonal: [real | imaginary] halves, as the evaluator reads them
-        key, values = "real|imag", np.concatenate([params["real"], params["imag"]], axis=1)
-    else:
-        key = "diagonal" if "diagonal" in params else sorted(params)[0]
-        values = params[key]  # [relations, ...] in PBG's relation order
-    ordered_rel = np.empty_like(values)
-    ordered_rel[np.array([int(n) for n in relation_names])] = values
-    return ordered, ordered_rel, key
+        for side in ("lhs", "rhs"):
+            group = handle["model"]["relations"]["0"]["operator"][side]
+            params = {name: group[name][...] for name in group}
+            if {"real", "imag"} <= set(params):  # complex_diagonal: [real | imaginary] halves, as the evaluator reads them
+                key, values = "real|imag", np.concatenate([params["real"], params["imag"]], axis=1)
+            else:
+                key = "diagonal" if "diagonal" in params else sorted(params)[0]
+                values = params[key]  # [relations, ...] in PBG's relation order
+            sides[side] = np.empty_like(values)
+            sides[side][np.array([int(n) for n in relation_names])] = values
+    return ordered, sides, key
+
+
+def save(out: Path, suffix: str, entities: np.ndarray, relations: dict[str, np.ndarray]) -> None:
+    """``entities{suffix}.npy``; ``relations{suffix}.npy``: the right-hand operators (head
+    corruptions are scored with them), ``relations_lhs{suffix}.npy``: the left-hand ones (tails)."""
+    np.save(out / f"entities{suffix}.npy", entities)
+    np.save(out / f"relations{suffix}.npy", relations["rhs"])
+    np.save(out / f"relations_lhs{suffix}.npy", relations["lhs"])
 
 
 def main() -> int:
@@ -144,13 +156,11 @@ def main() -> int:
     if len(buckets.buckets) != args.epochs:
         raise SystemExit(f"pbg_contender: {len(buckets.buckets)} buckets for {args.epochs} epochs (one partition)")
     entities, relations, key = vectors(work / "model", args.epochs, imported)
-    np.save(args.out / "entities.npy", entities)
-    np.save(args.out / "relations.npy", relations)
+    save(args.out, "", entities, relations)
     if args.epochs > 1:
         for epoch in range(1, args.epochs + 1):
             entities, relations, _ = vectors(work / "model", epoch, imported)
-            np.save(args.out / f"entities.e{epoch}.npy", entities)
-            np.save(args.out / f"relations.e{epoch}.npy", relations)
+            save(args.out, f".e{epoch}", entities, relations)
     (args.out / "result.json").write_text(json.dumps({
         # PBG's own time of its buckets (what it reports as M/sec), and of train() as a whole (with
         # the workers' start, the model's initialisation and the checkpoint written)

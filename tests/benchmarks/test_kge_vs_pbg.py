@@ -30,15 +30,31 @@ def test_cadence_queries_score_as_cadences_scorer(model: str) -> None:
     assert torch.allclose((head_query(r, t) * h).sum(1), expected)
 
 
-def test_pbg_complex_queries_score_as_pbgs_right_hand_operator() -> None:
+def test_pbg_complex_queries_score_with_pbgs_operator_of_each_side() -> None:
+    """Dynamic relations: tail corruptions are scored c(g_r(h), t'), the left-hand operator applied to
+    the head; head corruptions c(h', h_r(t)), the right-hand one applied to the tail."""
     generator = torch.Generator().manual_seed(1)
     h, r, t = (torch.randn(5, 8, generator=generator, dtype=torch.float64) for _ in range(3))
-    # PBG: the operator multiplies the right-hand side; the dot comparator sums both halves' products
-    product = as_complex(r) * as_complex(t)
-    expected = (h * torch.cat([product.real, product.imag], 1)).sum(1)
+
+    def dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # PBG's dot comparator on [real | imaginary]
+        return (torch.cat([a.real, a.imag], 1) * b).sum(1)
+
     tail_query, head_query = bench.QUERIES[("pbg", "complex")]
-    assert torch.allclose((tail_query(h, r) * t).sum(1), expected)
-    assert torch.allclose((head_query(r, t) * h).sum(1), expected)
+    assert torch.allclose((tail_query(h, r) * t).sum(1), dot(as_complex(r) * as_complex(h), t))
+    assert torch.allclose((head_query(r, t) * h).sum(1), dot(as_complex(r) * as_complex(t), h))
+
+
+@pytest.mark.parametrize("model", ["distmult", "complex"])
+def test_reciprocal_head_queries_score_the_inverse_relations_tail_query(model: str) -> None:
+    """A reciprocal run predicts the head of (h, r, t) as the tail of (t, r^-1, ?): cadence's scorer on
+    the inverse row."""
+    generator = torch.Generator().manual_seed(3)
+    h, inverse, t = (torch.randn(5, 8, generator=generator, dtype=torch.float64) for _ in range(3))
+    scorer = SCORERS.get(model)(ModelConfig(name=model, dim=8))
+    _, head_query = bench.QUERIES[("cadence-reciprocal", model)]
+    assert torch.allclose((head_query(inverse, t) * h).sum(1), scorer.score(t, inverse, h))
+    tails, heads = bench.by_direction(torch.arange(6.0).view(6, 1).numpy(), True)
+    assert tails.ravel().tolist() == [0, 1, 2] and heads.ravel().tolist() == [3, 4, 5]
 
 
 def test_torchkge_complex_scores_as_cadences_queries_on_its_halves_side_by_side() -> None:
@@ -95,5 +111,6 @@ def test_an_epoch_checkpoint_holds_the_rows_the_run_trained_and_its_seconds(tmp_
     _, _, view, dense = api.load_model(tmp_path / "run")  # the library's own reading of the final model
     assert torch.equal(torch.from_numpy(last[0]), view.values(torch.arange(300)))
     assert torch.equal(torch.from_numpy(last[1]), dense.relations.detach())
+    assert torch.equal(torch.from_numpy(last[2]), dense.relations.detach())  # both directions: not reciprocal
     assert not torch.equal(torch.from_numpy(first[0]), torch.from_numpy(last[0]))
     assert 0 < first_seconds < last_seconds
