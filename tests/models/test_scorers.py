@@ -63,6 +63,18 @@ def test_tail_and_head_scoring_match_pairwise_scores(scorer) -> None:
             assert torch.isclose(heads[i, j], scorer.score(c[j:j + 1], r[i:i + 1], t[i:i + 1])[0])
 
 
+def test_both_sides_at_once_are_each_sides_pairwise_scores(scorer) -> None:
+    """``score_sides`` (one product for both sides, where a scorer has one): the tails' rows, then the
+    heads', each against the pairwise score."""
+    h, r, t, c = sample(scorer, 3, 5)
+    both = scorer.score_sides(h, r, t, c)
+    assert both.shape == (6, 5)
+    for i in range(3):
+        for j in range(5):
+            assert torch.isclose(both[i, j], scorer.score(h[i:i + 1], r[i:i + 1], c[j:j + 1])[0])
+            assert torch.isclose(both[3 + i, j], scorer.score(c[j:j + 1], r[i:i + 1], t[i:i + 1])[0])
+
+
 def test_complex_models_reject_odd_dims() -> None:
     from cadence.errors import ConfigError
 

@@ -48,23 +48,23 @@ class KgeModel(nn.Module):
             r = torch.where(self.frozen_relations.index_select(0, relations).unsqueeze(1), r.detach(), r)
         # sampled negatives: the positive triple's score is shared by both sides, computed once
         positive = None if candidates is None else self.scorer.score(h, r, t)  # [B]
-        tail_scores, head_scores = self._negative_scores(rows, h, r, t, candidates)
-        loss = self._side_loss(tail_scores, positive, tails)
-        if head_scores is not None:
-            loss = (loss + self._side_loss(head_scores, positive, heads)) / 2
+        # both sides in one [2B, C] block (tails' rows, then heads'): a mean over its rows is the mean
+        # of the two sides' losses
+        scores = self._negative_scores(rows, h, r, t, candidates)
+        loss = self._side_loss(scores, positive, tails if self.train_config.reciprocal else torch.cat([tails, heads]))
         if positive is not None and self.train_config.loss == "logistic":
             loss = loss + F.softplus(-positive).mean()  # the positive term, once for both sides
         if self.train_config.regularizer != "none" and self.train_config.reg_weight > 0:
             loss = loss + self._regularization(h, r, t)
         return loss
 
-    def _negative_scores(self, rows: Tensor, h: Tensor, r: Tensor, t: Tensor,
-                         candidates: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """[B, C] scores of each edge's tail side (and head side, unless reciprocal) against its negatives."""
+    def _negative_scores(self, rows: Tensor, h: Tensor, r: Tensor, t: Tensor, candidates: Tensor | None) -> Tensor:
+        """[B, C] scores of each edge's tail side against its negatives, and below them, [2B, C], its
+        head side's (unless reciprocal)."""
         both = not self.train_config.reciprocal
         if candidates is None or candidates.dim() == 1:
             pool = rows if candidates is None else rows.index_select(0, candidates)
-            return self.scorer.score_tails(h, r, pool), self.scorer.score_heads(pool, r, t) if both else None
+            return self.scorer.score_sides(h, r, t, pool) if both else self.scorer.score_tails(h, r, pool)
         # chunked: K pools gathered at once, the edges viewed as K chunks of ceil(B / K) (the last
         # padded with zero rows, whose scores are cut off), one batched product per side
         chunks, size = candidates.shape[0], h.shape[0]
@@ -72,8 +72,9 @@ class KgeModel(nn.Module):
         pools = rows.index_select(0, candidates.reshape(-1)).view(chunks, candidates.shape[1], rows.shape[1])
         h, r, t = (self._as_chunks(x, chunks, step) for x in (h, r, t))
         tails = self.scorer.score_tails_chunked(h, r, pools).reshape(chunks * step, -1)[:size]
-        heads = self.scorer.score_heads_chunked(pools, r, t).reshape(chunks * step, -1)[:size] if both else None
-        return tails, heads
+        if not both:
+            return tails
+        return torch.cat([tails, self.scorer.score_heads_chunked(pools, r, t).reshape(chunks * step, -1)[:size]])
 
     @staticmethod
     def _as_chunks(x: Tensor, chunks: int, step: int) -> Tensor:
@@ -84,17 +85,18 @@ class KgeModel(nn.Module):
         return x.view(chunks, step, x.shape[1])
 
     def _side_loss(self, scores: Tensor, positive: Tensor | None, targets: Tensor) -> Tensor:
-        """One side's loss. scores: [B, C]; positive: [B] with sampled negatives (the logistic
-        loss adds its positive term in ``loss``), or None when the candidates are all entities and
-        ``targets`` [B] index the true one among them."""
+        """The sides' mean loss. scores: [S B, C] (S sides, each B rows); positive: [B] with sampled
+        negatives (the logistic loss adds its positive term in ``loss``), or None when the candidates
+        are all entities and ``targets`` [S B] index the true one among them."""
         if positive is None:
             if self.train_config.loss == "softmax":
                 return F.cross_entropy(scores, targets)
             labels = torch.zeros_like(scores).scatter_(1, targets.unsqueeze(1), 1.0)
             return F.binary_cross_entropy_with_logits(scores, labels)
         if self.train_config.loss == "softmax":
-            logits = torch.cat([positive.unsqueeze(1), scores], dim=1)  # positive is class 0
-            return F.cross_entropy(logits, torch.zeros_like(targets))
+            sides = scores.shape[0] // positive.shape[0]
+            logits = torch.cat([(positive.repeat(sides) if sides > 1 else positive).unsqueeze(1), scores], dim=1)
+            return F.cross_entropy(logits, torch.zeros_like(targets))  # positive is class 0
         return F.softplus(scores).mean()
 
     def _regularization(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:

@@ -55,6 +55,12 @@ class Scorer(ABC):
     @abstractmethod
     def score_heads(self, candidates: Tensor, r: Tensor, t: Tensor) -> Tensor: ...
 
+    def score_sides(self, h: Tensor, r: Tensor, t: Tensor, candidates: Tensor) -> Tensor:
+        """[2B, C]: ``score_tails``'s rows, then ``score_heads``'s: both sides of a batch against the
+        same candidates (a scorer that is a dot of a query with the candidates overrides it with one
+        product of both sides' queries: fewer operators a step)."""
+        return torch.cat([self.score_tails(h, r, candidates), self.score_heads(candidates, r, t)])
+
     def score_tails_chunked(self, h: Tensor, r: Tensor, pools: Tensor) -> Tensor:
         """[K, c, D] heads, [K, c, R] relations, [K, C, D] pools -> [K, c, C]: chunk k's queries against
         pool k. This loop is the reference; each scorer overrides it with one batched operation."""
@@ -87,6 +93,9 @@ class DistMultScorer(Scorer):
 
     def score_heads(self, candidates, r, t):
         return (r * t) @ candidates.t()
+
+    def score_sides(self, h, r, t, candidates):
+        return torch.cat([h * r, r * t]) @ candidates.t()
 
     def score_tails_chunked(self, h, r, pools):
         return torch.bmm(h * r, pools.transpose(1, 2))  # [K, c, D] @ [K, D, C]
@@ -122,6 +131,9 @@ class ComplExScorer(Scorer):
     def score_heads(self, candidates, r, t):
         # Re(<c, r conj(t)>) = [Re(c), Im(c)] . [Re(r conj t), -Im(r conj t)] = c . conj(r conj(t))
         return _conjugate(_complex_product(r, _conjugate(t))) @ candidates.t()
+
+    def score_sides(self, h, r, t, candidates):
+        return torch.cat([_complex_product(h, r), _conjugate(_complex_product(r, _conjugate(t)))]) @ candidates.t()
 
     def score_tails_chunked(self, h, r, pools):
         return torch.bmm(_complex_product(h, r), pools.transpose(1, 2))
