@@ -22,6 +22,9 @@ both cores:
   the thread governor;
 - ``cadence-chunked``: ``cadence`` with PBG's chunked negatives (``train.negative_chunk=100``: each
   chunk of 100 edges of a batch draws its own 100 negatives);
+- ``cadence-reciprocal``: ``cadence`` with ``train.reciprocal=true``: a relation row per direction (heads
+  are predicted as the tails of ``r^-1``), the model PBG's dynamic relations train (one operator per
+  side); each side is ranked with its own rows (``QUERIES``, ``by_direction``);
 - ``pbg``: ``benchmarks/peers/pbg_contender.py`` in ``.venv-bench-pbg``: 2 Hogwild worker processes of
   one torch thread each, PBG's chunked negatives (100 uniform entities per chunk of 100 edges);
 - ``torchkge``: ``benchmarks/peers/torchkge_contender.py`` in ``.venv-bench-torchkge`` (the second peer):
