@@ -33,10 +33,9 @@ def task(*overrides: str) -> KgeTask:
     return KgeTask(config, graph())
 
 
-def naive_loss(model: KgeModel, rows: torch.Tensor, batch) -> float:
+def naive_loss(model: KgeModel, rows: torch.Tensor, inputs: dict) -> float:
     """Per edge: softplus(-positive) + (mean over its chunk's negatives of softplus(tail score) and of
     softplus(head score)) / 2, averaged over the edges; a chunk is ceil(B / K) consecutive edges."""
-    inputs = batch.inputs
     candidates = inputs["candidates"]
     chunks = candidates.shape[0]
     size = inputs["heads"].shape[0]
@@ -57,13 +56,13 @@ def test_each_chunk_draws_its_own_negatives_and_the_loss_matches_a_naive_referen
     kge = task(f"train.negative_chunk={chunk}")
     plan = kge.plan(0)[0]
     batch = kge.prepare(plan)
-    candidates = batch.inputs["candidates"]
+    candidates = kge.edge_positions(batch)["candidates"]
     assert candidates.shape == (math.ceil(25 / chunk), 8)
     assert len({tuple(row.tolist()) for row in candidates}) == candidates.shape[0]  # not one draw repeated
     model = kge.dense_module().double()
     rows = torch.randn(batch.ids.shape[0], 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     got = float(kge.loss(batch, rows, model).detach())
-    assert got == pytest.approx(naive_loss(model, rows, batch), rel=1e-9)
+    assert got == pytest.approx(naive_loss(model, rows, kge.edge_positions(batch)), rel=1e-9)
 
 
 @pytest.mark.parametrize("chunk", [0, 25, 1000, "auto"])
@@ -74,8 +73,8 @@ def test_one_chunk_is_the_shared_default_bit_for_bit(chunk: int) -> None:
     plan: BatchPlan = shared.plan(0)[0]
     first, second = shared.prepare(plan), chunked.prepare(plan)
     assert torch.equal(first.ids, second.ids)
-    assert first.inputs["candidates"].dim() == 1
-    assert torch.equal(first.inputs["candidates"], second.inputs["candidates"])
+    assert shared.edge_positions(first)["candidates"].dim() == 1
+    assert torch.equal(first.inputs["positions"], second.inputs["positions"])
 
 
 # ---- the batched chunk forms: each scorer's one batched operation against the per-chunk loop --------------
@@ -131,10 +130,10 @@ def test_the_batched_chunked_loss_and_gradients_equal_the_per_chunk_loop(name: s
     kge = task(f"model.name={name}", f"train.loss={loss}", f"train.negative_chunk={chunk}",
                f"train.reciprocal={str(reciprocal).lower()}")
     batch = kge.prepare(kge.plan(0)[0])
-    assert batch.inputs["candidates"].dim() == 2
+    assert kge.edge_positions(batch)["candidates"].dim() == 2
     grads = []
     for compute in (lambda m, rows: kge.loss(batch, rows, m),
-                    lambda m, rows: looped_loss(m, rows, batch.inputs, not reciprocal)):
+                    lambda m, rows: looped_loss(m, rows, kge.edge_positions(batch), not reciprocal)):
         model = kge.dense_module().double()
         rows = torch.randn(batch.ids.shape[0], 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
         rows.requires_grad_()
@@ -165,7 +164,7 @@ def test_auto_resolves_by_the_loss_once_and_a_number_stays(settings: list[str], 
 def test_a_task_built_without_prepare_config_resolves_auto_the_same_way() -> None:
     softmax = task("train.loss=softmax")  # train.negative_chunk left at auto
     assert softmax.config.train.negative_chunk == "auto" and softmax.negative_chunk == 8
-    assert softmax.prepare(softmax.plan(0)[0]).inputs["candidates"].shape == (math.ceil(25 / 8), 8)
+    assert softmax.edge_positions(softmax.prepare(softmax.plan(0)[0]))["candidates"].shape == (math.ceil(25 / 8), 8)
 
 
 def test_other_tasks_leave_auto_alone() -> None:

@@ -31,7 +31,7 @@ def negatives(task: KgeTask, epochs: int = 3) -> torch.Tensor:
     for epoch in range(epochs):
         for plan in task.plan(epoch):
             batch = task.prepare(plan)
-            drawn.append(batch.ids[batch.inputs["candidates"].reshape(-1)])
+            drawn.append(batch.ids[task.edge_positions(batch)["candidates"].reshape(-1)])
     return torch.cat(drawn)
 
 
@@ -71,7 +71,7 @@ def test_where_every_entity_is_on_an_edge_the_draws_are_those_of_all_bit_for_bit
     for plan in task(dense).plan(0):
         edges = task(dense, "train.negative_pool=edges").prepare(plan)
         every = task(dense, "train.negative_pool=all").prepare(plan)
-        assert edges.ids.equal(every.ids) and edges.inputs["candidates"].equal(every.inputs["candidates"])
+        assert edges.ids.equal(every.ids) and edges.inputs["positions"].equal(every.inputs["positions"])
 
 
 def test_a_bad_pool_is_a_one_line_error_naming_the_key() -> None:

@@ -43,33 +43,50 @@ class KgeModel(nn.Module):
         # index_select, not rows[ids]: its backward (index_add_) is deterministic whichever thread
         # runs it, which the bit-identity of asynchronous and synchronous runs relies on; and faster
         h, t = rows.index_select(0, heads), rows.index_select(0, tails)
+        if candidates is None:
+            both = torch.cat([tails, heads]) if not self.train_config.reciprocal else tails
+            return self._loss(h, relations, t, rows, 0, both)
+        pool = rows.index_select(0, candidates.reshape(-1))
+        return self._loss(h, relations, t, pool, 1 if candidates.dim() == 1 else candidates.shape[0], None)
+
+    def loss_at(self, rows: Tensor, positions: Tensor, relations: Tensor) -> Tensor:
+        """``loss`` with sampled negatives, the batch's rows gathered at once (one gather, one scatter
+        of its gradient: fewer operators a step): positions [2B + C] index rows, the B heads, the B
+        tails, then the candidates (``train.negatives`` of them per chunk of edges, as ``loss``'s)."""
+        size = relations.shape[0]
+        h, t, pool = rows.index_select(0, positions).split([size, size, positions.shape[0] - 2 * size])
+        return self._loss(h, relations, t, pool, pool.shape[0] // self.train_config.negatives, None)
+
+    def _loss(self, h: Tensor, relations: Tensor, t: Tensor, pool: Tensor, chunks: int,
+              targets: Tensor | None) -> Tensor:
+        """The loss of edges (h, relations, t) against ``pool`` [C, D]: sampled negatives shared by the
+        batch (``chunks`` 1) or ``chunks`` consecutive pools of C / chunks rows, or every entity
+        (``chunks`` 0; ``targets`` [S B]: the true tails, then heads, among them)."""
         r = self.relations.index_select(0, relations)
         if self.frozen_relations is not None:
             r = torch.where(self.frozen_relations.index_select(0, relations).unsqueeze(1), r.detach(), r)
         # sampled negatives: the positive triple's score is shared by both sides, computed once
-        positive = None if candidates is None else self.scorer.score(h, r, t)  # [B]
+        positive = None if chunks == 0 else self.scorer.score(h, r, t)  # [B]
         # both sides in one [2B, C] block (tails' rows, then heads'): a mean over its rows is the mean
         # of the two sides' losses
-        scores = self._negative_scores(rows, h, r, t, candidates)
-        loss = self._side_loss(scores, positive, tails if self.train_config.reciprocal else torch.cat([tails, heads]))
+        loss = self._side_loss(self._negative_scores(h, r, t, pool, chunks), positive, targets)
         if positive is not None and self.train_config.loss == "logistic":
             loss = loss + F.softplus(-positive).mean()  # the positive term, once for both sides
         if self.train_config.regularizer != "none" and self.train_config.reg_weight > 0:
             loss = loss + self._regularization(h, r, t)
         return loss
 
-    def _negative_scores(self, rows: Tensor, h: Tensor, r: Tensor, t: Tensor, candidates: Tensor | None) -> Tensor:
+    def _negative_scores(self, h: Tensor, r: Tensor, t: Tensor, pool: Tensor, chunks: int) -> Tensor:
         """[B, C] scores of each edge's tail side against its negatives, and below them, [2B, C], its
         head side's (unless reciprocal)."""
         both = not self.train_config.reciprocal
-        if candidates is None or candidates.dim() == 1:
-            pool = rows if candidates is None else rows.index_select(0, candidates)
+        if chunks <= 1:
             return self.scorer.score_sides(h, r, t, pool) if both else self.scorer.score_tails(h, r, pool)
-        # chunked: K pools gathered at once, the edges viewed as K chunks of ceil(B / K) (the last
-        # padded with zero rows, whose scores are cut off), one batched product per side
-        chunks, size = candidates.shape[0], h.shape[0]
+        # chunked: the edges viewed as K chunks of ceil(B / K) (the last padded with zero rows, whose
+        # scores are cut off), one batched product per side
+        size = h.shape[0]
         step = -(-size // chunks)
-        pools = rows.index_select(0, candidates.reshape(-1)).view(chunks, candidates.shape[1], rows.shape[1])
+        pools = pool.view(chunks, pool.shape[0] // chunks, pool.shape[1])
         h, r, t = (self._as_chunks(x, chunks, step) for x in (h, r, t))
         tails = self.scorer.score_tails_chunked(h, r, pools).reshape(chunks * step, -1)[:size]
         if not both:
@@ -84,7 +101,7 @@ class KgeModel(nn.Module):
             x = torch.cat([x, x.new_zeros(missing, x.shape[1])])
         return x.view(chunks, step, x.shape[1])
 
-    def _side_loss(self, scores: Tensor, positive: Tensor | None, targets: Tensor) -> Tensor:
+    def _side_loss(self, scores: Tensor, positive: Tensor | None, targets: Tensor | None) -> Tensor:
         """The sides' mean loss. scores: [S B, C] (S sides, each B rows); positive: [B] with sampled
         negatives (the logistic loss adds its positive term in ``loss``), or None when the candidates
         are all entities and ``targets`` [S B] index the true one among them."""
@@ -96,7 +113,7 @@ class KgeModel(nn.Module):
         if self.train_config.loss == "softmax":
             sides = scores.shape[0] // positive.shape[0]
             logits = torch.cat([(positive.repeat(sides) if sides > 1 else positive).unsqueeze(1), scores], dim=1)
-            return F.cross_entropy(logits, torch.zeros_like(targets))  # positive is class 0
+            return F.cross_entropy(logits, logits.new_zeros(logits.shape[0], dtype=torch.long))  # positive: class 0
         return F.softplus(scores).mean()
 
     def _regularization(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:

@@ -158,14 +158,27 @@ class KgeTask(Task):
         if pool is not None:
             sampled = pool.index_select(0, sampled)
         ids, local = torch.unique(torch.cat([heads, tails, sampled]), return_inverse=True)
-        candidates = local[2 * size:]
-        inputs = {"heads": local[:size], "relations": relations, "tails": local[size:2 * size],
-                  "candidates": candidates if chunks == 1 else candidates.view(chunks, self.negatives)}
-        return Batch(plan, ids, inputs)
+        # the heads, the tails, then the candidates, as positions in the batch's rows: one gather
+        return Batch(plan, ids, {"positions": local, "relations": relations})
+
+    def edge_positions(self, batch: Batch) -> dict[str, Tensor | None]:
+        """A batch's edges and sampled negatives as positions in its rows: ``heads``, ``tails`` and
+        ``relations`` [B]; ``candidates`` [C] shared by the batch, [K, n] (chunk k of ceil(B / K)
+        edges against row k), or None (every entity is a candidate)."""
+        inputs = batch.inputs
+        if "positions" not in inputs:
+            return {**inputs, "candidates": None}
+        size, positions = inputs["relations"].shape[0], inputs["positions"]
+        candidates = positions[2 * size:]
+        chunks = candidates.shape[0] // self.config.train.negatives
+        return {"heads": positions[:size], "relations": inputs["relations"], "tails": positions[size:2 * size],
+                "candidates": candidates if chunks == 1 else candidates.view(chunks, -1)}
 
     def loss(self, batch: Batch, rows: Tensor, dense: nn.Module) -> Tensor:
         inputs = batch.inputs
-        return dense.loss(rows, inputs["heads"], inputs["relations"], inputs["tails"], inputs.get("candidates"))
+        if "positions" in inputs:
+            return dense.loss_at(rows, inputs["positions"], inputs["relations"])
+        return dense.loss(rows, inputs["heads"], inputs["relations"], inputs["tails"], None)
 
     def examples_of(self, triples_seen: int) -> int:
         return triples_seen // self.copies_per_edge
