@@ -17,7 +17,12 @@ repetition, so drift hits both alike), the 1-minute load average recorded before
   engine and on a local Ray cluster: examples per second of training;
 - ``shadow-threads``: the same with ``shadow-easgd`` (2 trainers) on the thread engine;
 - ``adapm-threads`` and ``adapm-ray``: configs/ml100k-mf.yaml under ``adapm`` with 2 nodes,
-  ``--ps-epochs`` epochs on each engine.
+  ``--ps-epochs`` epochs on each engine;
+- ``kge-d8`` (issue 46's host time per batch): sync KGE where compute is negligible, DistMult d=8,
+  100 shared negatives, batches of 1,000, logistic loss, row-wise Adagrad, one torch thread, a
+  synthetic graph of 20,000 entities and 200,000 edges, ``--kge-epochs`` epochs: the record's
+  ``seconds_per_batch`` is the host's time per batch;
+- ``umls``: the shipped configs/umls-complex.yaml, ``--kge-epochs`` epochs, sync.
 
 The result per measurement: each revision's runs, their medians, ``after / before`` of the medians
 and per repetition, and each revision's own spread (max / min of its runs) as the noise to judge
@@ -40,7 +45,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MEASUREMENTS = ("kge", "ps-threads", "ps-ray", "shadow-threads", "adapm-threads", "adapm-ray")
+MEASUREMENTS = ("kge", "ps-threads", "ps-ray", "shadow-threads", "adapm-threads", "adapm-ray", "kge-d8", "umls")
+KGE_D8 = ["task=kge", "strategy=sync", "data.dataset=synthetic", "data.synthetic.num_entities=20000",
+          "data.synthetic.num_relations=8", "data.synthetic.num_edges=200010", "data.synthetic.holdout=10",
+          "model.name=distmult", "model.dim=8", "train.scoring=sampled", "train.negatives=100",
+          "train.negative_chunk=0", "train.negative_pool=all", "train.loss=logistic", "train.batch_size=1000",
+          "optimizer.entity=rowwise_adagrad", "optimizer.dense=adagrad", "optimizer.lr=0.1", "threads=1",
+          "adapt_threads=false", "eval.test=false"]
 
 
 def git(*args: str, cwd: Path = REPO) -> str:
@@ -59,6 +70,11 @@ def measure(name: str, epochs: int) -> dict:
                 "data.dataset=kinships", "model.name=distmult", "model.dim=128", "train.batch_size=1024",
                 "train.loss=logistic", "train.scoring=sampled", "train.reciprocal=false", "train.negatives=16",
                 "optimizer.lr=0.1", "eval.test=false", *common])
+        elif name == "kge-d8":
+            config = cadence.load_config(None, [*KGE_D8, *common])
+        elif name == "umls":
+            config = cadence.load_config(str(Path("configs/umls-complex.yaml")), ["strategy=sync", "eval.test=false",
+                                                                                  *common])
         elif name.startswith("adapm"):
             engine = name.split("-")[1]
             config = cadence.load_config(str(Path("configs/ml100k-mf.yaml")), [
@@ -73,8 +89,10 @@ def measure(name: str, epochs: int) -> dict:
         cpu, wall = time.process_time(), time.perf_counter()
         summary = cadence.train(config).summary
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    batches = -(-summary["examples_seen"] // config.train.batch_size) if config.task == "kge" else None
     return {"examples_per_second": summary["examples_per_second"], "train_seconds": summary["train_seconds"],
-            "examples_seen": summary["examples_seen"], "torch_threads": torch.get_num_threads(),
+            "examples_seen": summary["examples_seen"],
+            "seconds_per_batch": summary["train_seconds"] / batches if batches else None, "torch_threads": torch.get_num_threads(),
             "driver_cpu_share": round(cpu / wall / max(1, torch.get_num_threads()), 3)}
 
 
@@ -139,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(args.reps):
                 order = ("before", "after") if rep % 2 == 0 else ("after", "before")
                 for name in names:
-                    epochs = args.kge_epochs if name == "kge" else args.ps_epochs
+                    epochs = args.kge_epochs if name in ("kge", "kge-d8", "umls") else args.ps_epochs
                     for label in order:
                         record = run_once(trees[label], name, epochs)
                         runs[name][label].append(record)
