@@ -12,6 +12,12 @@ Parts (``--parts``, default all):
 - ``kge-large``: issue 9's setting: a synthetic power-law graph of 10M entities and 4M edges, DistMult
   d=100, 100 shared negatives, batch 1000, one epoch; ``sync``, ``async`` and ``oac`` on the GPU (rows in
   host memory, batches through the pipeline's streams); filtered test MRR on 500 held-out edges;
+- ``kge-fb15k``: issue 46's GPU user's setting, next to Marius's published figures (OSDI'21, Table 2:
+  FB15k on one V100, 1,000 negatives, batch 10,000: ComplEx d=400 ~0.52M edges/s, DistMult ~0.59M):
+  a synthetic graph of FB15k's size (14,951 entities, 1,345 relations, 483,142 training edges),
+  ComplEx d=400 and DistMult d=400, 1,000 shared negatives, batch 10,000, logistic loss, row-wise
+  Adagrad, one epoch; ``sync``, ``async`` and ``oac`` on the GPU; the record's ``marius_edges_per_second``
+  is the published figure of the same model;
 - ``ctr``: ``configs/ml100k-deepfm.yaml`` (2 epochs): ``sync`` on the CPU, ``sync`` and ``gba`` on the GPU
   (the parameter-server workers compute on the GPU).
 
@@ -70,10 +76,18 @@ IMAGE = (
     Contender("pdasgd-bu", "cuda", ("strategy=pdasgd-bu", "pdasgd.backward_threads=2")),
     Contender("pdasgd", "cuda", ("strategy=pdasgd", "pdasgd.backward_threads=2")),
 )
+# FB15k's size (Marius's benchmark graph: 14,951 entities, 1,345 relations, 483,142 training edges)
+# and Marius's setting of it: d=400, 1,000 negatives, batch 10,000
+FB15K_SIZED = ("data.dataset=synthetic", "data.synthetic.num_entities=14951", "data.synthetic.num_relations=1345",
+               "data.synthetic.num_edges=484142", "data.synthetic.holdout=500", "model.dim=400",
+               "train.scoring=sampled", "train.negatives=1000", "train.negative_chunk=0", "train.loss=logistic",
+               "train.batch_size=10000", "train.reciprocal=false", "train.regularizer=none", "train.reg_weight=0",
+               "optimizer.entity=rowwise_adagrad", "eval.every=0", "eval.test=true", "eval.max_triples=500")
+MARIUS_EDGES_PER_SECOND = {"kge-fb15k-complex": 520_000, "kge-fb15k-distmult": 590_000}  # OSDI'21 Table 2, one V100
 PARTS = {
     "image": (
         Part("image-mlp", "fashion-mnist-mlp.yaml", 2, IMAGE, ("optimizer.warmup_epochs=1",)),
-        Part("image-cnn", "fashion-mnist-cnn.yaml", 1, IMAGE, ("optimizer.warmup_epochs=0",)),
+        Part("image-cnn", "fashion-mnist-cnn.yaml", 1, IMAGE, ("optimizer.warmup_epochs=0", "optimizer.warmup_lr=null")),
     ),
     "kge": (Part("kge-umls", "umls-complex.yaml", 10, (
         Contender("sync", "cpu", ("strategy=sync", CPU_THREADS)),
@@ -92,6 +106,11 @@ PARTS = {
         "train.negatives=100", "train.loss=logistic", "train.batch_size=1000", "train.reciprocal=false",
         "train.regularizer=none", "train.reg_weight=0", "optimizer.entity=rowwise_adagrad", "eval.every=0",
         "eval.test=true")),),
+    "kge-fb15k": tuple(Part(f"kge-fb15k-{model}", "umls-complex.yaml", 1, (
+        Contender("sync", "cuda", ("strategy=sync",)),
+        Contender("async", "cuda", ("strategy=async",)),
+        Contender("oac", "cuda", ("strategy=oac",)),
+    ), (*FB15K_SIZED, f"model.name={model}")) for model in ("complex", "distmult")),
     "ctr": (Part("ctr-deepfm", "ml100k-deepfm.yaml", 2, (
         Contender("sync", "cpu", ("strategy=sync", CPU_THREADS)),
         Contender("sync", "cuda", ("strategy=sync",)),
@@ -113,6 +132,8 @@ def run_one(part: Part, contender: Contender, epochs: int, rep: int) -> dict[str
                                                  "checkpoint.every=0"])
     record: dict[str, Any] = {"part": part.name, "contender": contender.name, "device": contender.device, "rep": rep,
                               "loadavg_before": list(os.getloadavg())}
+    if part.name in MARIUS_EDGES_PER_SECOND:
+        record["marius_edges_per_second"] = MARIUS_EDGES_PER_SECOND[part.name]
     if contender.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     result = train_measured(config, record, "cadence-gpu-check-")
@@ -160,6 +181,23 @@ def summarize(records: list[dict[str, Any]], part: Part) -> dict[str, Any]:
     return table
 
 
+def summary_table(report: dict[str, Any]) -> str:
+    """One table of every part's contenders: examples/s (mean over reps), the metric, the ratio to
+    sync on the GPU, and Marius's published edges/s where the part has one."""
+    lines = [f"{'part':20s} {'contender':12s} {'examples/s':>12s} {'metric':>16s} {'vs sync@cuda':>12s} {'Marius':>9s}"]
+    for name, part in report["parts"].items():
+        for key, row in part["summary"].items():
+            if "error" in row:
+                lines.append(f"{name:20s} {key:12s} FAILED {row['error'][:60]}")
+                continue
+            metric = next((f"{m} {row[m]['mean']:.4f}" for m in METRICS if m in row), "")
+            ratio = row.get("throughput_vs_sync_cuda")
+            marius = MARIUS_EDGES_PER_SECOND.get(name)
+            lines.append(f"{name:20s} {key:12s} {row['examples_per_second']['mean']:>12,.0f} {metric:>16s} "
+                         f"{'' if ratio is None else f'{ratio:.2f}x':>12s} {'' if marius is None else f'{marius:,}':>9s}")
+    return "\n".join(lines)
+
+
 def with_variants(part: Part, variants: list[str]) -> Part:
     """``part`` with the ``--variant`` contenders named for it added (on the GPU)."""
     extra = []
@@ -187,7 +225,8 @@ def main() -> int:
     parser = peer_parser(__doc__, "1 rep, 1 epoch per part: a smoke test of the harness", 2,
                          "unused (a GPU machine is not shared)")
     parser.add_argument("--reps", type=int, default=2, help="interleaved repetitions (seeds 0..N-1; default 2)")
-    parser.add_argument("--parts", default="image,kge,kge-large,ctr", help="comma-separated: image, kge, ctr, kge-large")
+    parser.add_argument("--parts", default="image,kge,kge-large,kge-fb15k,ctr",
+                        help="comma-separated: image, kge, ctr, kge-large, kge-fb15k")
     parser.add_argument("--variant", action="append", default=[], metavar="PART:NAME:KEY=VALUE[,KEY=VALUE]",
                         help="one more GPU contender in PART (e.g. kge-10m:async-wide:strategy=async,"
                              "pipeline.loader_threads=8), repeatable: a diagnosis inside one lease")
@@ -213,6 +252,7 @@ def main() -> int:
                                           "overrides": list(part.overrides), "runs": records,
                                           "summary": summarize(records, part)}
     path = write_report(report, out, started, 0.0)
+    print(summary_table(report))
     say(f"wrote {path}")
     failed = [r for part in report["parts"].values() for r in part["runs"] if "error" in r]
     return 1 if failed else 0

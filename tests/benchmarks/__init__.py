@@ -17,5 +17,6 @@ def benchmark_script(name: str):
         sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # (as an import would: a dataclass of the script looks its module up)
     spec.loader.exec_module(module)
     return module
