@@ -46,7 +46,10 @@ def plot_curves(curves: dict[str, list[dict[str, Any]]], metric: str, x_key: str
     axis.set_ylabel(f"validation {metric.upper() if len(metric) <= 4 else metric}{lower}")
     axis.set_title(title)
     axis.grid(alpha=0.3)
-    axis.legend()
+    if axis.lines:
+        axis.legend()
+    else:  # no run has a validation record of this metric (eval.every: 0)
+        axis.text(0.5, 0.5, f"no validation {metric} recorded", ha="center", va="center", transform=axis.transAxes)
     figure.tight_layout()
     temporary = path.with_name(f".{path.name}.tmp.png")
     figure.savefig(temporary)
