@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
 import pytest
 import torch
 
-from cadence.config import Config, load_config
+# Triton's kernels (cadence.kernels) run on CPU tensors in its interpreter where there is no CUDA
+# device: the mode is read when Triton is first imported, so it is set before anything imports it
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from cadence.config import Config, load_config  # noqa: E402
 
 # A CUDA test: skipped where there is no CUDA device; `make gpu-check` runs exactly these (`-m cuda`).
 CUDA_MARKS = (pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))

@@ -1,0 +1,88 @@
+"""cadence.kernels: each fused operator against an independent reference. Its torch twin (what the
+CPU runs) and its Triton kernel (run here in Triton's interpreter, on CUDA by `make gpu-check`) must
+both give autograd's loss and gradients of the plain formula; the operator's backward scales them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cadence import kernels
+from tests.conftest import needs_cuda
+
+CASES = [(softmax, sides, columns) for softmax in (False, True) for sides in (1, 2) for columns in (7, 300)]
+
+
+def reference(scores: torch.Tensor, positive: torch.Tensor, softmax: bool):
+    """Autograd's loss and gradients of the formula as first written (models/kge.py before the operator)."""
+    scores, positive = scores.detach().double().requires_grad_(), positive.detach().double().requires_grad_()
+    if softmax:
+        sides = scores.shape[0] // positive.shape[0]
+        logits = torch.cat([positive.repeat(sides).unsqueeze(1), scores], 1)
+        loss = F.cross_entropy(logits, torch.zeros(logits.shape[0], dtype=torch.long))
+    else:
+        loss = F.softplus(scores).mean() + F.softplus(-positive).mean()
+    loss.backward()
+    return loss.detach(), scores.grad, positive.grad
+
+
+def sample(sides: int, columns: int, device: str = "cpu"):
+    generator = torch.Generator().manual_seed(sides * 1000 + columns)
+    scores = (torch.randn(sides * 9, columns, generator=generator) * 4).to(device)
+    return scores, (torch.randn(9, generator=generator) * 4).to(device)
+
+
+def assert_matches(got, expected) -> None:
+    for mine, theirs in zip(got, expected):
+        torch.testing.assert_close(mine.double().cpu(), theirs, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("softmax, sides, columns", CASES)
+def test_the_twin_is_autograds_loss_and_gradients(softmax: bool, sides: int, columns: int) -> None:
+    scores, positive = sample(sides, columns)
+    assert_matches(kernels.negative_loss_twin(scores, positive, softmax), reference(scores, positive, softmax))
+
+
+@pytest.mark.skipif(not kernels.INTERPRETED, reason="Triton's interpreter (tests/conftest.py) is not on here")
+@pytest.mark.parametrize("softmax, sides, columns", CASES)
+def test_the_kernel_in_tritons_interpreter_is_autograds_loss_and_gradients(softmax: bool, sides: int, columns: int) -> None:
+    """300 columns: more than a softmax program reads at once (two passes of 256); 7: a masked tail."""
+    scores, positive = sample(sides, columns)
+    assert_matches(kernels.negative_loss_kernel(scores, positive, softmax), reference(scores, positive, softmax))
+
+
+@needs_cuda
+@pytest.mark.parametrize("softmax, sides, columns", CASES)
+def test_the_kernel_on_cuda_is_autograds_loss_and_gradients(softmax: bool, sides: int, columns: int) -> None:
+    scores, positive = sample(sides, columns, "cuda")
+    assert kernels.usable(scores) or not kernels.AVAILABLE
+    assert_matches(kernels.negative_loss_kernel(scores, positive, softmax), reference(scores, positive, softmax))
+
+
+@pytest.mark.parametrize("softmax", [False, True])
+def test_the_operator_is_one_dispatch_and_its_backward_scales_the_gradients(softmax: bool) -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        names: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    scores, positive = sample(2, 7)
+    scores.requires_grad_(), positive.requires_grad_()
+    with Count() as counter:
+        loss = kernels.negative_loss(scores, positive, softmax)
+    assert counter.names.count("cadence.negative_loss") == 1 and "aten.softplus" not in counter.names
+    (loss * 3).backward()
+    expected = reference(scores, positive, softmax)
+    torch.testing.assert_close(loss.detach().double(), expected[0], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(scores.grad.double(), 3 * expected[1], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(positive.grad.double(), 3 * expected[2], rtol=1e-5, atol=1e-7)
+
+
+def test_training_on_the_cpu_never_takes_the_interpreter() -> None:
+    scores, _ = sample(1, 7)
+    assert not kernels.usable(scores)
