@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cadence import kernels
 from cadence.config import Config
 from cadence.models.scorers import SCORERS
 from cadence.seeding import derive_seed
@@ -69,9 +70,11 @@ class KgeModel(nn.Module):
         positive = None if chunks == 0 else self.scorer.score(h, r, t)  # [B]
         # both sides in one [2B, C] block (tails' rows, then heads'): a mean over its rows is the mean
         # of the two sides' losses
-        loss = self._side_loss(self._negative_scores(h, r, t, pool, chunks), positive, targets)
-        if positive is not None and self.train_config.loss == "logistic":
-            loss = loss + F.softplus(-positive).mean()  # the positive term, once for both sides
+        scores = self._negative_scores(h, r, t, pool, chunks)
+        if positive is None:
+            loss = self._every_entity_loss(scores, targets)
+        else:  # one operator: one kernel on a device (cadence.kernels), its torch twin elsewhere
+            loss = kernels.negative_loss(scores, positive, self.train_config.loss == "softmax")
         if self.train_config.regularizer != "none" and self.train_config.reg_weight > 0:
             loss = loss + self._regularization(h, r, t)
         return loss
@@ -101,20 +104,13 @@ class KgeModel(nn.Module):
             x = torch.cat([x, x.new_zeros(missing, x.shape[1])])
         return x.view(chunks, step, x.shape[1])
 
-    def _side_loss(self, scores: Tensor, positive: Tensor | None, targets: Tensor | None) -> Tensor:
-        """The sides' mean loss. scores: [S B, C] (S sides, each B rows); positive: [B] with sampled
-        negatives (the logistic loss adds its positive term in ``loss``), or None when the candidates
-        are all entities and ``targets`` [S B] index the true one among them."""
-        if positive is None:
-            if self.train_config.loss == "softmax":
-                return F.cross_entropy(scores, targets)
-            labels = torch.zeros_like(scores).scatter_(1, targets.unsqueeze(1), 1.0)
-            return F.binary_cross_entropy_with_logits(scores, labels)
+    def _every_entity_loss(self, scores: Tensor, targets: Tensor) -> Tensor:
+        """The sides' mean loss when every entity is a candidate: scores [S B, E], ``targets`` [S B]
+        the true one's index in each row."""
         if self.train_config.loss == "softmax":
-            sides = scores.shape[0] // positive.shape[0]
-            logits = torch.cat([(positive.repeat(sides) if sides > 1 else positive).unsqueeze(1), scores], dim=1)
-            return F.cross_entropy(logits, logits.new_zeros(logits.shape[0], dtype=torch.long))  # positive: class 0
-        return F.softplus(scores).mean()
+            return F.cross_entropy(scores, targets)
+        labels = torch.zeros_like(scores).scatter_(1, targets.unsqueeze(1), 1.0)
+        return F.binary_cross_entropy_with_logits(scores, labels)
 
     def _regularization(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
         kind, weight = self.train_config.regularizer, self.train_config.reg_weight
