@@ -86,3 +86,53 @@ def test_the_operator_is_one_dispatch_and_its_backward_scales_the_gradients(soft
 def test_training_on_the_cpu_never_takes_the_interpreter() -> None:
     scores, _ = sample(1, 7)
     assert not kernels.usable(scores)
+
+
+def naive_adagrad(values, state, grad, lr: float, eps: float, rowwise: bool):
+    """Adagrad's definition, one row at a time, in float64."""
+    values, state, grad = values.double().clone(), state.double().clone(), grad.double()
+    for row in range(values.shape[0]):
+        g = grad[row]
+        state[row] += (g * g).mean() if rowwise else g * g
+        values[row] -= lr * g / (state[row].sqrt() + eps)
+    return values, state
+
+
+def adagrad_sample(rowwise: bool, width: int, device: str = "cpu"):
+    generator = torch.Generator().manual_seed(width + rowwise)
+    values = torch.randn(11, width, generator=generator).to(device)
+    state = torch.rand(11, 1 if rowwise else width, generator=generator).to(device)
+    return values, state, torch.randn(11, width, generator=generator).to(device)
+
+
+ADAGRAD = [(rowwise, width) for rowwise in (True, False) for width in (5, 300)]
+
+
+@pytest.mark.parametrize("rowwise, width", ADAGRAD)
+def test_the_adagrad_operator_steps_rows_as_the_definition(rowwise: bool, width: int) -> None:
+    values, state, grad = adagrad_sample(rowwise, width)
+    expected = naive_adagrad(values, state, grad, 0.1, 1e-10, rowwise)
+    kernels.adagrad_rows(values, state, grad, 0.1, 1e-10, rowwise)
+    torch.testing.assert_close(values.double(), expected[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(state.double(), expected[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not kernels.INTERPRETED, reason="Triton's interpreter (tests/conftest.py) is not on here")
+@pytest.mark.parametrize("rowwise, width", ADAGRAD)
+def test_the_adagrad_kernel_in_tritons_interpreter_steps_rows_as_the_definition(rowwise: bool, width: int) -> None:
+    """300: a row wider than a program reads at once."""
+    values, state, grad = adagrad_sample(rowwise, width)
+    expected = naive_adagrad(values, state, grad, 0.1, 1e-10, rowwise)
+    kernels.adagrad_rows_kernel(values, state, grad, 0.1, 1e-10, rowwise)
+    torch.testing.assert_close(values.double(), expected[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(state.double(), expected[1], rtol=1e-5, atol=1e-6)
+
+
+@needs_cuda
+@pytest.mark.parametrize("rowwise, width", ADAGRAD)
+def test_the_adagrad_kernel_on_cuda_steps_rows_as_the_definition(rowwise: bool, width: int) -> None:
+    values, state, grad = adagrad_sample(rowwise, width, "cuda")
+    expected = naive_adagrad(values.cpu(), state.cpu(), grad.cpu(), 0.1, 1e-10, rowwise)
+    kernels.adagrad_rows(values, state, grad, 0.1, 1e-10, rowwise)
+    torch.testing.assert_close(values.double().cpu(), expected[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(state.double().cpu(), expected[1], rtol=1e-5, atol=1e-6)

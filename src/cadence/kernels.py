@@ -21,6 +21,10 @@ Operators:
   softplus(-positive)``; softmax, the mean over rows of the cross entropy of ``[positive[i mod B],
   scores[i]]`` with class 0. The backward scales the kept gradients. Deterministic: per-row and
   per-block partial sums reduced by torch in a fixed order, no atomics.
+- ``adagrad_rows(values, state, grad, lr, eps, rowwise)``: Adagrad's step on a batch's rows, in place:
+  row-wise (``state`` [n, 1] += the mean square of the row's gradient; PyTorch-BigGraph's rule) or
+  element-wise (``state`` [n, D] += the squared gradient), then ``values -= lr grad / (sqrt(state) +
+  eps)``: one pass over the rows where torch takes six operators.
 """
 
 from __future__ import annotations
@@ -166,3 +170,65 @@ _negative_loss.register_autograd(_backward, setup_context=_keep)
 def negative_loss(scores: Tensor, positive: Tensor, softmax: bool) -> Tensor:
     """The loss (a scalar with a gradient for ``scores`` and ``positive``); see the module's text."""
     return _negative_loss(scores, positive, softmax)[0]
+
+
+# ---- adagrad_rows ------------------------------------------------------------------------------
+def adagrad_rows_twin(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
+    """Adagrad's row step in plain torch, in place (the rule ``cadence.optim`` always applied)."""
+    if rowwise:
+        state.add_(grad.square().mean(dim=1, keepdim=True))
+    else:
+        state.addcmul_(grad, grad)
+    values.addcdiv_(grad, state.sqrt().add_(eps), value=-lr)
+
+
+if AVAILABLE:
+    @triton.jit
+    def _adagrad_rows_kernel(values, state, grad, width, state_width, lr, eps, BLOCK: tl.constexpr):
+        """One program a row: (row-wise) the mean square of its gradient first, then the update."""
+        row = tl.program_id(0)
+        if state_width == 1:
+            squares = 0.0
+            for start in range(0, width, BLOCK):
+                offsets = start + tl.arange(0, BLOCK)
+                g = tl.load(grad + row * width + offsets, mask=offsets < width, other=0.0)
+                squares += tl.sum(g * g, axis=0)
+            total = tl.load(state + row) + squares / width
+            tl.store(state + row, total)
+            scale = lr / (tl.sqrt(total) + eps)
+            for start in range(0, width, BLOCK):
+                offsets = start + tl.arange(0, BLOCK)
+                mask = offsets < width
+                g = tl.load(grad + row * width + offsets, mask=mask, other=0.0)
+                v = tl.load(values + row * width + offsets, mask=mask, other=0.0)
+                tl.store(values + row * width + offsets, v - scale * g, mask=mask)
+        else:
+            for start in range(0, width, BLOCK):
+                offsets = start + tl.arange(0, BLOCK)
+                mask = offsets < width
+                g = tl.load(grad + row * width + offsets, mask=mask, other=0.0)
+                total = tl.load(state + row * width + offsets, mask=mask, other=0.0) + g * g
+                tl.store(state + row * width + offsets, total, mask=mask)
+                v = tl.load(values + row * width + offsets, mask=mask, other=0.0)
+                tl.store(values + row * width + offsets, v - lr * g / (tl.sqrt(total) + eps), mask=mask)
+
+
+def adagrad_rows_kernel(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
+    """``adagrad_rows_twin``'s step from the Triton kernel, in place (contiguous rows)."""
+    assert values.is_contiguous() and state.is_contiguous(), "the kernel steps contiguous rows in place"
+    rows, width = values.shape
+    if rows:
+        _adagrad_rows_kernel[(rows,)](values, state, grad.contiguous(), width, 1 if rowwise else width, lr, eps,
+                                      BLOCK=ROW_BLOCK)
+
+
+@torch.library.custom_op("cadence::adagrad_rows", mutates_args=("values", "state"))
+def _adagrad_rows(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
+    step = adagrad_rows_kernel if usable(values) and values.is_contiguous() and state.is_contiguous() else adagrad_rows_twin
+    step(values, state, grad, lr, eps, rowwise)
+
+
+def adagrad_rows(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
+    """Adagrad's step on rows [n, D] and their state ([n, 1] row-wise, [n, D] element-wise), in place;
+    see the module's text."""
+    _adagrad_rows(values, state, grad, lr, eps, rowwise)

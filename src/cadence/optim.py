@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor, nn
 
+from cadence import kernels
 from cadence.config import OptimizerConfig
 from cadence.registry import Registry
 
@@ -52,9 +53,8 @@ class RowwiseAdagrad(EntityOptimizer):
     def state_width(dim: int) -> int:
         return 1
 
-    def step(self, values, state, grad):
-        state.add_(grad.square().mean(dim=1, keepdim=True))
-        values.addcdiv_(grad, state.sqrt().add_(self.eps), value=-self.lr)
+    def step(self, values, state, grad):  # one operator (cadence.kernels): one kernel on a GPU
+        kernels.adagrad_rows(values, state, grad, self.lr, self.eps, rowwise=True)
 
 
 @ENTITY_OPTIMIZERS.register("adagrad")
@@ -66,8 +66,7 @@ class ElementwiseAdagrad(EntityOptimizer):
         return dim
 
     def step(self, values, state, grad):
-        state.addcmul_(grad, grad)
-        values.addcdiv_(grad, state.sqrt().add_(self.eps), value=-self.lr)
+        kernels.adagrad_rows(values, state, grad, self.lr, self.eps, rowwise=False)
 
 
 @ENTITY_OPTIMIZERS.register("sgd")
