@@ -136,3 +136,13 @@ def test_the_adagrad_kernel_on_cuda_steps_rows_as_the_definition(rowwise: bool, 
     kernels.adagrad_rows(values, state, grad, 0.1, 1e-10, rowwise)
     torch.testing.assert_close(values.double().cpu(), expected[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(state.double().cpu(), expected[1], rtol=1e-5, atol=1e-6)
+
+
+def test_cadence_kernels_0_turns_every_kernel_off() -> None:
+    import subprocess
+    import sys
+
+    probe = "from cadence import kernels; print(kernels.ENABLED)"
+    outputs = [subprocess.run([sys.executable, "-c", probe], env={**__import__("os").environ, "CADENCE_KERNELS": value},
+                              capture_output=True, text=True, check=True).stdout.strip() for value in ("0", "1")]
+    assert outputs == ["False", "True"]

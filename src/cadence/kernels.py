@@ -42,14 +42,17 @@ except ImportError:  # the CPU wheel of torch comes without Triton: the twins ru
 
 AVAILABLE = triton is not None
 INTERPRETED = AVAILABLE and os.environ.get("TRITON_INTERPRET") == "1"
+# CADENCE_KERNELS=0: the twins everywhere (a device where a kernel misbehaves keeps training, and the
+# two can be compared on it)
+ENABLED = os.environ.get("CADENCE_KERNELS", "1") != "0"
 BLOCK = 1024  # elements a program of the elementwise kernels takes
 ROW_BLOCK = 256  # columns a softmax program reads at a time
 
 
 def usable(tensor: Tensor) -> bool:
     """Whether an operator runs its kernel on ``tensor``: Triton is there, the tensor is float32 (the
-    kernels compute in it) on a CUDA device."""
-    return AVAILABLE and not INTERPRETED and tensor.dtype == torch.float32 and tensor.is_cuda
+    kernels compute in it) on a CUDA device, and ``CADENCE_KERNELS`` is not ``0``."""
+    return ENABLED and AVAILABLE and not INTERPRETED and tensor.dtype == torch.float32 and tensor.is_cuda
 
 
 # ---- negative_loss -----------------------------------------------------------------------------
