@@ -146,3 +146,69 @@ def test_cadence_kernels_0_turns_every_kernel_off() -> None:
     outputs = [subprocess.run([sys.executable, "-c", probe], env={**__import__("os").environ, "CADENCE_KERNELS": value},
                               capture_output=True, text=True, check=True).stdout.strip() for value in ("0", "1")]
     assert outputs == ["False", "True"]
+
+
+BILINEAR = [(name, both) for name in ("distmult", "complex") for both in (True, False)]
+
+
+def scorer_reference(name: str, h, r, t, pool, both: bool):
+    """The scorer's own forms (cadence.models.scorers: score_sides / score_tails and score), whose
+    autograd gradients the operator must give."""
+    from cadence.config import ModelConfig
+    from cadence.models.scorers import SCORERS
+
+    scorer = SCORERS.get(name)(ModelConfig(name=name, dim=h.shape[1]))
+    scores = scorer.score_sides(h, r, t, pool) if both else scorer.score_tails(h, r, pool)
+    return scores, scorer.score(h, r, t)
+
+
+def bilinear_sample(device: str = "cpu"):
+    generator = torch.Generator().manual_seed(7)
+    # 37 edges, 45 candidates, width 70: none a multiple of a tile (32), ComplEx's 35 halves neither
+    return [torch.randn(n, 70, generator=generator).to(device) for n in (37, 37, 37, 45)]
+
+
+def check_bilinear(name: str, both: bool, forward, backward, device: str = "cpu") -> None:
+    h, r, t, pool = bilinear_sample(device)
+    leaves = [x.detach().double().cpu().requires_grad_() for x in (h, r, t, pool)]
+    scores, positive = scorer_reference(name, *leaves, both)
+    generator = torch.Generator().manual_seed(8)
+    d_scores, d_positive = torch.randn(scores.shape, generator=generator), torch.randn(positive.shape, generator=generator)
+    ((scores * d_scores).sum() + (positive * d_positive).sum()).backward()
+    complex_ = name == "complex"
+    got = forward(h, r, t, pool, complex_, both)
+    for mine, theirs in zip(got, (scores, positive)):
+        torch.testing.assert_close(mine.double().cpu(), theirs.detach(), rtol=1e-4, atol=1e-4)
+    grads = backward(d_scores.float().to(device), d_positive.float().to(device), h, r, t, pool, complex_, both)
+    for mine, leaf in zip(grads, leaves):
+        torch.testing.assert_close(mine.double().cpu(), leaf.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name, both", BILINEAR)
+def test_the_bilinear_twin_is_the_scorers_scores_and_autograds_gradients(name: str, both: bool) -> None:
+    check_bilinear(name, both, kernels.bilinear_scores_twin, kernels.bilinear_scores_backward_twin)
+
+
+@pytest.mark.skipif(not kernels.INTERPRETED, reason="Triton's interpreter (tests/conftest.py) is not on here")
+@pytest.mark.parametrize("name, both", BILINEAR)
+def test_the_bilinear_kernels_in_tritons_interpreter_are_the_scorers_scores_and_gradients(name: str, both: bool) -> None:
+    check_bilinear(name, both, kernels.bilinear_scores_kernel, kernels.bilinear_scores_backward_kernel)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name, both", BILINEAR)
+def test_the_bilinear_kernels_on_cuda_are_the_scorers_scores_and_gradients(name: str, both: bool) -> None:
+    check_bilinear(name, both, kernels.bilinear_scores_kernel, kernels.bilinear_scores_backward_kernel, "cuda")
+
+
+@pytest.mark.parametrize("name, both", BILINEAR)
+def test_the_bilinear_operator_differentiates_as_the_scorer(name: str, both: bool) -> None:
+    """Through autograd: the operator's registered backward gives the scorer's gradients."""
+    h, r, t, pool = (x.requires_grad_() for x in bilinear_sample())
+    scores, positive = kernels.bilinear_scores(h, r, t, pool, name == "complex", both)
+    (scores.square().sum() + positive.sum()).backward()
+    leaves = [x.detach().double().requires_grad_() for x in (h, r, t, pool)]
+    ref_scores, ref_positive = scorer_reference(name, *leaves, both)
+    (ref_scores.square().sum() + ref_positive.sum()).backward()
+    for mine, leaf in zip((h, r, t, pool), leaves):
+        torch.testing.assert_close(mine.grad.double(), leaf.grad, rtol=1e-4, atol=1e-3)

@@ -21,6 +21,10 @@ Operators:
   softplus(-positive)``; softmax, the mean over rows of the cross entropy of ``[positive[i mod B],
   scores[i]]`` with class 0. The backward scales the kept gradients. Deterministic: per-row and
   per-block partial sums reduced by torch in a fixed order, no atomics.
+- ``bilinear_scores(h, r, t, pool, complex_, both)``: DistMult's or ComplEx's scores of a batch's edges
+  against one shared pool of negatives, tail queries' rows then (``both``) head queries', and the
+  positives' scores; its backward is one operator too (the edges' gradients, the pool's): tiled
+  products (``tl.dot`` in full float32) with the queries made in the tiles' prologue.
 - ``adagrad_rows(values, state, grad, lr, eps, rowwise)``: Adagrad's step on a batch's rows, in place:
   row-wise (``state`` [n, 1] += the mean square of the row's gradient; PyTorch-BigGraph's rule) or
   element-wise (``state`` [n, D] += the squared gradient), then ``values -= lr grad / (sqrt(state) +
@@ -235,3 +239,254 @@ def adagrad_rows(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: fl
     """Adagrad's step on rows [n, D] and their state ([n, 1] row-wise, [n, D] element-wise), in place;
     see the module's text."""
     _adagrad_rows(values, state, grad, lr, eps, rowwise)
+
+
+# ---- bilinear_scores ---------------------------------------------------------------------------
+# DistMult and ComplEx score a candidate c as the dot of a query with it: the tail query of (h, r) is
+# h r, the head query of (r, t) is conj(r) t (complex products of [real | imaginary] halves for
+# ComplEx; plain products, conj the identity, for DistMult), and the positive score is (h r) . t.
+def _product(a: Tensor, b: Tensor, complex_: bool) -> Tensor:
+    if not complex_:
+        return a * b
+    ar, ai = a.chunk(2, dim=-1)
+    br, bi = b.chunk(2, dim=-1)
+    return torch.cat([ar * br - ai * bi, ar * bi + ai * br], dim=-1)
+
+
+def _conj(a: Tensor, complex_: bool) -> Tensor:
+    if not complex_:
+        return a
+    real, imag = a.chunk(2, dim=-1)
+    return torch.cat([real, -imag], dim=-1)
+
+
+def bilinear_scores_twin(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, complex_: bool,
+                         both: bool) -> tuple[Tensor, Tensor]:
+    """(scores [S B, C]: the tail queries' rows against ``pool``, then the head queries' when ``both``;
+    the positives' scores [B]) in plain torch."""
+    tail = _product(h, r, complex_)
+    queries = torch.cat([tail, _product(_conj(r, complex_), t, complex_)]) if both else tail
+    return queries @ pool.t(), (tail * t).sum(-1)
+
+
+def bilinear_scores_backward_twin(d_scores: Tensor, d_positive: Tensor, h: Tensor, r: Tensor, t: Tensor,
+                                  pool: Tensor, complex_: bool, both: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients (h, r, t, pool) of ``bilinear_scores_twin`` from those of its outputs: the query's
+    gradient is d_scores pool; a product's gradient to one factor is the product's gradient times the
+    other's conjugate."""
+    size = h.shape[0]
+    tail = _product(h, r, complex_)
+    d_queries = d_scores @ pool
+    d_tail = d_queries[:size] + d_positive.unsqueeze(1) * t
+    d_h = _product(d_tail, _conj(r, complex_), complex_)
+    d_r = _product(d_tail, _conj(h, complex_), complex_)
+    d_t = d_positive.unsqueeze(1) * tail
+    if both:
+        d_head, queries = d_queries[size:], torch.cat([tail, _product(_conj(r, complex_), t, complex_)])
+        d_t = d_t + _product(d_head, r, complex_)
+        d_r = d_r + _product(_conj(d_head, complex_), t, complex_)
+    else:
+        queries = tail
+    return d_h, d_r, d_t, d_scores.t() @ queries
+
+
+@torch.library.custom_op("cadence::bilinear_scores", mutates_args=())
+def _bilinear_scores(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, complex_: bool, both: bool) -> tuple[Tensor, Tensor]:
+    compute = bilinear_scores_kernel if usable(h) else bilinear_scores_twin
+    scores, positive = compute(h, r, t, pool, complex_, both)
+    return scores, positive
+
+
+@_bilinear_scores.register_fake
+def _(h, r, t, pool, complex_, both):
+    return h.new_empty(h.shape[0] * (2 if both else 1), pool.shape[0]), h.new_empty(h.shape[0])
+
+
+@torch.library.custom_op("cadence::bilinear_scores_backward", mutates_args=())
+def _bilinear_scores_backward(d_scores: Tensor, d_positive: Tensor, h: Tensor, r: Tensor, t: Tensor, pool: Tensor,
+                              complex_: bool, both: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    compute = bilinear_scores_backward_kernel if usable(h) else bilinear_scores_backward_twin
+    d_h, d_r, d_t, d_pool = compute(d_scores, d_positive, h, r, t, pool, complex_, both)
+    return d_h, d_r, d_t, d_pool
+
+
+@_bilinear_scores_backward.register_fake
+def _(d_scores, d_positive, h, r, t, pool, complex_, both):
+    return torch.empty_like(h), torch.empty_like(r), torch.empty_like(t), torch.empty_like(pool)
+
+
+def _keep_inputs(ctx, inputs, output) -> None:
+    h, r, t, pool, complex_, both = inputs
+    ctx.save_for_backward(h, r, t, pool)
+    ctx.complex_, ctx.both = complex_, both
+
+
+def _bilinear_backward(ctx, d_scores: Tensor, d_positive: Tensor):
+    h, r, t, pool = ctx.saved_tensors
+    if d_positive is None:
+        d_positive = h.new_zeros(h.shape[0])
+    return (*_bilinear_scores_backward(d_scores.contiguous(), d_positive.contiguous(), h, r, t, pool,
+                                       ctx.complex_, ctx.both), None, None)
+
+
+_bilinear_scores.register_autograd(_bilinear_backward, setup_context=_keep_inputs)
+
+
+def bilinear_scores(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, complex_: bool, both: bool) -> tuple[Tensor, Tensor]:
+    """(negative scores [S B, C], positive scores [B]) of DistMult or ComplEx (``complex_``) edges
+    against one shared pool, forward and backward one operator each; see the module's text."""
+    return _bilinear_scores(h, r, t, pool, complex_, both)
+
+
+TILE = 32  # rows, columns and depth of a GEMM tile (tl.dot wants at least 16)
+
+if AVAILABLE:
+    @triton.jit
+    def _queries(h, r, t, rows, is_tail, cols, mask, D, HALF, COMPLEX: tl.constexpr):
+        """The query tiles (real, imaginary; imaginary zero for DistMult) of rows ``rows`` (edge ids),
+        tail queries where ``is_tail``, head queries elsewhere, at depth ``cols``."""
+        if COMPLEX:
+            hr = tl.load(h + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
+            hi = tl.load(h + rows[:, None] * D + HALF + cols[None, :], mask=mask, other=0.0)
+            rr = tl.load(r + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
+            ri = tl.load(r + rows[:, None] * D + HALF + cols[None, :], mask=mask, other=0.0)
+            tr = tl.load(t + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
+            ti = tl.load(t + rows[:, None] * D + HALF + cols[None, :], mask=mask, other=0.0)
+            real = tl.where(is_tail[:, None], hr * rr - hi * ri, rr * tr + ri * ti)
+            imag = tl.where(is_tail[:, None], hr * ri + hi * rr, rr * ti - ri * tr)
+            return real, imag
+        hv = tl.load(h + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
+        rv = tl.load(r + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
+        tv = tl.load(t + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
+        return tl.where(is_tail[:, None], hv * rv, rv * tv), tl.zeros_like(hv)
+
+    @triton.jit
+    def _bilinear_forward_kernel(h, r, t, pool, scores, positive, B, M, C, D, HALF,
+                                 COMPLEX: tl.constexpr, TILE: tl.constexpr):
+        """Scores [M, C] (M = S B) tile by tile; the programs of the first column tile also write the
+        positive scores of their tail rows."""
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+        m = pid_m * TILE + tl.arange(0, TILE)
+        n = pid_n * TILE + tl.arange(0, TILE)
+        rows, is_tail = m % B, m < B
+        depth = HALF if COMPLEX else D
+        acc = tl.zeros((TILE, TILE), dtype=tl.float32)
+        pos = tl.zeros((TILE,), dtype=tl.float32)
+        for k in range(0, depth, TILE):
+            cols = k + tl.arange(0, TILE)
+            qmask = (m[:, None] < M) & (cols[None, :] < depth)
+            pmask = (n[:, None] < C) & (cols[None, :] < depth)
+            qr, qi = _queries(h, r, t, rows, is_tail, cols, qmask, D, HALF, COMPLEX)
+            pr = tl.load(pool + n[:, None] * D + cols[None, :], mask=pmask, other=0.0)
+            acc += tl.dot(qr, tl.trans(pr), input_precision="ieee")
+            tr = tl.load(t + rows[:, None] * D + cols[None, :], mask=qmask, other=0.0)
+            pos += tl.sum(tl.where(is_tail[:, None], qr * tr, 0.0), axis=1)
+            if COMPLEX:
+                pi = tl.load(pool + n[:, None] * D + HALF + cols[None, :], mask=pmask, other=0.0)
+                acc += tl.dot(qi, tl.trans(pi), input_precision="ieee")
+                ti = tl.load(t + rows[:, None] * D + HALF + cols[None, :], mask=qmask, other=0.0)
+                pos += tl.sum(tl.where(is_tail[:, None], qi * ti, 0.0), axis=1)
+        tl.store(scores + m[:, None] * C + n[None, :], acc, mask=(m[:, None] < M) & (n[None, :] < C))
+        if pid_n == 0:
+            tl.store(positive + m, pos, mask=is_tail & (m < M))
+
+    @triton.jit
+    def _bilinear_rows_kernel(d_scores, d_positive, h, r, t, pool, d_h, d_r, d_t, B, C, D, HALF,
+                              BOTH: tl.constexpr, COMPLEX: tl.constexpr, TILE: tl.constexpr):
+        """The edges' gradients: the queries' (d_scores pool, tail rows and head rows of the same
+        edges in one program) carried to h, r and t."""
+        pid_b, pid_k = tl.program_id(0), tl.program_id(1)
+        b = pid_b * TILE + tl.arange(0, TILE)
+        cols = pid_k * TILE + tl.arange(0, TILE)
+        depth = HALF if COMPLEX else D
+        tr_re = tl.zeros((TILE, TILE), dtype=tl.float32)
+        tr_im = tl.zeros((TILE, TILE), dtype=tl.float32)
+        hd_re = tl.zeros((TILE, TILE), dtype=tl.float32)
+        hd_im = tl.zeros((TILE, TILE), dtype=tl.float32)
+        for start in range(0, C, TILE):
+            n = start + tl.arange(0, TILE)
+            pmask = (n[:, None] < C) & (cols[None, :] < depth)
+            pr = tl.load(pool + n[:, None] * D + cols[None, :], mask=pmask, other=0.0)
+            smask = (b[:, None] < B) & (n[None, :] < C)
+            st = tl.load(d_scores + b[:, None] * C + n[None, :], mask=smask, other=0.0)
+            tr_re += tl.dot(st, pr, input_precision="ieee")
+            if BOTH:
+                sh = tl.load(d_scores + (B + b)[:, None] * C + n[None, :], mask=smask, other=0.0)
+                hd_re += tl.dot(sh, pr, input_precision="ieee")
+            if COMPLEX:
+                pi = tl.load(pool + n[:, None] * D + HALF + cols[None, :], mask=pmask, other=0.0)
+                tr_im += tl.dot(st, pi, input_precision="ieee")
+                if BOTH:
+                    hd_im += tl.dot(sh, pi, input_precision="ieee")
+        mask = (b[:, None] < B) & (cols[None, :] < depth)
+        at = b[:, None] * D + cols[None, :]
+        dp = tl.load(d_positive + b, mask=b < B, other=0.0)[:, None]
+        if COMPLEX:
+            hr, hi = tl.load(h + at, mask=mask, other=0.0), tl.load(h + at + HALF, mask=mask, other=0.0)
+            rr, ri = tl.load(r + at, mask=mask, other=0.0), tl.load(r + at + HALF, mask=mask, other=0.0)
+            t_r, t_i = tl.load(t + at, mask=mask, other=0.0), tl.load(t + at + HALF, mask=mask, other=0.0)
+            g_re, g_im = tr_re + dp * t_r, tr_im + dp * t_i  # the tail query's gradient, the positive's with it
+            tl.store(d_h + at, g_re * rr + g_im * ri, mask=mask)
+            tl.store(d_h + at + HALF, g_im * rr - g_re * ri, mask=mask)
+            # d r = g conj(h) + conj(d head) t;  d t = d head r + dp (h r)
+            tl.store(d_r + at, g_re * hr + g_im * hi + hd_re * t_r + hd_im * t_i, mask=mask)
+            tl.store(d_r + at + HALF, g_im * hr - g_re * hi + hd_re * t_i - hd_im * t_r, mask=mask)
+            tl.store(d_t + at, hd_re * rr - hd_im * ri + dp * (hr * rr - hi * ri), mask=mask)
+            tl.store(d_t + at + HALF, hd_re * ri + hd_im * rr + dp * (hr * ri + hi * rr), mask=mask)
+        else:
+            hv, rv, tv = tl.load(h + at, mask=mask, other=0.0), tl.load(r + at, mask=mask, other=0.0), \
+                tl.load(t + at, mask=mask, other=0.0)
+            g = tr_re + dp * tv
+            tl.store(d_h + at, g * rv, mask=mask)
+            tl.store(d_r + at, g * hv + hd_re * tv, mask=mask)
+            tl.store(d_t + at, hd_re * rv + dp * hv * rv, mask=mask)
+
+    @triton.jit
+    def _bilinear_pool_kernel(d_scores, h, r, t, d_pool, B, M, C, D, HALF, COMPLEX: tl.constexpr,
+                              TILE: tl.constexpr):
+        """The pool's gradient, d_scores^T queries, the queries made again tile by tile."""
+        pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+        n = pid_n * TILE + tl.arange(0, TILE)
+        cols = pid_k * TILE + tl.arange(0, TILE)
+        depth = HALF if COMPLEX else D
+        acc_re = tl.zeros((TILE, TILE), dtype=tl.float32)
+        acc_im = tl.zeros((TILE, TILE), dtype=tl.float32)
+        for start in range(0, M, TILE):
+            m = start + tl.arange(0, TILE)
+            qr, qi = _queries(h, r, t, m % B, m < B, cols, (m[:, None] < M) & (cols[None, :] < depth), D, HALF, COMPLEX)
+            s = tl.load(d_scores + m[None, :] * C + n[:, None], mask=(m[None, :] < M) & (n[:, None] < C), other=0.0)
+            acc_re += tl.dot(s, qr, input_precision="ieee")
+            if COMPLEX:
+                acc_im += tl.dot(s, qi, input_precision="ieee")
+        mask = (n[:, None] < C) & (cols[None, :] < depth)
+        tl.store(d_pool + n[:, None] * D + cols[None, :], acc_re, mask=mask)
+        if COMPLEX:
+            tl.store(d_pool + n[:, None] * D + HALF + cols[None, :], acc_im, mask=mask)
+
+
+def bilinear_scores_kernel(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, complex_: bool,
+                           both: bool) -> tuple[Tensor, Tensor]:
+    """``bilinear_scores_twin``'s result from one Triton kernel."""
+    h, r, t, pool = (x.contiguous() for x in (h, r, t, pool))
+    size, width = h.shape
+    rows, count = size * (2 if both else 1), pool.shape[0]
+    scores, positive = h.new_empty(rows, count), h.new_empty(size)
+    grid = (triton.cdiv(rows, TILE), triton.cdiv(count, TILE))
+    _bilinear_forward_kernel[grid](h, r, t, pool, scores, positive, size, rows, count, width, width // 2,
+                                   COMPLEX=complex_, TILE=TILE)
+    return scores, positive
+
+
+def bilinear_scores_backward_kernel(d_scores: Tensor, d_positive: Tensor, h: Tensor, r: Tensor, t: Tensor,
+                                    pool: Tensor, complex_: bool, both: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``bilinear_scores_backward_twin``'s gradients from two Triton kernels (the edges', the pool's)."""
+    d_scores, d_positive, h, r, t, pool = (x.contiguous() for x in (d_scores, d_positive, h, r, t, pool))
+    size, width = h.shape
+    count, depth = pool.shape[0], width // 2 if complex_ else width
+    d_h, d_r, d_t, d_pool = (torch.empty_like(x) for x in (h, r, t, pool))
+    _bilinear_rows_kernel[(triton.cdiv(size, TILE), triton.cdiv(depth, TILE))](
+        d_scores, d_positive, h, r, t, pool, d_h, d_r, d_t, size, count, width, width // 2,
+        BOTH=both, COMPLEX=complex_, TILE=TILE)
+    _bilinear_pool_kernel[(triton.cdiv(count, TILE), triton.cdiv(depth, TILE))](
+        d_scores, h, r, t, d_pool, size, d_scores.shape[0], count, width, width // 2, COMPLEX=complex_, TILE=TILE)
+    return d_h, d_r, d_t, d_pool

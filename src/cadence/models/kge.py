@@ -66,11 +66,15 @@ class KgeModel(nn.Module):
         r = self.relations.index_select(0, relations)
         if self.frozen_relations is not None:
             r = torch.where(self.frozen_relations.index_select(0, relations).unsqueeze(1), r.detach(), r)
-        # sampled negatives: the positive triple's score is shared by both sides, computed once
-        positive = None if chunks == 0 else self.scorer.score(h, r, t)  # [B]
         # both sides in one [2B, C] block (tails' rows, then heads'): a mean over its rows is the mean
-        # of the two sides' losses
-        scores = self._negative_scores(h, r, t, pool, chunks)
+        # of the two sides' losses; sampled negatives: the positive triple's score is shared by both
+        # sides, computed once
+        if chunks == 1 and self.scorer.bilinear:  # one operator forward, one backward (cadence.kernels)
+            scores, positive = kernels.bilinear_scores(h, r, t, pool, self.scorer.complex_valued,
+                                                       not self.train_config.reciprocal)
+        else:
+            positive = None if chunks == 0 else self.scorer.score(h, r, t)  # [B]
+            scores = self._negative_scores(h, r, t, pool, chunks)
         if positive is None:
             loss = self._every_entity_loss(scores, targets)
         else:  # one operator: one kernel on a device (cadence.kernels), its torch twin elsewhere

@@ -34,6 +34,9 @@ SCORERS: Registry[type["Scorer"]] = Registry("model", "model.name")
 
 class Scorer(ABC):
     complex_valued = False  # rows are (real, imaginary) halves
+    # the score is the dot of a query with the candidate, the queries those of cadence.kernels'
+    # bilinear_scores (DistMult's real, ComplEx's complex products): shared negatives are scored by it
+    bilinear = False
 
     def __init__(self, config: ModelConfig):
         if self.complex_valued and config.dim % 2:
@@ -85,6 +88,8 @@ class Scorer(ABC):
 class DistMultScorer(Scorer):
     """score = sum_k h_k r_k t_k (Yang et al. 2015)."""
 
+    bilinear = True
+
     def score(self, h, r, t):
         return (h * r * t).sum(-1)
 
@@ -120,6 +125,7 @@ class ComplExScorer(Scorer):
     """score = Re(sum_k h_k r_k conj(t_k)) (Trouillon et al. 2016)."""
 
     complex_valued = True
+    bilinear = True
 
     def score(self, h, r, t):
         return (_complex_product(h, r) * t).sum(-1)
