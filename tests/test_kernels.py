@@ -212,3 +212,14 @@ def test_the_bilinear_operator_differentiates_as_the_scorer(name: str, both: boo
     (ref_scores.square().sum() + ref_positive.sum()).backward()
     for mine, leaf in zip((h, r, t, pool), leaves):
         torch.testing.assert_close(mine.grad.double(), leaf.grad, rtol=1e-4, atol=1e-3)
+
+
+def test_the_bilinear_operator_differentiates_through_either_output_alone() -> None:
+    for pick in (0, 1):
+        h, r, t, pool = (x.requires_grad_() for x in bilinear_sample())
+        kernels.bilinear_scores(h, r, t, pool, False, True)[pick].sum().backward()
+        leaves = [x.detach().double().requires_grad_() for x in (h, r, t, pool)]
+        scorer_reference("distmult", *leaves, True)[pick].sum().backward()
+        for mine, leaf in zip((h, r, t, pool), leaves):  # (the positives do not read the pool)
+            expected = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+            torch.testing.assert_close(mine.grad.double(), expected, rtol=1e-4, atol=1e-3)

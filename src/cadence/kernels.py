@@ -323,8 +323,10 @@ def _keep_inputs(ctx, inputs, output) -> None:
 
 def _bilinear_backward(ctx, d_scores: Tensor, d_positive: Tensor):
     h, r, t, pool = ctx.saved_tensors
-    if d_positive is None:
+    if d_positive is None:  # (an output the loss did not use)
         d_positive = h.new_zeros(h.shape[0])
+    if d_scores is None:
+        d_scores = h.new_zeros(h.shape[0] * (2 if ctx.both else 1), pool.shape[0])
     return (*_bilinear_scores_backward(d_scores.contiguous(), d_positive.contiguous(), h, r, t, pool,
                                        ctx.complex_, ctx.both), None, None)
 
