@@ -108,22 +108,19 @@ def adagrad_sample(rowwise: bool, width: int, device: str = "cpu"):
 ADAGRAD = [(rowwise, width) for rowwise in (True, False) for width in (5, 300)]
 
 
-@pytest.mark.parametrize("rowwise, width", ADAGRAD)
-def test_the_adagrad_operator_steps_rows_as_the_definition(rowwise: bool, width: int) -> None:
-    values, state, grad = adagrad_sample(rowwise, width)
-    expected = naive_adagrad(values, state, grad, 0.1, 1e-10, rowwise)
-    kernels.adagrad_rows(values, state, grad, 0.1, 1e-10, rowwise)
-    torch.testing.assert_close(values.double(), expected[0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(state.double(), expected[1], rtol=1e-5, atol=1e-6)
+INTERPRETER = pytest.mark.skipif(not kernels.INTERPRETED, reason="Triton's interpreter (tests/conftest.py) is not on here")
 
 
-@pytest.mark.skipif(not kernels.INTERPRETED, reason="Triton's interpreter (tests/conftest.py) is not on here")
+@pytest.mark.parametrize("step", [pytest.param(lambda *args: kernels.adagrad_rows(*args), id="operator"),
+                                  pytest.param(lambda *args: kernels.adagrad_rows_kernel(*args), id="interpreted-kernel",
+                                               marks=INTERPRETER)])
 @pytest.mark.parametrize("rowwise, width", ADAGRAD)
-def test_the_adagrad_kernel_in_tritons_interpreter_steps_rows_as_the_definition(rowwise: bool, width: int) -> None:
-    """300: a row wider than a program reads at once."""
+def test_the_adagrad_step_is_the_definition(step, rowwise: bool, width: int) -> None:
+    """The operator (its twin on the CPU) and the kernel in Triton's interpreter; 300: a row wider than
+    a program reads at once."""
     values, state, grad = adagrad_sample(rowwise, width)
     expected = naive_adagrad(values, state, grad, 0.1, 1e-10, rowwise)
-    kernels.adagrad_rows_kernel(values, state, grad, 0.1, 1e-10, rowwise)
+    step(values, state, grad, 0.1, 1e-10, rowwise)
     torch.testing.assert_close(values.double(), expected[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(state.double(), expected[1], rtol=1e-5, atol=1e-6)
 
