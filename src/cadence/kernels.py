@@ -245,19 +245,25 @@ def adagrad_rows(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: fl
 # DistMult and ComplEx score a candidate c as the dot of a query with it: the tail query of (h, r) is
 # h r, the head query of (r, t) is conj(r) t (complex products of [real | imaginary] halves for
 # ComplEx; plain products, conj the identity, for DistMult), and the positive score is (h r) . t.
-def _product(a: Tensor, b: Tensor, complex_: bool) -> Tensor:
-    if not complex_:
-        return a * b
+def complex_product(a: Tensor, b: Tensor) -> Tensor:
+    """The complex products of rows of ``[real | imaginary]`` halves (the scorers' too)."""
     ar, ai = a.chunk(2, dim=-1)
     br, bi = b.chunk(2, dim=-1)
     return torch.cat([ar * br - ai * bi, ar * bi + ai * br], dim=-1)
 
 
-def _conj(a: Tensor, complex_: bool) -> Tensor:
-    if not complex_:
-        return a
+def conjugate(a: Tensor) -> Tensor:
+    """The complex conjugates of rows of ``[real | imaginary]`` halves."""
     real, imag = a.chunk(2, dim=-1)
     return torch.cat([real, -imag], dim=-1)
+
+
+def _product(a: Tensor, b: Tensor, complex_: bool) -> Tensor:
+    return complex_product(a, b) if complex_ else a * b
+
+
+def _conj(a: Tensor, complex_: bool) -> Tensor:
+    return conjugate(a) if complex_ else a
 
 
 def bilinear_scores_twin(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, complex_: bool,

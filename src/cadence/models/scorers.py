@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from cadence.config import ModelConfig
+from cadence.kernels import complex_product, conjugate
 from cadence.errors import ConfigError
 from cadence.registry import Registry
 
@@ -109,17 +110,6 @@ class DistMultScorer(Scorer):
         return torch.bmm(r * t, pools.transpose(1, 2))
 
 
-def _complex_product(a: Tensor, b: Tensor) -> Tensor:
-    ar, ai = a.chunk(2, dim=-1)
-    br, bi = b.chunk(2, dim=-1)
-    return torch.cat([ar * br - ai * bi, ar * bi + ai * br], dim=-1)
-
-
-def _conjugate(a: Tensor) -> Tensor:
-    real, imag = a.chunk(2, dim=-1)
-    return torch.cat([real, -imag], dim=-1)
-
-
 @SCORERS.register("complex")
 class ComplExScorer(Scorer):
     """score = Re(sum_k h_k r_k conj(t_k)) (Trouillon et al. 2016)."""
@@ -128,24 +118,24 @@ class ComplExScorer(Scorer):
     bilinear = True
 
     def score(self, h, r, t):
-        return (_complex_product(h, r) * t).sum(-1)
+        return (complex_product(h, r) * t).sum(-1)
 
     def score_tails(self, h, r, candidates):
         # Re(<h r, conj(c)>) = [Re(hr), Im(hr)] . [Re(c), Im(c)]
-        return _complex_product(h, r) @ candidates.t()
+        return complex_product(h, r) @ candidates.t()
 
     def score_heads(self, candidates, r, t):
         # Re(<c, r conj(t)>) = [Re(c), Im(c)] . [Re(r conj t), -Im(r conj t)] = c . conj(r conj(t))
-        return _conjugate(_complex_product(r, _conjugate(t))) @ candidates.t()
+        return conjugate(complex_product(r, conjugate(t))) @ candidates.t()
 
     def score_sides(self, h, r, t, candidates):
-        return torch.cat([_complex_product(h, r), _conjugate(_complex_product(r, _conjugate(t)))]) @ candidates.t()
+        return torch.cat([complex_product(h, r), conjugate(complex_product(r, conjugate(t)))]) @ candidates.t()
 
     def score_tails_chunked(self, h, r, pools):
-        return torch.bmm(_complex_product(h, r), pools.transpose(1, 2))
+        return torch.bmm(complex_product(h, r), pools.transpose(1, 2))
 
     def score_heads_chunked(self, pools, r, t):
-        return torch.bmm(_conjugate(_complex_product(r, _conjugate(t))), pools.transpose(1, 2))
+        return torch.bmm(conjugate(complex_product(r, conjugate(t))), pools.transpose(1, 2))
 
 
 class _DistanceScorer(Scorer):
@@ -254,11 +244,11 @@ class RotatEScorer(_DistanceScorer):
         return torch.sqrt(real * real + imag * imag + 1e-20).sum(-1)
 
     def tail_query(self, h, r):
-        return _complex_product(h, self._rotation(r))
+        return complex_product(h, self._rotation(r))
 
     def head_query(self, r, t):
         # |h r - t| = |h - t conj(r)| because |r| = 1
-        return _complex_product(t, _conjugate(self._rotation(r)))
+        return complex_product(t, conjugate(self._rotation(r)))
 
     def relation_magnitudes(self, r):
         return torch.zeros_like(r)  # phases have unit modulus: nothing to regularise
