@@ -164,13 +164,48 @@ def test_mft_advances_only_over_contiguous_finished_batches(tmp_path: Path) -> N
         control.begin(batch)
         batch.timestamp = index
         batches.append(batch)
-    assert batches[-1].finished_before == -1 and batches[-1].safe_to_evict == -1
+    assert batches[-1].finished_before == -1
+    for batch in batches:
+        control.validate(batch)
+    assert batches[-1].safe_to_evict == -1 and not control.outstanding
     for index in (0, 1, 2, 5, 6):
         control.finish(batches[index])
     assert control.finished_upto == 2
     for index in (3, 4):
         control.finish(batches[index])
-    assert control.finished_upto == 6 and not control.outstanding
+    assert control.finished_upto == 6
+
+
+def test_oac_keeps_a_cache_entry_exactly_while_a_batch_read_before_its_write_is_unvalidated() -> None:
+    """Entry t is kept while some batch that began before t's write finished has not been
+    validated (it may have read the row stale), and evicted once none has: a batch computed but not
+    yet written holds nothing (the paper keeps it outstanding until written)."""
+    from cadence.core.batch import Batch, BatchPlan
+    from cadence.core.rows import RowBlock
+    from cadence.store import create_store
+
+    control = OptimisticAsynchronyControl(create_store(4, 2, 1), torch.device("cpu"), first_timestamp=0)
+
+    def batch(index: int) -> Batch:
+        made = Batch(BatchPlan(0, index, torch.tensor([index])), torch.tensor([index]), *(torch.tensor([0]),) * 3, None)
+        made.rows = RowBlock(torch.zeros(1, 2), torch.zeros(1, 1), torch.zeros(1, dtype=torch.int64))
+        control.begin(made)
+        return made
+
+    def compute(made: Batch, timestamp: int) -> None:
+        control.validate(made)
+        made.timestamp = timestamp
+        made.rows.versions.fill_(timestamp)
+        control.stamp(made)
+
+    first, second = batch(0), batch(1)
+    compute(first, 0)
+    control.finish(first)  # MFT 0: batch 0's row is in storage
+    third = batch(2)  # began after batch 0's write: never needs its entry
+    compute(second, 1)  # began before it: entry 0 kept for it
+    assert sorted(control.cache.cached_ids().tolist()) == [0, 1]
+    compute(third, 2)  # second validated (not written): entry 0 no longer needed by anyone
+    assert sorted(control.cache.cached_ids().tolist()) == [1, 2] and third.safe_to_evict == 0
 
 
 def test_a_stalled_stage_is_named_and_the_last_checkpoint_kept(tiny_graph: Path, tmp_path: Path, monkeypatch) -> None:

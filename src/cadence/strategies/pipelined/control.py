@@ -88,7 +88,9 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
         self.meta_lock = threading.Lock()  # guards the MFT and the outstanding-batches map
         self.finished_upto = first_timestamp - 1  # MFT: every batch stamped <= this has been written
         self.finished_ahead: set[int] = set()  # written batches beyond the MFT
-        self.outstanding: dict[tuple[int, int], int] = {}  # (epoch, index) -> its MFT at creation
+        # batches read but not yet validated, (epoch, index) -> its MFT at creation: the only ones
+        # that can still need a cache entry (the paper keeps a batch here until it is written)
+        self.outstanding: dict[tuple[int, int], int] = {}
         self.repaired_rows = 0
         self.skipped_writes = 0
         self.write_lock_wait = 0.0  # seconds writers waited for the store's lock
@@ -98,9 +100,13 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
         with self.meta_lock:
             batch.finished_before = self.finished_upto
             self.outstanding[(batch.plan.epoch, batch.plan.index)] = self.finished_upto
-            batch.safe_to_evict = min(self.outstanding.values())
 
     def validate(self, batch: Batch) -> None:
+        """Evict what no batch read but not yet validated can need (its own entry included, then
+        dropped: once repaired, a batch never reads the cache again), then repair the batch."""
+        with self.meta_lock:
+            batch.safe_to_evict = min(self.outstanding.values())
+            del self.outstanding[(batch.plan.epoch, batch.plan.index)]
         self.cache.evict_upto(batch.safe_to_evict)
         self.repaired_rows += self.cache.repair(batch.ids, batch.rows)
 
@@ -128,7 +134,6 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
 
     def finish(self, batch: Batch) -> None:
         with self.meta_lock:
-            del self.outstanding[(batch.plan.epoch, batch.plan.index)]
             self.finished_ahead.add(batch.timestamp)
             while self.finished_upto + 1 in self.finished_ahead:
                 self.finished_upto += 1
