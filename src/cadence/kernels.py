@@ -28,12 +28,19 @@ Operators:
 - ``adagrad_rows(values, state, grad, lr, eps, rowwise)``: Adagrad's step on a batch's rows, in place:
   row-wise (``state`` [n, 1] += the mean square of the row's gradient; PyTorch-BigGraph's rule) or
   element-wise (``state`` [n, D] += the squared gradient), then ``values -= lr grad / (sqrt(state) +
-  eps)``: one pass over the rows where torch takes six operators.
+  eps)``: one pass over the rows where torch takes six operators; ``adagrad_dense``, the same step as
+  ``torch.optim.Adagrad`` takes it on a dense parameter, its step count included.
+- ``bilinear_step(values, state, positions, relation_table, relations, ..., step)``: a whole KGE
+  training step of DistMult or ComplEx against shared negatives (the gathers, ``bilinear_scores``,
+  ``negative_loss``, both backwards, the gathers' backward and Adagrad's row step) as one operator,
+  with no autograd graph: what the compute stage takes where the task offers it (``Task.fused_step``),
+  autograd's path staying the reference it is tested against.
 """
 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -231,14 +238,39 @@ def adagrad_rows_kernel(values: Tensor, state: Tensor, grad: Tensor, lr: float, 
 
 @torch.library.custom_op("cadence::adagrad_rows", mutates_args=("values", "state"))
 def _adagrad_rows(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
-    step = adagrad_rows_kernel if usable(values) and values.is_contiguous() and state.is_contiguous() else adagrad_rows_twin
-    step(values, state, grad, lr, eps, rowwise)
+    _adagrad(values, state, grad, lr, eps, rowwise)
 
 
 def adagrad_rows(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
     """Adagrad's step on rows [n, D] and their state ([n, 1] row-wise, [n, D] element-wise), in place;
     see the module's text."""
     _adagrad_rows(values, state, grad, lr, eps, rowwise)
+
+
+def _adagrad(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
+    """``adagrad_rows``'s step where it is already inside an operator: the kernel where usable."""
+    usable_here = usable(values) and values.is_contiguous() and state.is_contiguous()
+    (adagrad_rows_kernel if usable_here else adagrad_rows_twin)(values, state, grad, lr, eps, rowwise)
+
+
+@torch.library.custom_op("cadence::adagrad_dense", mutates_args=("param", "total", "steps"))
+def _adagrad_dense(param: Tensor, total: Tensor, steps: Tensor, grad: Tensor, lr: float, eps: float) -> None:
+    steps.add_(1)  # (a host-side count: torch.optim.Adagrad keeps its step on the CPU)
+    _adagrad(param, total, grad, lr, eps, rowwise=False)
+
+
+def adagrad_dense(param: Tensor, total: Tensor, steps: Tensor, grad: Tensor, lr: float, eps: float) -> None:
+    """``torch.optim.Adagrad``'s step of one parameter (its state's ``sum`` and ``step``; no rate decay),
+    in place, as one operator: the element-wise row step over the whole parameter."""
+    _adagrad_dense(param, total, steps, grad, lr, eps)
+
+
+class RowStep(NamedTuple):
+    """Adagrad's row step as a fused training step applies it (``bilinear_step``): a rate, an epsilon,
+    row-wise or element-wise state."""
+    lr: float
+    eps: float
+    rowwise: bool
 
 
 # ---- bilinear_scores ---------------------------------------------------------------------------
@@ -344,6 +376,63 @@ def bilinear_scores(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, complex_: boo
     """(negative scores [S B, C], positive scores [B]) of DistMult or ComplEx (``complex_``) edges
     against one shared pool, forward and backward one operator each; see the module's text."""
     return _bilinear_scores(h, r, t, pool, complex_, both)
+
+
+# ---- bilinear_step -----------------------------------------------------------------------------
+def bilinear_step_parts(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
+                        complex_: bool, both: bool, softmax: bool, lr: float, eps: float, rowwise: bool,
+                        kernel: bool) -> tuple[Tensor, Tensor]:
+    """``bilinear_step``: the twin's plain torch (``kernel`` false) or the kernels in its place."""
+    size = relations.shape[0]
+    h, t, pool = values.index_select(0, positions).split([size, size, positions.shape[0] - 2 * size])
+    r = relation_table.index_select(0, relations)
+    scores, positive = (bilinear_scores_kernel if kernel else bilinear_scores_twin)(h, r, t, pool, complex_, both)
+    loss, d_scores, d_positive = (negative_loss_kernel if kernel else negative_loss_twin)(scores, positive, softmax)
+    d_h, d_r, d_t, d_pool = (bilinear_scores_backward_kernel if kernel else bilinear_scores_backward_twin)(
+        d_scores, d_positive, h, r, t, pool, complex_, both)
+    # the gathers' backward as autograd computes it: zeros, then the gradients added at the positions
+    d_rows = torch.zeros_like(values).index_add_(0, positions, torch.cat([d_h, d_t, d_pool]))
+    d_relations = torch.zeros_like(relation_table).index_add_(0, relations, d_r)
+    (adagrad_rows_kernel if kernel else adagrad_rows_twin)(values, state, d_rows, lr, eps, rowwise)
+    return loss, d_relations
+
+
+def bilinear_step_twin(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
+                       complex_: bool, both: bool, softmax: bool, lr: float, eps: float,
+                       rowwise: bool) -> tuple[Tensor, Tensor]:
+    """``bilinear_step`` in plain torch: the autograd path's operations in its order (bit for bit)."""
+    return bilinear_step_parts(values, state, positions, relation_table, relations, complex_, both, softmax, lr,
+                               eps, rowwise, kernel=False)
+
+
+@torch.library.custom_op("cadence::bilinear_step", mutates_args=("values", "state"))
+def _bilinear_step(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
+                   complex_: bool, both: bool, softmax: bool, lr: float, eps: float,
+                   rowwise: bool) -> tuple[Tensor, Tensor]:
+    kernel = usable(values) and values.is_contiguous() and state.is_contiguous()
+    loss, d_relations = bilinear_step_parts(values, state, positions, relation_table, relations, complex_, both,
+                                            softmax, lr, eps, rowwise, kernel)
+    return loss, d_relations
+
+
+@_bilinear_step.register_fake
+def _(values, state, positions, relation_table, relations, complex_, both, softmax, lr, eps, rowwise):
+    return values.new_empty(()), torch.empty_like(relation_table)
+
+
+def bilinear_step(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
+                  complex_: bool, both: bool, softmax: bool, step: RowStep) -> tuple[Tensor, Tensor]:
+    """A DistMult or ComplEx training step on a batch's rows against its shared negatives, as one
+    operator: the rows ``values`` [U, D] gathered at ``positions`` [2B + C] (the B heads, the B tails,
+    the C candidates), the relations' rows of ``relation_table`` at ``relations`` [B]; scores, the
+    loss (``negative_loss``), every gradient, and Adagrad's row step (``step``) on ``values`` and
+    ``state`` in place. Returns (the loss, the relation table's gradient). What autograd and the row
+    optimizer compute from ``bilinear_scores`` and ``negative_loss``, bit for bit on the CPU; on CUDA
+    the kernels of those operators and of ``adagrad_rows``, with torch's gathers, zeros and
+    ``index_add_`` between them (13 launches, one host step; the gathers folded into the kernels are
+    what is left to fuse)."""
+    return _bilinear_step(values, state, positions, relation_table, relations, complex_, both, softmax,
+                          step.lr, step.eps, step.rowwise)
 
 
 TILE = 32  # rows, columns and depth of a GEMM tile (tl.dot wants at least 16)

@@ -44,6 +44,11 @@ class EntityOptimizer(ABC):
     def step(self, values: Tensor, state: Tensor, grad: Tensor) -> None:
         """Update ``values`` [n, D] and ``state`` [n, S] in place from ``grad`` [n, D]."""
 
+    def row_step(self) -> kernels.RowStep | None:
+        """This rule as a fused training step applies it (``kernels.bilinear_step``), or None where no
+        fused step does (the step then goes through autograd and ``step``)."""
+        return None
+
 
 @ENTITY_OPTIMIZERS.register("rowwise_adagrad")
 class RowwiseAdagrad(EntityOptimizer):
@@ -56,6 +61,9 @@ class RowwiseAdagrad(EntityOptimizer):
     def step(self, values, state, grad):  # one operator (cadence.kernels): one kernel on a GPU
         kernels.adagrad_rows(values, state, grad, self.lr, self.eps, rowwise=True)
 
+    def row_step(self):
+        return kernels.RowStep(self.lr, self.eps, rowwise=True)
+
 
 @ENTITY_OPTIMIZERS.register("adagrad")
 class ElementwiseAdagrad(EntityOptimizer):
@@ -67,6 +75,9 @@ class ElementwiseAdagrad(EntityOptimizer):
 
     def step(self, values, state, grad):
         kernels.adagrad_rows(values, state, grad, self.lr, self.eps, rowwise=False)
+
+    def row_step(self):
+        return kernels.RowStep(self.lr, self.eps, rowwise=False)
 
 
 @ENTITY_OPTIMIZERS.register("sgd")
@@ -180,6 +191,7 @@ class InPlaceDense:
         self.groups = [group_of[id(param)] for param in params]  # (one group, or one per parameter)
         self.kind = ("adam" if isinstance(optimizer, torch.optim.Adam)
                      else "sgd" if isinstance(optimizer, torch.optim.SGD) else "adagrad")
+        self.views: list[Tensor | None] = [None] * len(params)  # each parameter's ``.data``, kept
         for param in params:
             self._state(param)
 
@@ -190,9 +202,19 @@ class InPlaceDense:
             state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param), exp_avg_sq=torch.zeros_like(param))
         return state
 
-    def step(self, grads: list[Tensor]) -> None:
+    def _data(self, index: int) -> Tensor:
+        """Parameter ``index``'s ``.data`` (an operator each time it is taken): kept, and taken again
+        when the parameter's storage changed (moved to a device, resized)."""
+        view, param = self.views[index], self.params[index]
+        if view is None or view.data_ptr() != param.data_ptr() or view.shape != param.shape:
+            view = self.views[index] = param.data
+        return view
+
+    def step(self, grads: list[Tensor | None]) -> None:
+        """Step parameter i from ``grads[i]`` (None: the loss did not use it; left as it is)."""
         for index, grad in enumerate(grads):
-            self.step_one(index, grad)
+            if grad is not None:
+                self.step_one(index, grad)
 
     def step_gradients(self) -> None:
         """Step every parameter that has a gradient (its ``.grad``, as ``optimizer.step()`` reads
@@ -206,7 +228,7 @@ class InPlaceDense:
     def step_one(self, index: int, grad: Tensor) -> None:
         """Update parameter ``index`` from ``grad``, as ``torch.optim`` (single-tensor) computes it."""
         group, param = self.groups[index], self.params[index]
-        state, param = self._state(param), param.data
+        state, param = self._state(param), self._data(index)
         lr, decay = group["lr"], group["weight_decay"]
         if decay:
             grad = grad.add(param, alpha=decay)
@@ -221,11 +243,10 @@ class InPlaceDense:
                 grad = grad.add(buffer, alpha=momentum) if group["nesterov"] else buffer
             param.add_(grad, alpha=-lr)
             return
-        state["step"] += 1
-        if self.kind == "adagrad":
-            state["sum"].addcmul_(grad, grad, value=1)
-            param.addcdiv_(grad, state["sum"].sqrt().add_(group["eps"]), value=-lr)
+        if self.kind == "adagrad":  # (one operator: the step count, the sum and the update)
+            kernels.adagrad_dense(param, state["sum"], state["step"], grad, lr, group["eps"])
             return
+        state["step"] += 1
         step, (beta1, beta2) = float(state["step"]), group["betas"]
         state["exp_avg"].lerp_(grad, 1 - beta1)
         state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)

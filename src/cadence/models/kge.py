@@ -58,6 +58,23 @@ class KgeModel(nn.Module):
         h, t, pool = rows.index_select(0, positions).split([size, size, positions.shape[0] - 2 * size])
         return self._loss(h, relations, t, pool, pool.shape[0] // self.train_config.negatives, None)
 
+    def fused_step(self, values: Tensor, state: Tensor, positions: Tensor, relations: Tensor,
+                   step: kernels.RowStep) -> tuple[Tensor, list[Tensor | None]] | None:
+        """``loss_at``'s training step in one operator (``kernels.bilinear_step``: the rows updated in
+        place by ``step``), returning (the loss, [the relations' gradient]); None where that operator
+        does not compute this loss: a scorer other than DistMult's or ComplEx's, chunked negatives, a
+        regulariser, frozen relations."""
+        pool = positions.shape[0] - 2 * relations.shape[0]
+        config = self.train_config
+        if (not self.scorer.bilinear or pool != config.negatives or self.frozen_relations is not None
+                or (config.regularizer != "none" and config.reg_weight > 0)):
+            return None
+        with torch.no_grad():  # (no graph: the operator computes the gradients itself)
+            loss, d_relations = kernels.bilinear_step(values, state, positions, self.relations, relations,
+                                                      self.scorer.complex_valued, not config.reciprocal,
+                                                      config.loss == "softmax", step)
+        return loss, [d_relations]
+
     def _loss(self, h: Tensor, relations: Tensor, t: Tensor, pool: Tensor, chunks: int,
               targets: Tensor | None) -> Tensor:
         """The loss of edges (h, relations, t) against ``pool`` [C, D]: sampled negatives shared by the

@@ -92,6 +92,15 @@ class ComputeStage(Compute):
         return self._compute(batch)
 
     def _compute(self, batch: Batch) -> Batch:
+        # where the task has one operator for the whole step (and the row rule is one it applies),
+        # that operator; else autograd's path, the reference it equals
+        row_step = self.entity_optimizer.row_step()
+        fused = None if row_step is None else self.task.fused_step(batch, batch.rows, self.dense, row_step)
+        if fused is not None:
+            batch.loss, dense_grads = fused
+            if self.dense_rule is not None:
+                self.dense_rule.step(dense_grads)
+            return batch
         rows = batch.rows.values.requires_grad_(True)
         loss = self.task.train_loss(batch, rows, self.dense)
         loss.backward()

@@ -44,13 +44,14 @@ from cadence import compiled
 from cadence.config import Config
 from cadence.device import resolve_device
 from cadence.errors import ConfigError, DataError, QueryError
+from cadence.kernels import RowStep
 from cadence.optim import freeze_parameters
 from cadence.data.fingerprint import fingerprint
 from cadence.data.text import TSV_DIGITS, tsv_name  # noqa: F401  (re-exported: export's TSV files)
 from cadence.core.batch import Batch, BatchPlan
 from cadence.prediction import Predictor
 from cadence.registry import Registry
-from cadence.core.rows import ParameterView, TablePart, TableSpec  # noqa: F401  (the task interface's row types)
+from cadence.core.rows import ParameterView, RowBlock, TablePart, TableSpec  # noqa: F401  (the task interface's row types)
 
 TASKS: Registry[type["Task"]] = Registry("task", "task")
 
@@ -198,6 +199,15 @@ class Task(ABC):
             rows = torch.where(batch.frozen.to(rows.device).unsqueeze(1), rows.detach(), rows)
         return self.loss(batch, rows, dense)
 
+    def fused_step(self, batch: Batch, rows: RowBlock, dense: nn.Module,
+                   step: RowStep) -> tuple[Tensor, list[Tensor | None]] | None:
+        """One training step of the batch without autograd, where the task has one operator for it
+        (``cadence.kernels``): ``rows`` (values and state) updated in place by Adagrad's row ``step``;
+        returns (the loss, each dense parameter's gradient in ``dense.parameters()`` order, None for
+        one the loss did not use). None (the default): this batch takes ``train_loss``, autograd and
+        the row optimizer, the reference a fused step must equal."""
+        return None
+
     @classmethod
     def resolve_defaults(cls, config: Config) -> None:
         """Give the task's own settings left at a word that the rest of the config decides (kge's
@@ -228,7 +238,11 @@ class Task(ABC):
     def loss_total(self, loss: float, size: int) -> float:
         """A batch's contribution to the epoch's summed loss (reported per example); a float or a
         tensor, so the pipeline sums on the device without a synchronisation per batch."""
-        return loss * size if self.loss_reduction == "mean" else loss
+        return loss * self.loss_weight(size)
+
+    def loss_weight(self, size: int) -> int:
+        """What a batch's loss is multiplied by in the epoch's sum (``loss_total``)."""
+        return size if self.loss_reduction == "mean" else 1
 
     def examples_of(self, batch_examples: int) -> int:
         """Examples a count of batch examples stands for (KGE's reciprocal copies count once)."""

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from cadence.config import Config, TrainConfig
+from cadence.kernels import RowStep
 from cadence.data.datasets import load_graph
 from cadence.data.triples import KnowledgeGraph, with_reciprocals, write_id_maps
 from cadence.resources import check_memory
@@ -28,6 +29,7 @@ from cadence.models.kge import KgeModel
 from cadence.models.scorers import SCORERS
 from cadence.prediction.kge import KgePredictor
 from cadence.core.batch import Batch, BatchPlan, plan_epoch
+from cadence.core.rows import RowBlock
 from cadence.seeding import derive_seed
 from cadence.tasks.base import TASKS, ParameterView, Progress, TableSpec, Task, Vocabulary, write_vectors_tsv
 
@@ -179,6 +181,12 @@ class KgeTask(Task):
         if "positions" in inputs:
             return dense.loss_at(rows, inputs["positions"], inputs["relations"])
         return dense.loss(rows, inputs["heads"], inputs["relations"], inputs["tails"], None)
+
+    def fused_step(self, batch: Batch, rows: RowBlock, dense: nn.Module, step: RowStep):
+        inputs = batch.inputs
+        if batch.frozen is not None or "positions" not in inputs:
+            return None
+        return dense.fused_step(rows.values, rows.state, inputs["positions"], inputs["relations"], step)
 
     def examples_of(self, triples_seen: int) -> int:
         return triples_seen // self.copies_per_edge

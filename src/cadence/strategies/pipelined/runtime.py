@@ -62,12 +62,14 @@ class PipelineRuntime(Runtime):
         self.schedule = schedule
 
     def run_epoch(self, plans: list[BatchPlan], on_batch: OnBatch) -> tuple[float, int]:
-        total = torch.zeros((), dtype=torch.float64)
+        total: Tensor | None = None  # on the loss's device: no synchronisation per batch
         examples = 0
 
         def finished(batch: Batch) -> None:
             nonlocal total, examples
-            total += self.task.loss_total(batch.loss.cpu(), batch.size)
+            if total is None:
+                total = torch.zeros((), dtype=torch.float64, device=batch.loss.device)
+            total.add_(batch.loss, alpha=self.task.loss_weight(batch.size))  # (one operator)
             examples += batch.size
             on_batch(batch)
 
@@ -75,7 +77,7 @@ class PipelineRuntime(Runtime):
         if self.governor is not None:
             self.governor.restart()  # (the pause between epochs is no step's time)
         self.schedule.run_epoch(plans, self.stages, finished)
-        return float(total), examples
+        return (0.0 if total is None else float(total)), examples
 
     def parameters(self) -> RowsView:
         return RowsView(self.store.values, self.spec, self.index)
