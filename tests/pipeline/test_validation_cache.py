@@ -10,7 +10,7 @@ from cadence.core.rows import RowBlock
 
 def test_cache_matches_a_dictionary_reference() -> None:
     rng = random.Random(0)
-    cache = ValidationCache(num_rows=40, dim=3, state_width=1, device=torch.device("cpu"))
+    cache = ValidationCache(num_rows=40, device=torch.device("cpu"))
     reference: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
     stamp = 0
     for _ in range(3000):
@@ -41,3 +41,15 @@ def test_cache_matches_a_dictionary_reference() -> None:
                     assert int(block.versions[i]) == int(read[i]) and not block.values[i].any()
             assert repaired == expected
         assert sorted(cache.cached_ids().tolist()) == sorted(reference) and len(cache) == len(reference)
+
+
+def test_the_cache_keeps_a_batchs_rows_not_a_copy_and_drops_them_when_evicted() -> None:
+    """Out of core, a copy of every row in flight is page cache the table loses (issue 46)."""
+    cache = ValidationCache(num_rows=10, device=torch.device("cpu"))
+    block = RowBlock(torch.randn(3, 2), torch.rand(3, 1), torch.full((3,), 4))
+    cache.insert(torch.tensor([1, 5, 7]), block)
+    assert cache.blocks[4] is block
+    read = RowBlock(torch.zeros(2, 2), torch.zeros(2, 1), torch.tensor([3, 3]))
+    assert cache.repair(torch.tensor([7, 2]), read) == 1 and torch.equal(read.values[0], block.values[2])
+    cache.evict_upto(4)
+    assert not cache.blocks and len(cache) == 0

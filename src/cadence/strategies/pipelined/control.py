@@ -79,7 +79,7 @@ class LastWriterWins(ConcurrencyControl):
 class OptimisticAsynchronyControl(ConcurrencyControl):
     def __init__(self, store: EmbeddingStore, device: torch.device, first_timestamp: int, coalesce: bool = True):
         super().__init__(store, pin=accelerated(device))
-        self.cache = ValidationCache(store.num_rows, store.dim, store.state_width, device)
+        self.cache = ValidationCache(store.num_rows, device)
         # timestamp of each row's newest compute, on the host (written by the compute thread, read by
         # writers; it only grows, so a writer that reads an older value merely writes a row it could
         # have left): None when writes are not coalesced

@@ -1,13 +1,21 @@
 """OAC's validation cache (SPEC section 1): recent row versions, kept on the compute device.
 
-Entries are (row id, value, optimizer state, timestamp) in slots of preallocated tensors; a dense
-``slot_of`` map (one int64 per store row, -1 when uncached) finds a whole batch's slots with one
-``index_select``, so lookups, inserts and evictions are vectorised and cost O(batch) copies plus an
-O(capacity) comparison, never a rewrite of the cache. Invariants:
+An entry is (row id, timestamp, position): the row's version computed by the batch of that
+timestamp, found at that position of the batch's own rows, which the cache keeps a reference to
+(``blocks``: timestamp -> the batch's ``RowBlock``) rather than a copy. Those rows are in memory
+until the batch is written anyway; a copy would hold every row in flight twice, and out of core
+that second copy is page cache the table loses (issue 46: under a 900 MiB cap a copy of ~85k rows
+of dim 256 made OAC fault its table in twice as often as async). A dense ``slot_of`` map (one int32
+per store row, -1 when uncached) finds a whole batch's entries with one ``index_select``, so
+lookups, inserts and evictions are vectorised: O(batch) work plus an O(capacity) comparison, and a
+repair gathers from each batch it takes rows of (at most the batches in flight). Invariants:
 
-- at most one entry per row: inserting a cached row overwrites its slot in place;
+- at most one entry per row: inserting a cached row overwrites its entry in place;
 - ``repair`` replaces a batch's row only by a strictly newer timestamp than the one it read;
-- ``evict_upto(ste)`` frees the slots of entries with timestamp <= ste, which no future batch can need.
+- ``evict_upto(ste)`` frees the entries with timestamp <= ste, which no future batch can need, and
+  drops the blocks of those batches;
+- a block is never written after it is inserted (a computed batch's rows are only read: by its
+  writer and by repairs).
 """
 
 from __future__ import annotations
@@ -21,14 +29,14 @@ INITIAL_CAPACITY = 1024
 
 
 class ValidationCache:
-    def __init__(self, num_rows: int, dim: int, state_width: int, device: torch.device):
+    def __init__(self, num_rows: int, device: torch.device):
         self.device = device
-        self.slot_of = torch.full((num_rows,), -1, dtype=torch.int64, device=device)
+        self.slot_of = torch.full((num_rows,), -1, dtype=torch.int32, device=device)
         self.ids = torch.full((INITIAL_CAPACITY,), -1, dtype=torch.int64, device=device)  # -1: free
-        self.values = torch.empty(INITIAL_CAPACITY, dim, device=device)
-        self.state = torch.empty(INITIAL_CAPACITY, state_width, device=device)
         self.stamps = torch.full((INITIAL_CAPACITY,), -1, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(INITIAL_CAPACITY, dtype=torch.int64, device=device)
         self.free = torch.arange(INITIAL_CAPACITY - 1, -1, -1, device=device)  # a stack of free slots
+        self.blocks: dict[int, RowBlock] = {}  # timestamp -> the rows of the batch it stamped
         self.size = 0
         self.peak_rows = 0
         self.evicted_rows = 0
@@ -48,26 +56,38 @@ class ValidationCache:
             self.free = torch.cat([self.free, slots])
             self.size -= slots.numel()
             self.evicted_rows += slots.numel()
+        for stamp in [stamp for stamp in self.blocks if stamp <= safe_to_evict]:
+            del self.blocks[stamp]
 
     def repair(self, ids: Tensor, rows: RowBlock) -> int:
         """Replace rows the batch read stale by their newer cached versions; return how many."""
         if not self.size:
             return 0
-        slots = self.slot_of.index_select(0, ids)
+        slots = self.slot_of.index_select(0, ids).long()
         cached = slots >= 0
-        newer = cached & (self.stamps.index_select(0, slots.clamp(min=0)) > rows.versions)
+        stamps = self.stamps.index_select(0, slots.clamp(min=0))
+        newer = cached & (stamps > rows.versions)
         count = int(newer.sum())
         if count:
             where = newer.nonzero().squeeze(1)
-            source = slots.index_select(0, where)
-            rows.values.index_copy_(0, where, self.values.index_select(0, source))
-            rows.state.index_copy_(0, where, self.state.index_select(0, source))
-            rows.versions.index_copy_(0, where, self.stamps.index_select(0, source))
+            owners = stamps.index_select(0, where)
+            at = self.positions.index_select(0, slots.index_select(0, where))
+            for owner in owners.unique().tolist():  # (one gather per batch taken from)
+                mine = (owners == owner).nonzero().squeeze(1)
+                into, source, block = where.index_select(0, mine), at.index_select(0, mine), self.blocks[owner]
+                rows.values.index_copy_(0, into, block.values.index_select(0, source))
+                rows.state.index_copy_(0, into, block.state.index_select(0, source))
+                rows.versions.index_fill_(0, into, owner)
         return count
 
     def insert(self, ids: Tensor, rows: RowBlock) -> None:
-        """Add a computed batch's rows (unique ids), overwriting their older entries."""
-        slots = self.slot_of.index_select(0, ids)
+        """Add a computed batch's rows (unique ids, all of one timestamp), overwriting their older
+        entries; the cache keeps ``rows`` itself, which nobody may write afterwards."""
+        assert rows.versions is not None and rows.versions.numel() == ids.numel()
+        if not ids.numel():
+            return
+        stamp = int(rows.versions[0])
+        slots = self.slot_of.index_select(0, ids).long()
         missing = (slots < 0).nonzero().squeeze(1)
         if missing.numel():
             if missing.numel() > self.free.numel():
@@ -76,20 +96,19 @@ class ValidationCache:
             self.free = self.free[:-missing.numel()]
             new_ids = ids.index_select(0, missing)
             slots.index_copy_(0, missing, fresh)
-            self.slot_of.index_copy_(0, new_ids, fresh)
+            self.slot_of.index_copy_(0, new_ids, fresh.int())
             self.ids.index_copy_(0, fresh, new_ids)
             self.size += missing.numel()
             self.peak_rows = max(self.peak_rows, self.size)
-        self.values.index_copy_(0, slots, rows.values.detach())
-        self.state.index_copy_(0, slots, rows.state)
-        self.stamps.index_copy_(0, slots, rows.versions)
+        self.stamps.index_fill_(0, slots, stamp)
+        self.positions.index_copy_(0, slots, torch.arange(ids.shape[0], device=slots.device))
+        self.blocks[stamp] = rows
 
     def _grow(self, needed: int) -> None:
         old = self.ids.shape[0]
         new = max(2 * old, old + needed)
         extra = new - old
         self.ids = torch.cat([self.ids, self.ids.new_full((extra,), -1)])
-        self.values = torch.cat([self.values, self.values.new_empty(extra, self.values.shape[1])])
-        self.state = torch.cat([self.state, self.state.new_empty(extra, self.state.shape[1])])
         self.stamps = torch.cat([self.stamps, self.stamps.new_full((extra,), -1)])
+        self.positions = torch.cat([self.positions, self.positions.new_zeros(extra)])
         self.free = torch.cat([torch.arange(new - 1, old - 1, -1, device=self.device), self.free])
