@@ -98,7 +98,9 @@ class EmbeddingStore:
         self.lock = threading.Lock()
         # write_if_newer's state, under ``lock``: the timestamp of the writer copying each row (-1:
         # none; allocated on first use), and the rows newer writers handed over to a claimant
-        self._claimant: Tensor | None = None
+        # the rows each writer is copying now, by its stamp (a few writers, each a batch's rows: no
+        # per-row array of the table's length, which out of core is page cache the table loses)
+        self._claims: dict[int, Tensor] = {}
         self._handed: dict[int, list[tuple[Tensor, RowBlock]]] = {}
         self._scratch = _Scratch()
 
@@ -174,10 +176,10 @@ class EmbeddingStore:
         asked = time.perf_counter()
         with self.lock:
             got = time.perf_counter()
-            if self._claimant is None:
-                self._claimant = torch.full((self.num_rows,), -1, dtype=torch.int64)
             rows = ids.index_select(0, wanted)
-            claimant = self._claimant.index_select(0, rows)
+            claimant = torch.full_like(rows, -1)
+            for owner, copying in self._claims.items():
+                claimant.masked_fill_(torch.isin(rows, copying), owner)
             free = claimant < 0
             newer = block.versions.index_select(0, wanted) > self.versions.index_select(0, rows)
             mine = wanted[free & newer]
@@ -191,7 +193,7 @@ class EmbeddingStore:
                         block.values.index_select(0, part), block.state.index_select(0, part),
                         block.versions.index_select(0, part))))
             claimed = ids.index_select(0, mine)
-            self._claimant.index_fill_(0, claimed, stamp)
+            self._claims[stamp] = claimed
             held = time.perf_counter() - got
         waited = got - asked
         if mine.numel():
@@ -205,7 +207,7 @@ class EmbeddingStore:
                 got = time.perf_counter()
                 handed_over = self._handed.pop(stamp, [])
                 if not handed_over:
-                    self._claimant.index_fill_(0, claimed, -1)
+                    del self._claims[stamp]
                 held += time.perf_counter() - got
             waited += got - asked
             if not handed_over:

@@ -80,10 +80,13 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
     def __init__(self, store: EmbeddingStore, device: torch.device, first_timestamp: int, coalesce: bool = True):
         super().__init__(store, pin=accelerated(device))
         self.cache = ValidationCache(store.num_rows, device)
-        # timestamp of each row's newest compute, on the host (written by the compute thread, read by
+        # timestamp of each row's newest compute in this epoch, less the epoch's first (-1: none yet;
+        # every stored version is older), on the host: written by the compute thread, read by
         # writers; it only grows, so a writer that reads an older value merely writes a row it could
-        # have left): None when writes are not coalesced
-        self.newest = store.versions.clone() if coalesce else None
+        # have left. int32: half the memory (out of core, page cache the table keeps). None when
+        # writes are not coalesced
+        self.first_timestamp = first_timestamp
+        self.newest = torch.full((store.num_rows,), -1, dtype=torch.int32) if coalesce else None
         self.coalesced_writes = 0
         self.meta_lock = threading.Lock()  # guards the MFT and the outstanding-batches map
         self.finished_upto = first_timestamp - 1  # MFT: every batch stamped <= this has been written
@@ -114,7 +117,7 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
         batch.rows.versions.fill_(batch.timestamp)
         self.cache.insert(batch.ids, batch.rows)
         if self.newest is not None:
-            self.newest.index_fill_(0, batch.store_ids, batch.timestamp)
+            self.newest.index_fill_(0, batch.store_ids, batch.timestamp - self.first_timestamp)
 
     def write(self, batch: Batch) -> None:
         """A conditional write of the batch's rows, less those a later batch has computed since
@@ -123,7 +126,8 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
         batch reading such a row meanwhile is repaired as if it had been written."""
         mine, coalesced = None, 0
         if self.newest is not None:
-            mine = (self.newest.index_select(0, batch.ids) <= batch.timestamp).nonzero().squeeze(1)
+            later = self.newest.index_select(0, batch.ids) > batch.timestamp - self.first_timestamp
+            mine = (~later).nonzero().squeeze(1)
             coalesced = batch.ids.shape[0] - mine.shape[0]
         skipped, waited, held = self.store.write_if_newer(batch.ids, batch.rows, mine)
         with self.meta_lock:
