@@ -159,14 +159,14 @@ def scorer_reference(name: str, h, r, t, pool, both: bool):
     return scores, scorer.score(h, r, t)
 
 
-def bilinear_sample(device: str = "cpu"):
+def bilinear_sample(device: str = "cpu", width: int = 70):
     generator = torch.Generator().manual_seed(7)
     # 37 edges, 45 candidates, width 70: none a multiple of a tile (32), ComplEx's 35 halves neither
-    return [torch.randn(n, 70, generator=generator).to(device) for n in (37, 37, 37, 45)]
+    return [torch.randn(n, width, generator=generator).to(device) for n in (37, 37, 37, 45)]
 
 
-def check_bilinear(name: str, both: bool, forward, backward, device: str = "cpu") -> None:
-    h, r, t, pool = bilinear_sample(device)
+def check_bilinear(name: str, both: bool, forward, backward, device: str = "cpu", width: int = 70) -> None:
+    h, r, t, pool = bilinear_sample(device, width)
     leaves = [x.detach().double().cpu().requires_grad_() for x in (h, r, t, pool)]
     scores, positive = scorer_reference(name, *leaves, both)
     generator = torch.Generator().manual_seed(8)
@@ -181,9 +181,10 @@ def check_bilinear(name: str, both: bool, forward, backward, device: str = "cpu"
         torch.testing.assert_close(mine.double().cpu(), leaf.grad, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("width", [70, 8])  # 8: the narrow products the twin computes transposed
 @pytest.mark.parametrize("name, both", BILINEAR)
-def test_the_bilinear_twin_is_the_scorers_scores_and_autograds_gradients(name: str, both: bool) -> None:
-    check_bilinear(name, both, kernels.bilinear_scores_twin, kernels.bilinear_scores_backward_twin)
+def test_the_bilinear_twin_is_the_scorers_scores_and_autograds_gradients(name: str, both: bool, width: int) -> None:
+    check_bilinear(name, both, kernels.bilinear_scores_twin, kernels.bilinear_scores_backward_twin, width=width)
 
 
 @pytest.mark.skipif(not kernels.INTERPRETED, reason="Triton's interpreter (tests/conftest.py) is not on here")

@@ -307,6 +307,16 @@ def bilinear_scores_twin(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, complex_
     return queries @ pool.t(), (tail * t).sum(-1)
 
 
+NARROW = 16  # columns of a product below which the CPU's GEMM is faster computing its transpose
+
+
+def _times(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b``; for a narrow ``b`` (a few columns: d=8 embeddings) as ``(b^T a^T)^T``, which the
+    CPU's GEMM computes ~4x faster ([2000 x 100] @ [100 x 8]: 225 us against 59 us on one thread;
+    no faster from 128 columns on)."""
+    return torch.mm(b.t(), a.t()).t() if b.shape[1] <= NARROW else a @ b
+
+
 def bilinear_scores_backward_twin(d_scores: Tensor, d_positive: Tensor, h: Tensor, r: Tensor, t: Tensor,
                                   pool: Tensor, complex_: bool, both: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients (h, r, t, pool) of ``bilinear_scores_twin`` from those of its outputs: the query's
@@ -314,7 +324,7 @@ def bilinear_scores_backward_twin(d_scores: Tensor, d_positive: Tensor, h: Tenso
     other's conjugate."""
     size = h.shape[0]
     tail = _product(h, r, complex_)
-    d_queries = d_scores @ pool
+    d_queries = _times(d_scores, pool)
     d_tail = d_queries[:size] + d_positive.unsqueeze(1) * t
     d_h = _product(d_tail, _conj(r, complex_), complex_)
     d_r = _product(d_tail, _conj(h, complex_), complex_)
@@ -325,7 +335,7 @@ def bilinear_scores_backward_twin(d_scores: Tensor, d_positive: Tensor, h: Tenso
         d_r = d_r + _product(_conj(d_head, complex_), t, complex_)
     else:
         queries = tail
-    return d_h, d_r, d_t, d_scores.t() @ queries
+    return d_h, d_r, d_t, _times(d_scores.t(), queries)
 
 
 @torch.library.custom_op("cadence::bilinear_scores", mutates_args=())
