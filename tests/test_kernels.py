@@ -322,3 +322,13 @@ def test_the_dense_adagrad_operator_is_torchs_step_bit_for_bit() -> None:
         kernels.adagrad_dense(param.data, state["sum"], state["step"], grad, 0.2, 1e-8)
     assert torch.equal(param, twin) and torch.equal(state["sum"], optimizer.state[twin]["sum"])
     assert float(state["step"]) == float(optimizer.state[twin]["step"]) == 3
+
+
+def test_the_fused_steps_operator_has_its_outputs_shapes_for_tracing() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model, rule, values, state, positions, relations = step_setting("distmult", False, "logistic", "rowwise_adagrad")
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        loss, d_relations = torch.ops.cadence.bilinear_step(values, state, positions, model.relations.detach(),
+                                                            relations, False, True, False, 0.1, 1e-10, True)
+    assert loss.shape == () and d_relations.shape == model.relations.shape

@@ -60,6 +60,22 @@ BLOCK = 1024  # elements a program of the elementwise kernels takes
 ROW_BLOCK = 256  # columns a softmax program reads at a time
 
 
+# The operators that only mutate their inputs (no autograd formula) are defined on the dispatcher
+# directly: ``torch.library.custom_op``'s Python layers (its in-place-or-view step fills every
+# argument's default) cost ~45 us a call, a step's worth of work at d=8; a plain definition ~5 us.
+_LIBRARY = torch.library.Library("cadence", "FRAGMENT")
+
+
+def _mutating_operator(schema: str, implementation, fake=lambda *args: None):
+    """Define ``cadence::<schema>`` with ``implementation`` for every device and ``fake`` (its outputs'
+    shapes: none by default) for tracing; return the operator."""
+    name = schema.split("(", 1)[0]
+    _LIBRARY.define(schema)
+    _LIBRARY.impl(name, implementation, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"cadence::{name}", fake, lib=_LIBRARY)
+    return getattr(torch.ops.cadence, name).default
+
+
 def usable(tensor: Tensor) -> bool:
     """Whether an operator runs its kernel on ``tensor``: Triton is there, the tensor is float32 (the
     kernels compute in it) on a CUDA device, and ``CADENCE_KERNELS`` is not ``0``."""
@@ -236,9 +252,13 @@ def adagrad_rows_kernel(values: Tensor, state: Tensor, grad: Tensor, lr: float, 
                                       BLOCK=ROW_BLOCK)
 
 
-@torch.library.custom_op("cadence::adagrad_rows", mutates_args=("values", "state"))
-def _adagrad_rows(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
+def _adagrad_rows_impl(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
     _adagrad(values, state, grad, lr, eps, rowwise)
+
+
+_adagrad_rows = _mutating_operator(
+    "adagrad_rows(Tensor(a!) values, Tensor(b!) state, Tensor grad, float lr, float eps, bool rowwise) -> ()",
+    _adagrad_rows_impl)
 
 
 def adagrad_rows(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
@@ -253,10 +273,14 @@ def _adagrad(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float,
     (adagrad_rows_kernel if usable_here else adagrad_rows_twin)(values, state, grad, lr, eps, rowwise)
 
 
-@torch.library.custom_op("cadence::adagrad_dense", mutates_args=("param", "total", "steps"))
-def _adagrad_dense(param: Tensor, total: Tensor, steps: Tensor, grad: Tensor, lr: float, eps: float) -> None:
+def _adagrad_dense_impl(param: Tensor, total: Tensor, steps: Tensor, grad: Tensor, lr: float, eps: float) -> None:
     steps.add_(1)  # (a host-side count: torch.optim.Adagrad keeps its step on the CPU)
     _adagrad(param, total, grad, lr, eps, rowwise=False)
+
+
+_adagrad_dense = _mutating_operator(
+    "adagrad_dense(Tensor(a!) param, Tensor(b!) total, Tensor(c!) steps, Tensor grad, float lr, float eps) -> ()",
+    _adagrad_dense_impl)
 
 
 def adagrad_dense(param: Tensor, total: Tensor, steps: Tensor, grad: Tensor, lr: float, eps: float) -> None:
@@ -415,19 +439,19 @@ def bilinear_step_twin(values: Tensor, state: Tensor, positions: Tensor, relatio
                                eps, rowwise, kernel=False)
 
 
-@torch.library.custom_op("cadence::bilinear_step", mutates_args=("values", "state"))
-def _bilinear_step(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
-                   complex_: bool, both: bool, softmax: bool, lr: float, eps: float,
-                   rowwise: bool) -> tuple[Tensor, Tensor]:
+def _bilinear_step_impl(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
+                        complex_: bool, both: bool, softmax: bool, lr: float, eps: float,
+                        rowwise: bool) -> tuple[Tensor, Tensor]:
     kernel = usable(values) and values.is_contiguous() and state.is_contiguous()
-    loss, d_relations = bilinear_step_parts(values, state, positions, relation_table, relations, complex_, both,
-                                            softmax, lr, eps, rowwise, kernel)
-    return loss, d_relations
+    return bilinear_step_parts(values, state, positions, relation_table, relations, complex_, both, softmax, lr, eps,
+                               rowwise, kernel)
 
 
-@_bilinear_step.register_fake
-def _(values, state, positions, relation_table, relations, complex_, both, softmax, lr, eps, rowwise):
-    return values.new_empty(()), torch.empty_like(relation_table)
+_bilinear_step = _mutating_operator(
+    "bilinear_step(Tensor(a!) values, Tensor(b!) state, Tensor positions, Tensor relation_table, Tensor relations, "
+    "bool complex_, bool both, bool softmax, float lr, float eps, bool rowwise) -> (Tensor, Tensor)",
+    _bilinear_step_impl, lambda values, state, positions, relation_table, *rest: (values.new_empty(()),
+                                                                                   torch.empty_like(relation_table)))
 
 
 def bilinear_step(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
