@@ -424,11 +424,22 @@ def bilinear_step_parts(values: Tensor, state: Tensor, positions: Tensor, relati
     loss, d_scores, d_positive = (negative_loss_kernel if kernel else negative_loss_twin)(scores, positive, softmax)
     d_h, d_r, d_t, d_pool = (bilinear_scores_backward_kernel if kernel else bilinear_scores_backward_twin)(
         d_scores, d_positive, h, r, t, pool, complex_, both)
-    # the gathers' backward as autograd computes it: zeros, then the gradients added at the positions
-    d_rows = torch.zeros_like(values).index_add_(0, positions, torch.cat([d_h, d_t, d_pool]))
-    d_relations = torch.zeros_like(relation_table).index_add_(0, relations, d_r)
+    d_rows = _scatter_add(values, positions, torch.cat([d_h, d_t, d_pool]), kernel)
+    d_relations = _scatter_add(relation_table, relations, d_r, kernel)
     (adagrad_rows_kernel if kernel else adagrad_rows_twin)(values, state, d_rows, lr, eps, rowwise)
     return loss, d_relations
+
+
+def _scatter_add(like: Tensor, index: Tensor, source: Tensor, device: bool) -> Tensor:
+    """The gathers' backward: zeros shaped as ``like``, ``source``'s rows added at ``index``. On the CPU
+    as autograd computes it (``index_add_``, serial: the same bits as the reference); on a device by
+    ``index_put_`` with accumulation, which sorts the index and adds in its order: the same bits on
+    every run, where CUDA's ``index_add_`` adds atomically in whatever order the threads come (OAC's
+    bit-identity to its sync replay needs the former)."""
+    zeros = torch.zeros_like(like)
+    if device:
+        return zeros.index_put_((index,), source, accumulate=True)
+    return zeros.index_add_(0, index, source)
 
 
 def bilinear_step_twin(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
