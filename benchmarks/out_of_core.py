@@ -73,7 +73,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 STRATEGIES = ("sync", "async", "oac")
 COUNTERS = ("stale_reads", "lost_updates", "repaired_rows", "skipped_writes", "coalesced_writes", "peak_cache_rows",
             "load_busy_seconds", "compute_busy_seconds", "write_busy_seconds",
-            "write_lock_wait_seconds", "write_lock_held_seconds")
+            "write_lock_wait_seconds", "write_lock_held_seconds", "validation_seconds")
 
 
 def say(text: str) -> None:

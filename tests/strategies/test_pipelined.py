@@ -64,8 +64,10 @@ def test_oac_equals_the_sync_replay_of_its_order(tiny_graph: Path, tmp_path: Pat
         indices = sorted(r["index"] for r in recorded if r["epoch"] == epoch)
         assert indices == list(range(len(indices))) and len(indices) >= 14
     for key in ("repaired_rows", "skipped_writes", "peak_cache_rows", "evicted_rows", "write_lock_wait_seconds",
-                "write_lock_held_seconds"):
+                "write_lock_held_seconds", "validation_seconds"):
         assert key in oac.summary
+    # the control's share of the compute thread, inside the compute stage's busy time
+    assert 0 < oac.summary["validation_seconds"] < oac.summary["compute_busy_seconds"]
 
 
 @pytest.mark.slow

@@ -98,6 +98,7 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
         self.skipped_writes = 0
         self.write_lock_wait = 0.0  # seconds writers waited for the store's lock
         self.write_lock_held = 0.0  # seconds they held it
+        self.validation_seconds = 0.0  # the compute thread's: eviction, repair, the stamp into the cache
 
     def begin(self, batch: Batch) -> None:
         with self.meta_lock:
@@ -107,17 +108,21 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
     def validate(self, batch: Batch) -> None:
         """Evict what no batch read but not yet validated can need (its own entry included, then
         dropped: once repaired, a batch never reads the cache again), then repair the batch."""
+        began = time.perf_counter()
         with self.meta_lock:
             batch.safe_to_evict = min(self.outstanding.values())
             del self.outstanding[(batch.plan.epoch, batch.plan.index)]
         self.cache.evict_upto(batch.safe_to_evict)
         self.repaired_rows += self.cache.repair(batch.ids, batch.rows)
+        self.validation_seconds += time.perf_counter() - began
 
     def stamp(self, batch: Batch) -> None:
+        began = time.perf_counter()
         batch.rows.versions.fill_(batch.timestamp)
         self.cache.insert(batch.ids, batch.rows)
         if self.newest is not None:
             self.newest.index_fill_(0, batch.store_ids, batch.timestamp - self.first_timestamp)
+        self.validation_seconds += time.perf_counter() - began
 
     def write(self, batch: Batch) -> None:
         """A conditional write of the batch's rows, less those a later batch has computed since
@@ -148,7 +153,8 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
                 "coalesced_writes": self.coalesced_writes,
                 "peak_cache_rows": self.cache.peak_rows, "evicted_rows": self.cache.evicted_rows,
                 "write_lock_wait_seconds": round(self.write_lock_wait, 4),
-                "write_lock_held_seconds": round(self.write_lock_held, 4)}
+                "write_lock_held_seconds": round(self.write_lock_held, 4),
+                "validation_seconds": round(self.validation_seconds, 4)}
 
 
 PEAK_COUNTERS = {"peak_cache_rows"}
@@ -252,7 +258,7 @@ class AsyncStrategy(PipelinedStrategy):
 class OacStrategy(PipelinedStrategy):
     reads = (*PipelinedStrategy.reads, "pipeline.coalesce_writes")
     counters = ("repaired_rows", "skipped_writes", "coalesced_writes", "peak_cache_rows", "evicted_rows",
-                "write_lock_wait_seconds", "write_lock_held_seconds")
+                "write_lock_wait_seconds", "write_lock_held_seconds", "validation_seconds")
 
     def make_control(self, store, device, first_timestamp):
         return OptimisticAsynchronyControl(store, device, first_timestamp, self.settings.coalesce_writes)
