@@ -22,10 +22,17 @@ def test_cache_matches_a_dictionary_reference() -> None:
             for i, row in enumerate(ids.tolist()):
                 reference[row] = (block.values[i].clone(), block.state[i].clone(), stamp)
             stamp += 1
-        elif action < 0.55:
+        elif action < 0.5:
             bound = rng.randint(-1, stamp)
             reference = {k: v for k, v in reference.items() if v[2] > bound}
             cache.evict_upto(bound)
+        elif action < 0.55 and cache.landed(stamp):
+            # a landed batch cut down to the rows of its block some pending batch still reads
+            landed = rng.choice(cache.landed(stamp))
+            rows_of = cache.block_ids[landed].tolist()
+            needed = torch.tensor([rng.random() < 0.5 for _ in rows_of])
+            reference = {k: v for k, v in reference.items() if v[2] != landed or bool(needed[rows_of.index(k)])}
+            cache.compact(landed, needed)
         else:
             read = torch.tensor([rng.randint(-1, stamp) for _ in ids])
             block = RowBlock(torch.zeros(len(ids), 3), torch.zeros(len(ids), 1), read.clone())

@@ -178,36 +178,65 @@ def test_mft_advances_only_over_contiguous_finished_batches(tmp_path: Path) -> N
     assert control.finished_upto == 6
 
 
+class Batches:
+    """Batches of chosen rows through an OAC control by hand: begun, computed, finished."""
+
+    def __init__(self, rows: int = 6):
+        from cadence.store import create_store
+
+        self.control = OptimisticAsynchronyControl(create_store(rows, 2, 1), torch.device("cpu"), first_timestamp=0)
+        self.next_timestamp = 0
+
+    def begin(self, index: int, ids: list[int]):
+        from cadence.core.batch import Batch, BatchPlan
+        from cadence.core.rows import RowBlock
+
+        made = Batch(BatchPlan(0, index, torch.tensor([index])), torch.tensor(ids))
+        made.rows = RowBlock(torch.zeros(len(ids), 2), torch.zeros(len(ids), 1), torch.full((len(ids),), -1))
+        self.control.begin(made)
+        return made
+
+    def compute(self, made) -> None:
+        self.control.validate(made)
+        made.timestamp = self.next_timestamp
+        self.next_timestamp += 1
+        made.rows.versions.fill_(made.timestamp)
+        self.control.stamp(made)
+
+    def cached(self) -> list[int]:
+        return sorted(self.control.cache.cached_ids().tolist())
+
+
 def test_oac_keeps_a_cache_entry_exactly_while_a_batch_read_before_its_write_is_unvalidated() -> None:
     """Entry t is kept while some batch that began before t's write finished has not been
     validated (it may have read the row stale), and evicted once none has: a batch computed but not
     yet written holds nothing (the paper keeps it outstanding until written)."""
-    from cadence.core.batch import Batch, BatchPlan
-    from cadence.core.rows import RowBlock
-    from cadence.store import create_store
+    run = Batches()
+    first, second = run.begin(0, [0]), run.begin(1, [0, 1])
+    run.compute(first)
+    run.control.finish(first)  # MFT 0: batch 0's row is in storage
+    third = run.begin(2, [0, 2])  # began after batch 0's write: never needs its entry
+    run.compute(second)  # began before it and read row 0 stale: repaired from entry 0, then kept no more
+    assert run.control.repaired_rows == 1 and run.cached() == [0, 1]  # (row 0: now second's entry)
+    run.compute(third)
+    assert run.cached() == [0, 1, 2] and third.safe_to_evict == 0
 
-    control = OptimisticAsynchronyControl(create_store(4, 2, 1), torch.device("cpu"), first_timestamp=0)
 
-    def batch(index: int) -> Batch:
-        made = Batch(BatchPlan(0, index, torch.tensor([index])), torch.tensor([index]), *(torch.tensor([0]),) * 3, None)
-        made.rows = RowBlock(torch.zeros(1, 2), torch.zeros(1, 1), torch.zeros(1, dtype=torch.int64))
-        control.begin(made)
-        return made
-
-    def compute(made: Batch, timestamp: int) -> None:
-        control.validate(made)
-        made.timestamp = timestamp
-        made.rows.versions.fill_(timestamp)
-        control.stamp(made)
-
-    first, second = batch(0), batch(1)
-    compute(first, 0)
-    control.finish(first)  # MFT 0: batch 0's row is in storage
-    third = batch(2)  # began after batch 0's write: never needs its entry
-    compute(second, 1)  # began before it: entry 0 kept for it
-    assert sorted(control.cache.cached_ids().tolist()) == [0, 1]
-    compute(third, 2)  # second validated (not written): entry 0 no longer needed by anyone
-    assert sorted(control.cache.cached_ids().tolist()) == [1, 2] and third.safe_to_evict == 0
+def test_a_landed_batch_keeps_only_the_rows_a_batch_already_read_reads() -> None:
+    """Once a batch's write has landed (the MFT passed it), only the batches already read can need
+    its entries, and only for their rows: the others are freed at once and its block cut down to a
+    copy of the rows still needed, not held whole until the MFT passes the oldest reader."""
+    run = Batches()
+    first, waiting = run.begin(0, [0, 1, 2, 3]), run.begin(1, [2, 5])
+    run.compute(first)
+    run.control.finish(first)  # landed; `waiting` read before that, and reads row 2 of it
+    computing = run.begin(2, [4])
+    run.compute(computing)  # validation: batch 0's block cut down to its row 2
+    assert run.cached() == [2, 4]
+    block = run.control.cache.blocks[0]
+    assert block.values.shape[0] == 1 and run.control.cache.block_ids[0].tolist() == [2]
+    run.compute(waiting)  # and repaired from it
+    assert run.control.repaired_rows == 1
 
 
 def test_a_stalled_stage_is_named_and_the_last_checkpoint_kept(tiny_graph: Path, tmp_path: Path, monkeypatch) -> None:

@@ -99,11 +99,17 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
         self.write_lock_wait = 0.0  # seconds writers waited for the store's lock
         self.write_lock_held = 0.0  # seconds they held it
         self.validation_seconds = 0.0  # the compute thread's: eviction, repair, the stamp into the cache
+        # how many batches read but not yet validated read each row (under meta_lock): what a landed
+        # batch's cache entries are cut down to (``ValidationCache.compact``). Where the cache is in
+        # host memory only: there a held block is page cache the table loses
+        self.readers = torch.zeros(store.num_rows, dtype=torch.int32) if device.type == "cpu" else None
 
     def begin(self, batch: Batch) -> None:
         with self.meta_lock:
             batch.finished_before = self.finished_upto
             self.outstanding[(batch.plan.epoch, batch.plan.index)] = self.finished_upto
+            if self.readers is not None:  # (a batch's ids are unique)
+                self.readers.index_copy_(0, batch.ids, self.readers.index_select(0, batch.ids) + 1)
 
     def validate(self, batch: Batch) -> None:
         """Evict what no batch read but not yet validated can need (its own entry included, then
@@ -112,8 +118,19 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
         with self.meta_lock:
             batch.safe_to_evict = min(self.outstanding.values())
             del self.outstanding[(batch.plan.epoch, batch.plan.index)]
+            landed = self.finished_upto
         self.cache.evict_upto(batch.safe_to_evict)
+        if self.readers is not None:
+            # a batch whose write has landed (<= the MFT) is needed only by the batches already read,
+            # and only for the rows they read (this one's among them, until its repair below)
+            for stamp in self.cache.landed(landed):
+                with self.meta_lock:
+                    needed = self.readers.index_select(0, self.cache.block_ids[stamp]) > 0
+                self.cache.compact(stamp, needed)
         self.repaired_rows += self.cache.repair(batch.ids, batch.rows)
+        if self.readers is not None:
+            with self.meta_lock:
+                self.readers.index_copy_(0, batch.store_ids, self.readers.index_select(0, batch.store_ids) - 1)
         self.validation_seconds += time.perf_counter() - began
 
     def stamp(self, batch: Batch) -> None:

@@ -14,6 +14,9 @@ repair gathers from each batch it takes rows of (at most the batches in flight).
 - ``repair`` replaces a batch's row only by a strictly newer timestamp than the one it read;
 - ``evict_upto(ste)`` frees the entries with timestamp <= ste, which no future batch can need, and
   drops the blocks of those batches;
+- ``compact(stamp, needed)``, once a batch's write has landed (only the batches already read can
+  still need its rows, and only the rows they read): its entries for other rows are freed and the
+  rest copied into a block of their own, so the batch's whole block is not held until eviction;
 - a block is never written after it is inserted (a computed batch's rows are only read: by its
   writer and by repairs).
 """
@@ -37,6 +40,8 @@ class ValidationCache:
         self.positions = torch.zeros(INITIAL_CAPACITY, dtype=torch.int64, device=device)
         self.free = torch.arange(INITIAL_CAPACITY - 1, -1, -1, device=device)  # a stack of free slots
         self.blocks: dict[int, RowBlock] = {}  # timestamp -> the rows of the batch it stamped
+        self.block_ids: dict[int, Tensor] = {}  # timestamp -> that block's row ids, in its order
+        self.compacted: set[int] = set()  # the timestamps whose blocks ``compact`` has cut down
         self.size = 0
         self.peak_rows = 0
         self.evicted_rows = 0
@@ -48,16 +53,36 @@ class ValidationCache:
         return self.ids[self.ids >= 0]
 
     def evict_upto(self, safe_to_evict: int) -> None:
-        drop = (self.ids >= 0) & (self.stamps <= safe_to_evict)
-        slots = drop.nonzero().squeeze(1)
+        self._free(((self.ids >= 0) & (self.stamps <= safe_to_evict)).nonzero().squeeze(1))
+        for stamp in [stamp for stamp in self.blocks if stamp <= safe_to_evict]:
+            del self.blocks[stamp], self.block_ids[stamp]
+            self.compacted.discard(stamp)
+
+    def landed(self, upto: int) -> list[int]:
+        """The timestamps <= ``upto`` whose blocks are whole (not compacted yet), oldest first."""
+        return sorted(stamp for stamp in self.blocks if stamp <= upto and stamp not in self.compacted)
+
+    def compact(self, stamp: int, needed: Tensor) -> None:
+        """Of batch ``stamp``'s live entries keep those whose row is ``needed`` ([rows of its block]
+        bool), their rows copied into a block of their own; free the others, and the batch's block."""
+        block = self.blocks[stamp]
+        mine = ((self.ids >= 0) & (self.stamps == stamp)).nonzero().squeeze(1)
+        at = self.positions.index_select(0, mine)
+        keep = needed.to(at.device).index_select(0, at)
+        self._free(mine[~keep])
+        kept, kept_at = mine[keep], at[keep]
+        self.blocks[stamp] = RowBlock(block.values.index_select(0, kept_at), block.state.index_select(0, kept_at))
+        self.block_ids[stamp] = self.block_ids[stamp].index_select(0, kept_at.to(self.block_ids[stamp].device))
+        self.positions.index_copy_(0, kept, torch.arange(kept.shape[0], device=kept.device))
+        self.compacted.add(stamp)
+
+    def _free(self, slots: Tensor) -> None:
         if slots.numel():
             self.slot_of.index_fill_(0, self.ids.index_select(0, slots), -1)
             self.ids.index_fill_(0, slots, -1)
             self.free = torch.cat([self.free, slots])
             self.size -= slots.numel()
             self.evicted_rows += slots.numel()
-        for stamp in [stamp for stamp in self.blocks if stamp <= safe_to_evict]:
-            del self.blocks[stamp]
 
     def repair(self, ids: Tensor, rows: RowBlock) -> int:
         """Replace rows the batch read stale by their newer cached versions; return how many."""
@@ -103,6 +128,7 @@ class ValidationCache:
         self.stamps.index_fill_(0, slots, stamp)
         self.positions.index_copy_(0, slots, torch.arange(ids.shape[0], device=slots.device))
         self.blocks[stamp] = rows
+        self.block_ids[stamp] = ids
 
     def _grow(self, needed: int) -> None:
         old = self.ids.shape[0]
