@@ -294,7 +294,7 @@ def main() -> None:
         save()
         for name, bar in results["slowfs"]["bars"].items():
             print(f"{'PASS' if bar['passed'] else 'FAIL'} {name}: {bar.get('values', '')}")
-    print(f"wrote {path.relative_to(Path(__file__).parents[1])}")
+    print(f"wrote {path}")
 
 
 def sweep(group: Path, work: Path, stores: Path, backing: Path, common: list[str], args, repeats: int,
