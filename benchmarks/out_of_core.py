@@ -23,7 +23,9 @@ from the store files) must be bit-identical.
 
 Reported per strategy: edges/s (training seconds only), its median and ratios, the test MRR (mean
 and 95% interval over repetitions), OAC's counters (repaired rows, skipped writes, seconds writers
-waited for and held the store's lock), and the machine's major page faults of each run. Bars
+waited for and held the store's lock), the machine's major page faults of each run, and the
+cgroup's anonymous memory while it ran (``total_rss``, sampled every 0.25 s: peak and median; what
+the process held, the rest of the cap being the table's page cache). Bars
 (printed PASS/FAIL, written in the JSON): async >= 2x sync; oac >= 0.9x async; OAC's MRR within
 the repetitions' noise of sync's; OAC bit-identical to its replay.
 
@@ -60,6 +62,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -139,14 +142,30 @@ def evaluate(out: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def sample_anon(group: Path, stop: threading.Event, into: list[int], every: float = 0.25) -> None:
+    """Append the cgroup's anonymous memory (``total_rss`` of memory.stat, MiB) every ``every`` s."""
+    while not stop.wait(every):
+        try:
+            stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+        except OSError:
+            return
+        into.append(int(stat["total_rss"]) >> 20)
+
+
 def run(group: Path, out: Path, overrides: list[str]) -> dict:
     drop_caches()
     faults = major_faults()
     enter = f"echo $$ > {group / 'cgroup.procs'} && exec \"$0\" \"$@\""
     command = ["sh", "-c", enter, sys.executable, __file__, "--child", str(out), *overrides]
     started = time.perf_counter()
+    anon: list[int] = []  # the cgroup's anonymous memory (MiB), sampled while the run runs
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_anon, args=(group, stop, anon), daemon=True)
+    sampler.start()
     done = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - started
+    stop.set()
+    sampler.join()
     if done.returncode != 0:
         killed = int((group / "memory.failcnt").read_text())
         raise SystemExit(f"a run failed with exit code {done.returncode} (memory cap hit {killed} times; "
@@ -155,6 +174,8 @@ def run(group: Path, out: Path, overrides: list[str]) -> dict:
     summary["run_wall_seconds"] = round(wall, 1)
     summary["major_page_faults"] = major_faults() - faults
     summary["peak_memory_mib"] = int((group / "memory.max_usage_in_bytes").read_text()) >> 20
+    if anon:  # what the process itself held, the rest of the cap being the table's page cache
+        summary["peak_anon_mib"], summary["median_anon_mib"] = max(anon), int(statistics.median(anon))
     (group / "memory.max_usage_in_bytes").write_text("0")
     summary.update(evaluate(out))
     shutil.rmtree(out, ignore_errors=True)  # its checkpoint is a copy of the table
@@ -314,6 +335,8 @@ def sweep(group: Path, work: Path, stores: Path, backing: Path, common: list[str
             say(f"[{repeat}] {name:5}: {summary['examples_per_second']:,.0f} edges/s, train "
                 f"{summary['train_seconds']:.1f}s, test MRR {summary['mrr']:.4f}, major faults "
                 f"{summary['major_page_faults']:,}, peak {summary['peak_memory_mib']} MiB"
+                + (f" (anonymous: peak {summary['peak_anon_mib']}, median {summary['median_anon_mib']})"
+                   if "peak_anon_mib" in summary else "")
                 + "".join(f", {k} {summary[k]}" for k in COUNTERS if k in summary))
             if replayed:
                 replay_store = stores / "store-replay"

@@ -1,0 +1,33 @@
+"""benchmarks/out_of_core.py's own measurement: the cgroup's anonymous memory, sampled while a run
+runs (what OAC holds beside async out of core, issue 46)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from tests.benchmarks import benchmark_script
+
+bench = benchmark_script("out_of_core")
+
+
+def test_the_sampler_reads_the_cgroups_anonymous_memory_until_stopped(tmp_path: Path) -> None:
+    stat = tmp_path / "memory.stat"
+    stat.write_text("cache 4096\nrss 1\ntotal_cache 8192\ntotal_rss 10485760\n")
+    stop, seen = threading.Event(), []
+    sampler = threading.Thread(target=bench.sample_anon, args=(tmp_path, stop, seen, 0.01))
+    sampler.start()
+    while len(seen) < 3:
+        stop.wait(0.01)
+    stat.write_text("total_cache 0\ntotal_rss 31457280\n")
+    while 30 not in seen:
+        stop.wait(0.01)
+    stop.set()
+    sampler.join(5)
+    assert not sampler.is_alive() and set(seen) == {10, 30}  # MiB, total_rss (not rss)
+
+
+def test_the_sampler_ends_when_the_cgroup_is_gone(tmp_path: Path) -> None:
+    seen: list[int] = []
+    bench.sample_anon(tmp_path / "removed", threading.Event(), seen, 0.01)
+    assert seen == []
