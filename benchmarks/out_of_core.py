@@ -37,6 +37,10 @@ served (requests, mean service time) is recorded per latency. Bars: oac >= 0.9x 
 bit-identical to its replay at every latency; async's lead over sync growing with the latency.
 Writes ``out_of_core_slowfs.json``.
 
+``--variant NAME:STRATEGY:KEY=VALUE[,KEY=VALUE]``: one more contender in the same interleaving, a
+strategy with overrides of its own (a diagnosis, written as a subset: no bars), e.g.
+``oac-nocoalesce:oac:pipeline.coalesce_writes=false``.
+
 ``--epochs N``: every run trains N epochs (its speed over all of them; the default, 1, times a cold
 table only: after the first epoch a power-law graph's hot rows are read from the page cache).
 ``--out FILE``: where the results go.
@@ -221,12 +225,16 @@ def main() -> None:
                         help="with --latency-ms: the slow device's shared read bandwidth (0: unlimited)")
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
                         help="a subset (diagnosis; the bars need all three)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:STRATEGY:KEY=VALUE[,KEY=VALUE]",
+                        help="one more contender, interleaved with the strategies: STRATEGY with these "
+                             "overrides (a diagnosis: e.g. oac-nocoalesce:oac:pipeline.coalesce_writes=false)")
     add_flag(parser)
     args = parser.parse_args()
     if args.child:  # (a run of the parent's, which checked the tree)
         child(args.child[0], args.child[1:])
         return
     check(args)
+    args.contenders = [(name, name, []) for name in args.strategies] + [parse_variant(text) for text in args.variant]
     why = usable()
     if why is not None:
         say(f"out_of_core: skipped: {why}")
@@ -251,11 +259,11 @@ def main() -> None:
         "setting": {"entities": entities, "dim": args.dim, "edges": edges, "batch_size": args.batch,
                     "negatives": args.negatives, "epochs": args.epochs, "eval_triples": args.eval_triples,
                     "memory_cap_mib": cap, "table_mib": round(table_mib), "overrides": common},
-        "runs": {name: [] for name in args.strategies},
+        "runs": {name: [] for name, _, _ in args.contenders},
     }
     if table_mib < 2 * cap:
         say(f"warning: the table ({table_mib:.0f} MiB) is less than twice the cap ({cap} MiB)")
-    subset = len(args.strategies) < len(STRATEGIES)  # a diagnosis: never over the full results
+    subset = len(args.strategies) < len(STRATEGIES) or bool(args.variant)  # a diagnosis: never the full results
     latencies = [float(x) for x in args.latency_ms.split(",")] if args.latency_ms else []
     if latencies and slowfs.usable() is not None:
         say(f"out_of_core: skipped: {slowfs.usable()}")
@@ -278,7 +286,7 @@ def main() -> None:
                 results["slowfs"] = {"mib_per_s": args.mib_per_s, "latencies": {}}
                 del results["runs"]
                 for latency in latencies:
-                    part = results["slowfs"]["latencies"][str(latency)] = {"runs": {n: [] for n in args.strategies}}
+                    part = results["slowfs"]["latencies"][str(latency)] = {"runs": {n: [] for n, _, _ in args.contenders}}
                     backing, mount = work / f"backing-{latency}", work / f"slow-{latency}"
                     say(f"-- reads served {latency} ms per request (slowfs)")
                     with slowfs.SlowMount(backing, mount, latency, args.mib_per_s) as slow:
@@ -324,9 +332,9 @@ def sweep(group: Path, work: Path, stores: Path, backing: Path, common: list[str
     the stores in ``stores`` (whose files are ``backing``'s: the same directory, or the slow mount's);
     OAC's first run replayed by sync unless ``--no-replay``. Runs go into ``into["runs"]``."""
     for repeat in range(repeats):
-        for name in args.strategies:
+        for name, strategy, overrides in args.contenders:
             store = stores / f"store-{name}-{repeat}"
-            extra = [f"strategy={name}", f"seed={repeat}", f"store.path={store}"]
+            extra = [f"strategy={strategy}", f"seed={repeat}", f"store.path={store}", *overrides]
             replayed = name == "oac" and repeat == 0 and not args.no_replay
             if replayed:
                 extra.append(f"record_order={work / 'oac.order.jsonl'}")
@@ -350,6 +358,15 @@ def sweep(group: Path, work: Path, stores: Path, backing: Path, common: list[str
                 shutil.rmtree(replay_store, ignore_errors=True)
             shutil.rmtree(store, ignore_errors=True)
             save()
+
+
+def parse_variant(text: str) -> tuple[str, str, list[str]]:
+    """``NAME:STRATEGY:KEY=VALUE[,KEY=VALUE]`` as (name, strategy, overrides)."""
+    parts = text.split(":", 2)
+    if len(parts) != 3 or parts[1] not in STRATEGIES or not parts[0] or parts[0] in STRATEGIES:
+        raise SystemExit(f"out_of_core: error: --variant {text}: want NAME:STRATEGY:KEY=VALUE[,KEY=VALUE] with a new "
+                         f"NAME and STRATEGY one of {', '.join(STRATEGIES)}")
+    return parts[0], parts[1], [item for item in parts[2].split(",") if item]
 
 
 def summarize(results: dict) -> dict:

@@ -31,3 +31,15 @@ def test_the_sampler_ends_when_the_cgroup_is_gone(tmp_path: Path) -> None:
     seen: list[int] = []
     bench.sample_anon(tmp_path / "removed", threading.Event(), seen, 0.01)
     assert seen == []
+
+
+def test_a_variant_is_a_named_strategy_with_its_overrides() -> None:
+    assert bench.parse_variant("oac-nocoalesce:oac:pipeline.coalesce_writes=false,pipeline.writer_threads=2") == (
+        "oac-nocoalesce", "oac", ["pipeline.coalesce_writes=false", "pipeline.writer_threads=2"])
+    for bad in ("oac:pipeline.coalesce_writes=false", "x:hogwild:a=b", "oac:oac:a=b"):
+        try:
+            bench.parse_variant(bad)
+        except SystemExit as stop:
+            assert "--variant" in str(stop)
+        else:
+            raise AssertionError(f"{bad} accepted")
