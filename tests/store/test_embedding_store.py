@@ -46,6 +46,24 @@ def test_set_overwrites_only_given_rows(store) -> None:
     assert torch.equal(store.values, expected)
 
 
+@pytest.mark.parametrize("kept", [[0, 1, 2, 5, 6, 9], [3], list(range(0, 40, 2)), list(range(40))],
+                         ids=["runs", "one", "many gaps", "all"])
+def test_set_at_writes_exactly_the_rows_at_the_positions(store, kept: list[int], monkeypatch) -> None:
+    """A few runs as slices, many gaps through a gather (MAX_RUNS lowered so both paths run here):
+    either way what a per-row write of the kept positions leaves."""
+    monkeypatch.setattr(type(store), "MAX_RUNS", 8)
+    ids = torch.randperm(50, generator=torch.Generator().manual_seed(2))[:40]
+    block = RowBlock(torch.randn(40, 6), torch.rand(40, 2), torch.arange(40) + 100)
+    expected = [store.values.clone(), store.state.clone(), store.versions.clone()]
+    for position in kept:
+        row = int(ids[position])
+        expected[0][row], expected[1][row], expected[2][row] = block.values[position], block.state[position], \
+            block.versions[position]
+    store.set_at(ids, block, torch.tensor(kept))
+    for mine, theirs in zip((store.values, store.state, store.versions), expected):
+        assert torch.equal(mine, theirs)
+
+
 def test_set_without_versions_keeps_versions(store) -> None:
     store.set(torch.tensor([1]), RowBlock(torch.zeros(1, 6), torch.zeros(1, 2)))
     assert store.versions[1] == -1

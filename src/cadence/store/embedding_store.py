@@ -102,7 +102,6 @@ class EmbeddingStore:
         # per-row array of the table's length, which out of core is page cache the table loses)
         self._claims: dict[int, Tensor] = {}
         self._handed: dict[int, list[tuple[Tensor, RowBlock]]] = {}
-        self._scratch = _Scratch()
 
     @property
     def num_rows(self) -> int:
@@ -128,6 +127,28 @@ class EmbeddingStore:
         self.state.index_copy_(0, ids, block.state)
         if block.versions is not None:
             self.versions.index_copy_(0, ids, block.versions)
+
+    def set_at(self, ids: Tensor, block: RowBlock, positions: Tensor) -> None:
+        """``set`` of the block's rows at ``positions`` (ascending) only, without a copy of them where
+        they are a few runs of consecutive rows (a write that skips a few rows: slices of the block,
+        views), else through one passing gather. Out of core, a buffer a writer keeps is page cache
+        the table loses."""
+        if not positions.numel():
+            return
+        breaks = ((positions[1:] - positions[:-1]) != 1).nonzero().squeeze(1) + 1
+        if breaks.numel() >= self.MAX_RUNS:
+            self.set(ids.index_select(0, positions), RowBlock(
+                block.values.index_select(0, positions), block.state.index_select(0, positions),
+                None if block.versions is None else block.versions.index_select(0, positions)))
+            return
+        starts = [0, *breaks.tolist()]
+        ends = [*starts[1:], positions.shape[0]]
+        for start, end in zip(starts, ends):
+            first, last = int(positions[start]), int(positions[end - 1]) + 1
+            self.set(ids[first:last], RowBlock(block.values[first:last], block.state[first:last],
+                                               None if block.versions is None else block.versions[first:last]))
+
+    MAX_RUNS = 64  # runs of a partial write taken as slices; more: one gather
 
     def push(self, ids: Tensor, delta: Tensor) -> None:
         self.values.index_add_(0, ids, delta)
@@ -161,8 +182,7 @@ class EmbeddingStore:
         claimant returns, and OAC counts a batch finished only after every older batch has (its
         MFT), so a reader never trusts storage for them early.
 
-        A part of a block is gathered into the writer thread's scratch buffers, not new memory (out
-        of core, memory churned by copies is page cache the table loses).
+        A part of a block is written as slices of it where it can (``set_at``): no copy of it kept.
 
         Returns (rows skipped, seconds spent waiting for the lock, seconds holding it)."""
         assert block.versions is not None, "a conditional write needs the block's versions"
@@ -200,7 +220,7 @@ class EmbeddingStore:
             if mine.shape[0] == ids.shape[0]:  # the whole block at once: no copy of it
                 self.set(ids, block)
             else:
-                self.set(claimed, self._scratch.gather(block, mine))
+                self.set_at(ids, block, mine)
         while True:  # apply what newer writers handed over, until none is left; then free the rows
             asked = time.perf_counter()
             with self.lock:
@@ -288,28 +308,6 @@ class EmbeddingStore:
                 os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             dropped += array.nbytes
         return dropped
-
-
-class _Scratch(threading.local):
-    """Per-thread buffers a part of a block is gathered into, grown as needed and reused."""
-
-    def __init__(self) -> None:
-        self.block: RowBlock | None = None
-
-    def gather(self, block: RowBlock, positions: Tensor) -> RowBlock:
-        count = positions.shape[0]
-        fits = self.block is not None and self.block.values.shape[0] >= count and \
-            (self.block.values.shape[1:], self.block.state.shape[1:]) == (block.values.shape[1:], block.state.shape[1:])
-        if not fits:
-            size = max(count, 1024) * 3 // 2
-            self.block = RowBlock(block.values.new_empty(size, *block.values.shape[1:]),
-                                  block.state.new_empty(size, *block.state.shape[1:]),
-                                  torch.empty(size, dtype=torch.int64))
-        out = RowBlock(self.block.values[:count], self.block.state[:count], self.block.versions[:count])
-        torch.index_select(block.values, 0, positions, out=out.values)
-        torch.index_select(block.state, 0, positions, out=out.state)
-        torch.index_select(block.versions, 0, positions, out=out.versions)
-        return out
 
 
 def _gather(table: Tensor, ids: Tensor, pin: bool) -> Tensor:
