@@ -49,9 +49,11 @@ def test_set_overwrites_only_given_rows(store) -> None:
 @pytest.mark.parametrize("kept", [[0, 1, 2, 5, 6, 9], [3], list(range(0, 40, 2)), list(range(40))],
                          ids=["runs", "one", "many gaps", "all"])
 def test_set_at_writes_exactly_the_rows_at_the_positions(store, kept: list[int], monkeypatch) -> None:
-    """A few runs as slices, many gaps through a gather (MAX_RUNS lowered so both paths run here):
+    """A few runs as slices, many gaps through gathers (MAX_RUNS and GATHER_ROWS lowered so both
+    paths, and several gathers, run here):
     either way what a per-row write of the kept positions leaves."""
     monkeypatch.setattr(type(store), "MAX_RUNS", 8)
+    monkeypatch.setattr(type(store), "GATHER_ROWS", 7)
     ids = torch.randperm(50, generator=torch.Generator().manual_seed(2))[:40]
     block = RowBlock(torch.randn(40, 6), torch.rand(40, 2), torch.arange(40) + 100)
     expected = [store.values.clone(), store.state.clone(), store.versions.clone()]

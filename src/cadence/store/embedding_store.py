@@ -131,15 +131,16 @@ class EmbeddingStore:
     def set_at(self, ids: Tensor, block: RowBlock, positions: Tensor) -> None:
         """``set`` of the block's rows at ``positions`` (ascending) only, without a copy of them where
         they are a few runs of consecutive rows (a write that skips a few rows: slices of the block,
-        views), else through one passing gather. Out of core, a buffer a writer keeps is page cache
-        the table loses."""
+        views), else through gathers of ``GATHER_ROWS`` rows at a time. Out of core, a buffer a writer
+        keeps, or a large one it passes through, is page cache the table loses."""
         if not positions.numel():
             return
         breaks = ((positions[1:] - positions[:-1]) != 1).nonzero().squeeze(1) + 1
-        if breaks.numel() >= self.MAX_RUNS:
-            self.set(ids.index_select(0, positions), RowBlock(
-                block.values.index_select(0, positions), block.state.index_select(0, positions),
-                None if block.versions is None else block.versions.index_select(0, positions)))
+        if breaks.numel() >= self.MAX_RUNS:  # gathers of GATHER_ROWS rows at a time: ~1 MiB passing
+            for part in positions.split(self.GATHER_ROWS):
+                self.set(ids.index_select(0, part), RowBlock(
+                    block.values.index_select(0, part), block.state.index_select(0, part),
+                    None if block.versions is None else block.versions.index_select(0, part)))
             return
         starts = [0, *breaks.tolist()]
         ends = [*starts[1:], positions.shape[0]]
@@ -148,7 +149,8 @@ class EmbeddingStore:
             self.set(ids[first:last], RowBlock(block.values[first:last], block.state[first:last],
                                                None if block.versions is None else block.versions[first:last]))
 
-    MAX_RUNS = 64  # runs of a partial write taken as slices; more: one gather
+    MAX_RUNS = 64  # runs of a partial write taken as slices; more: gathers of GATHER_ROWS rows
+    GATHER_ROWS = 1024
 
     def push(self, ids: Tensor, delta: Tensor) -> None:
         self.values.index_add_(0, ids, delta)
