@@ -252,25 +252,26 @@ def adagrad_rows_kernel(values: Tensor, state: Tensor, grad: Tensor, lr: float, 
                                       BLOCK=ROW_BLOCK)
 
 
-def _adagrad_rows_impl(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
-    _adagrad(values, state, grad, lr, eps, rowwise)
+def _in_place_kernels(values: Tensor, state: Tensor) -> bool:
+    """Whether the kernels that step rows in place run on ``values`` and ``state`` (contiguous ones)."""
+    return usable(values) and values.is_contiguous() and state.is_contiguous()
+
+
+def _adagrad(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
+    """``adagrad_rows``'s step where it is already inside an operator: the kernel where usable."""
+    step = adagrad_rows_kernel if _in_place_kernels(values, state) else adagrad_rows_twin
+    step(values, state, grad, lr, eps, rowwise)
 
 
 _adagrad_rows = _mutating_operator(
     "adagrad_rows(Tensor(a!) values, Tensor(b!) state, Tensor grad, float lr, float eps, bool rowwise) -> ()",
-    _adagrad_rows_impl)
+    _adagrad)
 
 
 def adagrad_rows(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
     """Adagrad's step on rows [n, D] and their state ([n, 1] row-wise, [n, D] element-wise), in place;
     see the module's text."""
     _adagrad_rows(values, state, grad, lr, eps, rowwise)
-
-
-def _adagrad(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
-    """``adagrad_rows``'s step where it is already inside an operator: the kernel where usable."""
-    usable_here = usable(values) and values.is_contiguous() and state.is_contiguous()
-    (adagrad_rows_kernel if usable_here else adagrad_rows_twin)(values, state, grad, lr, eps, rowwise)
 
 
 def _adagrad_dense_impl(param: Tensor, total: Tensor, steps: Tensor, grad: Tensor, lr: float, eps: float) -> None:
@@ -416,7 +417,8 @@ def bilinear_scores(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, complex_: boo
 def bilinear_step_parts(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
                         complex_: bool, both: bool, softmax: bool, lr: float, eps: float, rowwise: bool,
                         kernel: bool) -> tuple[Tensor, Tensor]:
-    """``bilinear_step``: the twin's plain torch (``kernel`` false) or the kernels in its place."""
+    """``bilinear_step``: its twin in plain torch (``kernel`` false: autograd's path's operations in
+    its order, bit for bit) or the kernels in their place."""
     size = relations.shape[0]
     h, t, pool = values.index_select(0, positions).split([size, size, positions.shape[0] - 2 * size])
     r = relation_table.index_select(0, relations)
@@ -442,20 +444,11 @@ def _scatter_add(like: Tensor, index: Tensor, source: Tensor, device: bool) -> T
     return zeros.index_add_(0, index, source)
 
 
-def bilinear_step_twin(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
-                       complex_: bool, both: bool, softmax: bool, lr: float, eps: float,
-                       rowwise: bool) -> tuple[Tensor, Tensor]:
-    """``bilinear_step`` in plain torch: the autograd path's operations in its order (bit for bit)."""
-    return bilinear_step_parts(values, state, positions, relation_table, relations, complex_, both, softmax, lr,
-                               eps, rowwise, kernel=False)
-
-
 def _bilinear_step_impl(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
                         complex_: bool, both: bool, softmax: bool, lr: float, eps: float,
                         rowwise: bool) -> tuple[Tensor, Tensor]:
-    kernel = usable(values) and values.is_contiguous() and state.is_contiguous()
     return bilinear_step_parts(values, state, positions, relation_table, relations, complex_, both, softmax, lr, eps,
-                               rowwise, kernel)
+                               rowwise, kernel=_in_place_kernels(values, state))
 
 
 _bilinear_step = _mutating_operator(
@@ -473,9 +466,9 @@ def bilinear_step(values: Tensor, state: Tensor, positions: Tensor, relation_tab
     loss (``negative_loss``), every gradient, and Adagrad's row step (``step``) on ``values`` and
     ``state`` in place. Returns (the loss, the relation table's gradient). What autograd and the row
     optimizer compute from ``bilinear_scores`` and ``negative_loss``, bit for bit on the CPU; on CUDA
-    the kernels of those operators and of ``adagrad_rows``, with torch's gathers, zeros and
-    ``index_add_`` between them (13 launches, one host step; the gathers folded into the kernels are
-    what is left to fuse)."""
+    the kernels of those operators and of ``adagrad_rows``, with torch's gathers, zeros and sorted
+    scatters (``_scatter_add``) between them (about 13 launches; folding the gathers into the
+    kernels is what is left to fuse)."""
     return _bilinear_step(values, state, positions, relation_table, relations, complex_, both, softmax,
                           step.lr, step.eps, step.rowwise)
 

@@ -33,6 +33,7 @@ import threading
 import time
 
 import torch
+from torch import Tensor
 
 from cadence.config import PipelineConfig
 from cadence.core.batch import Batch
@@ -108,8 +109,7 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
         with self.meta_lock:
             batch.finished_before = self.finished_upto
             self.outstanding[(batch.plan.epoch, batch.plan.index)] = self.finished_upto
-            if self.readers is not None:  # (a batch's ids are unique)
-                self.readers.index_copy_(0, batch.ids, self.readers.index_select(0, batch.ids) + 1)
+            self._count_readers(batch.ids, 1)
 
     def validate(self, batch: Batch) -> None:
         """Evict what no batch read but not yet validated can need (its own entry included, then
@@ -128,10 +128,14 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
                     needed = self.readers.index_select(0, self.cache.block_ids[stamp]) > 0
                 self.cache.compact(stamp, needed)
         self.repaired_rows += self.cache.repair(batch.ids, batch.rows)
-        if self.readers is not None:
-            with self.meta_lock:
-                self.readers.index_copy_(0, batch.store_ids, self.readers.index_select(0, batch.store_ids) - 1)
+        with self.meta_lock:
+            self._count_readers(batch.store_ids, -1)
         self.validation_seconds += time.perf_counter() - began
+
+    def _count_readers(self, ids: Tensor, change: int) -> None:
+        """Add ``change`` to the readers of rows ``ids`` (a batch's: unique), under ``meta_lock``."""
+        if self.readers is not None:
+            self.readers.index_copy_(0, ids, self.readers.index_select(0, ids) + change)
 
     def stamp(self, batch: Batch) -> None:
         began = time.perf_counter()
