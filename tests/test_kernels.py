@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cadence import kernels
+from cadence import kernels, kge_step
 from tests.conftest import needs_cuda
 
 CASES = [(softmax, sides, columns) for softmax in (False, True) for sides in (1, 2) for columns in (7, 300)]
@@ -276,7 +276,7 @@ def test_the_fused_steps_kernels_in_tritons_interpreter_are_autograds_step(name:
     model, rule, values, state, positions, relations = step_setting(name, reciprocal, loss, "rowwise_adagrad")
     expected = autograd_step(model, rule, values, state, positions, relations)
     step = rule.row_step()
-    got_loss, d_relations = kernels.bilinear_step_parts(
+    got_loss, d_relations = kge_step.bilinear_step_parts(
         values, state, positions, model.relations.detach(), relations, name == "complex", not reciprocal,
         loss == "softmax", step.lr, step.eps, step.rowwise, kernel=True)
     for mine, theirs in zip((got_loss, values, state, d_relations), expected):

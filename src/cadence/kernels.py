@@ -30,11 +30,8 @@ Operators:
   element-wise (``state`` [n, D] += the squared gradient), then ``values -= lr grad / (sqrt(state) +
   eps)``: one pass over the rows where torch takes six operators; ``adagrad_dense``, the same step as
   ``torch.optim.Adagrad`` takes it on a dense parameter, its step count included.
-- ``bilinear_step(values, state, positions, relation_table, relations, ..., step)``: a whole KGE
-  training step of DistMult or ComplEx against shared negatives (the gathers, ``bilinear_scores``,
-  ``negative_loss``, both backwards, the gathers' backward and Adagrad's row step) as one operator,
-  with no autograd graph: what the compute stage takes where the task offers it (``Task.fused_step``),
-  autograd's path staying the reference it is tested against.
+
+A whole training step built from them is ``cadence.kge_step``.
 """
 
 from __future__ import annotations
@@ -66,7 +63,7 @@ ROW_BLOCK = 256  # columns a softmax program reads at a time
 _LIBRARY = torch.library.Library("cadence", "FRAGMENT")
 
 
-def _mutating_operator(schema: str, implementation, fake=lambda *args: None):
+def mutating_operator(schema: str, implementation, fake=lambda *args: None):
     """Define ``cadence::<schema>`` with ``implementation`` for every device and ``fake`` (its outputs'
     shapes: none by default) for tracing; return the operator."""
     name = schema.split("(", 1)[0]
@@ -252,18 +249,18 @@ def adagrad_rows_kernel(values: Tensor, state: Tensor, grad: Tensor, lr: float, 
                                       BLOCK=ROW_BLOCK)
 
 
-def _in_place_kernels(values: Tensor, state: Tensor) -> bool:
+def in_place_kernels(values: Tensor, state: Tensor) -> bool:
     """Whether the kernels that step rows in place run on ``values`` and ``state`` (contiguous ones)."""
     return usable(values) and values.is_contiguous() and state.is_contiguous()
 
 
 def _adagrad(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
     """``adagrad_rows``'s step where it is already inside an operator: the kernel where usable."""
-    step = adagrad_rows_kernel if _in_place_kernels(values, state) else adagrad_rows_twin
+    step = adagrad_rows_kernel if in_place_kernels(values, state) else adagrad_rows_twin
     step(values, state, grad, lr, eps, rowwise)
 
 
-_adagrad_rows = _mutating_operator(
+_adagrad_rows = mutating_operator(
     "adagrad_rows(Tensor(a!) values, Tensor(b!) state, Tensor grad, float lr, float eps, bool rowwise) -> ()",
     _adagrad)
 
@@ -279,7 +276,7 @@ def _adagrad_dense_impl(param: Tensor, total: Tensor, steps: Tensor, grad: Tenso
     _adagrad(param, total, grad, lr, eps, rowwise=False)
 
 
-_adagrad_dense = _mutating_operator(
+_adagrad_dense = mutating_operator(
     "adagrad_dense(Tensor(a!) param, Tensor(b!) total, Tensor(c!) steps, Tensor grad, float lr, float eps) -> ()",
     _adagrad_dense_impl)
 
@@ -411,66 +408,6 @@ def bilinear_scores(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, complex_: boo
     """(negative scores [S B, C], positive scores [B]) of DistMult or ComplEx (``complex_``) edges
     against one shared pool, forward and backward one operator each; see the module's text."""
     return _bilinear_scores(h, r, t, pool, complex_, both)
-
-
-# ---- bilinear_step -----------------------------------------------------------------------------
-def bilinear_step_parts(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
-                        complex_: bool, both: bool, softmax: bool, lr: float, eps: float, rowwise: bool,
-                        kernel: bool) -> tuple[Tensor, Tensor]:
-    """``bilinear_step``: its twin in plain torch (``kernel`` false: autograd's path's operations in
-    its order, bit for bit) or the kernels in their place."""
-    size = relations.shape[0]
-    h, t, pool = values.index_select(0, positions).split([size, size, positions.shape[0] - 2 * size])
-    r = relation_table.index_select(0, relations)
-    scores, positive = (bilinear_scores_kernel if kernel else bilinear_scores_twin)(h, r, t, pool, complex_, both)
-    loss, d_scores, d_positive = (negative_loss_kernel if kernel else negative_loss_twin)(scores, positive, softmax)
-    d_h, d_r, d_t, d_pool = (bilinear_scores_backward_kernel if kernel else bilinear_scores_backward_twin)(
-        d_scores, d_positive, h, r, t, pool, complex_, both)
-    d_rows = _scatter_add(values, positions, torch.cat([d_h, d_t, d_pool]), kernel)
-    d_relations = _scatter_add(relation_table, relations, d_r, kernel)
-    (adagrad_rows_kernel if kernel else adagrad_rows_twin)(values, state, d_rows, lr, eps, rowwise)
-    return loss, d_relations
-
-
-def _scatter_add(like: Tensor, index: Tensor, source: Tensor, device: bool) -> Tensor:
-    """The gathers' backward: zeros shaped as ``like``, ``source``'s rows added at ``index``. On the CPU
-    as autograd computes it (``index_add_``, serial: the same bits as the reference); on a device by
-    ``index_put_`` with accumulation, which sorts the index and adds in its order: the same bits on
-    every run, where CUDA's ``index_add_`` adds atomically in whatever order the threads come (OAC's
-    bit-identity to its sync replay needs the former)."""
-    zeros = torch.zeros_like(like)
-    if device:
-        return zeros.index_put_((index,), source, accumulate=True)
-    return zeros.index_add_(0, index, source)
-
-
-def _bilinear_step_impl(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
-                        complex_: bool, both: bool, softmax: bool, lr: float, eps: float,
-                        rowwise: bool) -> tuple[Tensor, Tensor]:
-    return bilinear_step_parts(values, state, positions, relation_table, relations, complex_, both, softmax, lr, eps,
-                               rowwise, kernel=_in_place_kernels(values, state))
-
-
-_bilinear_step = _mutating_operator(
-    "bilinear_step(Tensor(a!) values, Tensor(b!) state, Tensor positions, Tensor relation_table, Tensor relations, "
-    "bool complex_, bool both, bool softmax, float lr, float eps, bool rowwise) -> (Tensor, Tensor)",
-    _bilinear_step_impl, lambda values, state, positions, relation_table, *rest: (values.new_empty(()),
-                                                                                   torch.empty_like(relation_table)))
-
-
-def bilinear_step(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
-                  complex_: bool, both: bool, softmax: bool, step: RowStep) -> tuple[Tensor, Tensor]:
-    """A DistMult or ComplEx training step on a batch's rows against its shared negatives, as one
-    operator: the rows ``values`` [U, D] gathered at ``positions`` [2B + C] (the B heads, the B tails,
-    the C candidates), the relations' rows of ``relation_table`` at ``relations`` [B]; scores, the
-    loss (``negative_loss``), every gradient, and Adagrad's row step (``step``) on ``values`` and
-    ``state`` in place. Returns (the loss, the relation table's gradient). What autograd and the row
-    optimizer compute from ``bilinear_scores`` and ``negative_loss``, bit for bit on the CPU; on CUDA
-    the kernels of those operators and of ``adagrad_rows``, with torch's gathers, zeros and sorted
-    scatters (``_scatter_add``) between them (about 13 launches; folding the gathers into the
-    kernels is what is left to fuse)."""
-    return _bilinear_step(values, state, positions, relation_table, relations, complex_, both, softmax,
-                          step.lr, step.eps, step.rowwise)
 
 
 TILE = 32  # rows, columns and depth of a GEMM tile (tl.dot wants at least 16)

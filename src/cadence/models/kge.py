@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from cadence import kernels
+from cadence import kernels, kge_step
 from cadence.config import Config
 from cadence.models.scorers import SCORERS
 from cadence.seeding import derive_seed
@@ -60,7 +60,7 @@ class KgeModel(nn.Module):
 
     def fused_step(self, values: Tensor, state: Tensor, positions: Tensor, relations: Tensor,
                    step: kernels.RowStep) -> tuple[Tensor, list[Tensor | None]] | None:
-        """``loss_at``'s training step in one operator (``kernels.bilinear_step``: the rows updated in
+        """``loss_at``'s training step in one operator (``kge_step.bilinear_step``: the rows updated in
         place by ``step``), returning (the loss, [the relations' gradient]); None where that operator
         does not compute this loss: a scorer other than DistMult's or ComplEx's, chunked negatives, a
         regulariser, frozen relations."""
@@ -70,7 +70,7 @@ class KgeModel(nn.Module):
                 or (config.regularizer != "none" and config.reg_weight > 0)):
             return None
         with torch.no_grad():  # (no graph: the operator computes the gradients itself)
-            loss, d_relations = kernels.bilinear_step(values, state, positions, self.relations, relations,
+            loss, d_relations = kge_step.bilinear_step(values, state, positions, self.relations, relations,
                                                       self.scorer.complex_valued, not config.reciprocal,
                                                       config.loss == "softmax", step)
         return loss, [d_relations]
