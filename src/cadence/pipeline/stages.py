@@ -100,6 +100,10 @@ class ComputeStage(Compute):
             batch.loss, dense_grads = fused
             if self.dense_rule is not None:
                 self.dense_rule.step(dense_grads)
+            else:  # the caller steps the dense parameters (AdaPM's node, under its lock): their gradients
+                # where autograd's backward would have left them
+                for param, grad in zip(self.dense.parameters(), dense_grads):
+                    param.grad = grad
             return batch
         rows = batch.rows.values.requires_grad_(True)
         loss = self.task.train_loss(batch, rows, self.dense)
