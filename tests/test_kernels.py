@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cadence import kernels, kge_step
+from cadence import kernels
 from tests.conftest import needs_cuda
 
 CASES = [(softmax, sides, columns) for softmax in (False, True) for sides in (1, 2) for columns in (7, 300)]
@@ -199,116 +199,6 @@ def test_the_bilinear_kernels_on_cuda_are_the_scorers_scores_and_gradients(name:
     check_bilinear(name, both, kernels.bilinear_scores_kernel, kernels.bilinear_scores_backward_kernel, "cuda")
 
 
-@pytest.mark.parametrize("name, both", BILINEAR)
-def test_the_bilinear_operator_differentiates_as_the_scorer(name: str, both: bool) -> None:
-    """Through autograd: the operator's registered backward gives the scorer's gradients."""
-    h, r, t, pool = (x.requires_grad_() for x in bilinear_sample())
-    scores, positive = kernels.bilinear_scores(h, r, t, pool, name == "complex", both)
-    (scores.square().sum() + positive.sum()).backward()
-    leaves = [x.detach().double().requires_grad_() for x in (h, r, t, pool)]
-    ref_scores, ref_positive = scorer_reference(name, *leaves, both)
-    (ref_scores.square().sum() + ref_positive.sum()).backward()
-    for mine, leaf in zip((h, r, t, pool), leaves):
-        torch.testing.assert_close(mine.grad.double(), leaf.grad, rtol=1e-4, atol=1e-3)
-
-
-def test_the_bilinear_operator_differentiates_through_either_output_alone() -> None:
-    for pick in (0, 1):
-        h, r, t, pool = (x.requires_grad_() for x in bilinear_sample())
-        kernels.bilinear_scores(h, r, t, pool, False, True)[pick].sum().backward()
-        leaves = [x.detach().double().requires_grad_() for x in (h, r, t, pool)]
-        scorer_reference("distmult", *leaves, True)[pick].sum().backward()
-        for mine, leaf in zip((h, r, t, pool), leaves):  # (the positives do not read the pool)
-            expected = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-            torch.testing.assert_close(mine.grad.double(), expected, rtol=1e-4, atol=1e-3)
-
-
-# ---- bilinear_step: the whole step against autograd's path --------------------------------------
-STEP_CASES = [(name, reciprocal, loss, optimizer) for name in ("distmult", "complex") for reciprocal in (False, True)
-              for loss in ("logistic", "softmax") for optimizer in ("rowwise_adagrad", "adagrad")]
-
-
-def step_setting(name: str, reciprocal: bool, loss: str, optimizer: str, *more: str):
-    """A KGE model, a batch's rows (21 unique of 40, ids repeating among heads, tails and candidates,
-    width 6, ComplEx's 3 halves), its positions and relations, and the row rule."""
-    from cadence.config import load_config
-    from cadence.models.kge import KgeModel
-    from cadence.optim import ENTITY_OPTIMIZERS
-
-    config = load_config(None, [f"model.name={name}", "model.dim=6", "train.negatives=9", f"train.loss={loss}",
-                                f"train.reciprocal={str(reciprocal).lower()}", f"optimizer.entity={optimizer}",
-                                "optimizer.lr=0.3", *more])
-    model = KgeModel(config, 5)
-    rule = ENTITY_OPTIMIZERS.get(optimizer)(config.optimizer)
-    generator = torch.Generator().manual_seed(3)
-    values = torch.randn(21, 6, generator=generator)
-    state = torch.rand(21, rule.state_width(6), generator=generator)
-    positions = torch.randint(0, 21, (2 * 8 + 9,), generator=generator)
-    return model, rule, values, state, positions, torch.randint(0, 5, (8,), generator=generator)
-
-
-def autograd_step(model, rule, values, state, positions, relations):
-    """The reference: autograd through ``loss_at``, then the row rule's own step; the relations'
-    gradient as autograd leaves it."""
-    rows = values.clone().requires_grad_()
-    loss = model.loss_at(rows, positions, relations)
-    loss.backward()
-    values, state = values.clone(), state.clone()
-    with torch.no_grad():
-        rule.step(values, state, rows.grad)
-    return loss.detach(), values, state, model.relations.grad.clone()
-
-
-@pytest.mark.parametrize("name, reciprocal, loss, optimizer", STEP_CASES)
-def test_the_fused_step_is_autograds_step_bit_for_bit(name: str, reciprocal: bool, loss: str, optimizer: str) -> None:
-    model, rule, values, state, positions, relations = step_setting(name, reciprocal, loss, optimizer)
-    expected = autograd_step(model, rule, values, state, positions, relations)
-    fused = model.fused_step(values, state, positions, relations, rule.row_step())
-    assert fused is not None, "DistMult and ComplEx with shared negatives take the fused step"
-    got_loss, (d_relations,) = fused
-    for mine, theirs in zip((got_loss, values, state, d_relations), expected):
-        assert torch.equal(mine, theirs)
-
-
-@pytest.mark.skipif(not kernels.INTERPRETED, reason="Triton's interpreter (tests/conftest.py) is not on here")
-@pytest.mark.parametrize("name, reciprocal, loss", [(n, r, l) for n, r, l, o in STEP_CASES if o == "rowwise_adagrad"])
-def test_the_fused_steps_kernels_in_tritons_interpreter_are_autograds_step(name: str, reciprocal: bool, loss: str) -> None:
-    model, rule, values, state, positions, relations = step_setting(name, reciprocal, loss, "rowwise_adagrad")
-    expected = autograd_step(model, rule, values, state, positions, relations)
-    step = rule.row_step()
-    got_loss, d_relations = kge_step.bilinear_step_parts(
-        values, state, positions, model.relations.detach(), relations, name == "complex", not reciprocal,
-        loss == "softmax", step.lr, step.eps, step.rowwise, kernel=True)
-    for mine, theirs in zip((got_loss, values, state, d_relations), expected):
-        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
-
-
-@needs_cuda
-@pytest.mark.parametrize("name, reciprocal, loss", [(n, r, l) for n, r, l, o in STEP_CASES if o == "rowwise_adagrad"])
-def test_the_fused_step_on_cuda_is_autograds_step(name: str, reciprocal: bool, loss: str) -> None:
-    model, rule, values, state, positions, relations = step_setting(name, reciprocal, loss, "rowwise_adagrad")
-    expected = autograd_step(model, rule, values, state, positions, relations)
-    cuda = [x.cuda() for x in (values, state, positions, relations)]
-    model.cuda()
-    got_loss, (d_relations,) = model.fused_step(*cuda[:2], cuda[2], cuda[3], rule.row_step())
-    for mine, theirs in zip((got_loss, cuda[0], cuda[1], d_relations), expected):
-        torch.testing.assert_close(mine.cpu(), theirs, rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("more", [("model.name=transe",), ("train.regularizer=n3", "train.reg_weight=0.01")],
-                         ids=["a scorer without the operator", "a regulariser"])
-def test_what_the_fused_step_does_not_compute_takes_autograds_path(more) -> None:
-    model, rule, values, state, positions, relations = step_setting("distmult", False, "logistic",
-                                                                     "rowwise_adagrad", *more)
-    assert model.fused_step(values, state, positions, relations, rule.row_step()) is None
-
-
-def test_a_chunked_pool_takes_autograds_path() -> None:
-    model, rule, values, state, positions, relations = step_setting("distmult", False, "logistic", "rowwise_adagrad")
-    two_chunks = torch.cat([positions, positions[-9:]])  # 2 x 9 candidates: two chunks of edges
-    assert model.fused_step(values, state, two_chunks, relations, rule.row_step()) is None
-
-
 def test_the_dense_adagrad_operator_is_torchs_step_bit_for_bit() -> None:
     param = torch.nn.Parameter(torch.randn(4, 3))
     twin = torch.nn.Parameter(param.detach().clone())
@@ -322,28 +212,3 @@ def test_the_dense_adagrad_operator_is_torchs_step_bit_for_bit() -> None:
         kernels.adagrad_dense(param.data, state["sum"], state["step"], grad, 0.2, 1e-8)
     assert torch.equal(param, twin) and torch.equal(state["sum"], optimizer.state[twin]["sum"])
     assert float(state["step"]) == float(optimizer.state[twin]["step"]) == 3
-
-
-def test_the_fused_steps_operator_has_its_outputs_shapes_for_tracing() -> None:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    model, rule, values, state, positions, relations = step_setting("distmult", False, "logistic", "rowwise_adagrad")
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        loss, d_relations = torch.ops.cadence.bilinear_step(values, state, positions, model.relations.detach(),
-                                                            relations, False, True, False, 0.1, 1e-10, True)
-    assert loss.shape == () and d_relations.shape == model.relations.shape
-
-
-@needs_cuda
-def test_the_fused_step_on_cuda_gives_the_same_bits_every_run() -> None:
-    """OAC's bit-identity to its sync replay on a GPU needs a deterministic step: many edges sharing a
-    few rows, whose gradients CUDA's atomic adds would sum in any order."""
-    model, rule, values, state, _, relations = step_setting("complex", False, "softmax", "rowwise_adagrad")
-    positions = torch.randint(0, 3, (2 * 8 + 9,), generator=torch.Generator().manual_seed(5)).cuda()
-    model.cuda()
-    outcomes = []
-    for _ in range(5):
-        rows, kept = values.cuda(), state.cuda()
-        loss, (d_relations,) = model.fused_step(rows, kept, positions, relations.cuda(), rule.row_step())
-        outcomes.append([x.cpu() for x in (loss, rows, kept, d_relations)])
-    assert all(all(torch.equal(a, b) for a, b in zip(outcomes[0], other)) for other in outcomes[1:])

@@ -21,10 +21,11 @@ Operators:
   softplus(-positive)``; softmax, the mean over rows of the cross entropy of ``[positive[i mod B],
   scores[i]]`` with class 0. The backward scales the kept gradients. Deterministic: per-row and
   per-block partial sums reduced by torch in a fixed order, no atomics.
-- ``bilinear_scores(h, r, t, pool, complex_, both)``: DistMult's or ComplEx's scores of a batch's edges
-  against one shared pool of negatives, tail queries' rows then (``both``) head queries', and the
-  positives' scores; its backward is one operator too (the edges' gradients, the pool's): tiled
-  products (``tl.dot`` in full float32) with the queries made in the tiles' prologue.
+- ``bilinear_scores_kernel(h, r, t, pool, complex_, both)`` and its backward: DistMult's or ComplEx's
+  scores of a batch's edges against one shared pool of negatives, tail queries' rows then (``both``)
+  head queries', and the positives' scores; and their gradients (the edges', the pool's): tiled
+  products (``tl.dot`` in full float32) with the queries made in the tiles' prologue. The operator
+  that calls them (or their twins) is ``kge_step.kge_scores``.
 - ``adagrad_rows(values, state, grad, lr, eps, rowwise)``: Adagrad's step on a batch's rows, in place:
   row-wise (``state`` [n, 1] += the mean square of the row's gradient; PyTorch-BigGraph's rule) or
   element-wise (``state`` [n, D] += the squared gradient), then ``values -= lr grad / (sqrt(state) +
@@ -288,7 +289,7 @@ def adagrad_dense(param: Tensor, total: Tensor, steps: Tensor, grad: Tensor, lr:
 
 
 class RowStep(NamedTuple):
-    """Adagrad's row step as a fused training step applies it (``bilinear_step``): a rate, an epsilon,
+    """Adagrad's row step as a fused training step applies it (``kge_step.kge_step``): a rate, an epsilon,
     row-wise or element-wise state."""
     lr: float
     eps: float
@@ -320,94 +321,55 @@ def _conj(a: Tensor, complex_: bool) -> Tensor:
     return conjugate(a) if complex_ else a
 
 
+def bilinear_queries(h: Tensor, r: Tensor, t: Tensor, complex_: bool, both: bool) -> tuple[Tensor, Tensor]:
+    """(the queries [S B, D]: the tail queries h r, then the head queries conj(r) t when ``both``; the
+    tail queries [B, D], whose dot with t is the positive's score)."""
+    tail = _product(h, r, complex_)
+    return (torch.cat([tail, _product(_conj(r, complex_), t, complex_)]) if both else tail), tail
+
+
 def bilinear_scores_twin(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, complex_: bool,
                          both: bool) -> tuple[Tensor, Tensor]:
     """(scores [S B, C]: the tail queries' rows against ``pool``, then the head queries' when ``both``;
     the positives' scores [B]) in plain torch."""
-    tail = _product(h, r, complex_)
-    queries = torch.cat([tail, _product(_conj(r, complex_), t, complex_)]) if both else tail
+    queries, tail = bilinear_queries(h, r, t, complex_, both)
     return queries @ pool.t(), (tail * t).sum(-1)
 
 
 NARROW = 16  # columns of a product below which the CPU's GEMM is faster computing its transpose
 
 
-def _times(a: Tensor, b: Tensor) -> Tensor:
+def times(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b``; for a narrow ``b`` (a few columns: d=8 embeddings) as ``(b^T a^T)^T``, which the
     CPU's GEMM computes ~4x faster ([2000 x 100] @ [100 x 8]: 225 us against 59 us on one thread;
     no faster from 128 columns on)."""
     return torch.mm(b.t(), a.t()).t() if b.shape[1] <= NARROW else a @ b
 
 
-def bilinear_scores_backward_twin(d_scores: Tensor, d_positive: Tensor, h: Tensor, r: Tensor, t: Tensor,
-                                  pool: Tensor, complex_: bool, both: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The gradients (h, r, t, pool) of ``bilinear_scores_twin`` from those of its outputs: the query's
-    gradient is d_scores pool; a product's gradient to one factor is the product's gradient times the
-    other's conjugate."""
+def bilinear_queries_backward(d_queries: Tensor, d_positive: Tensor, h: Tensor, r: Tensor, t: Tensor, tail: Tensor,
+                              complex_: bool, both: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients (h, r, t) from those of ``bilinear_queries``' queries and of the positives' scores
+    (``tail``: the tail queries): a product's gradient to one factor is the product's gradient times
+    the other's conjugate."""
     size = h.shape[0]
-    tail = _product(h, r, complex_)
-    d_queries = _times(d_scores, pool)
     d_tail = d_queries[:size] + d_positive.unsqueeze(1) * t
     d_h = _product(d_tail, _conj(r, complex_), complex_)
     d_r = _product(d_tail, _conj(h, complex_), complex_)
     d_t = d_positive.unsqueeze(1) * tail
     if both:
-        d_head, queries = d_queries[size:], torch.cat([tail, _product(_conj(r, complex_), t, complex_)])
+        d_head = d_queries[size:]
         d_t = d_t + _product(d_head, r, complex_)
         d_r = d_r + _product(_conj(d_head, complex_), t, complex_)
-    else:
-        queries = tail
-    return d_h, d_r, d_t, _times(d_scores.t(), queries)
+    return d_h, d_r, d_t
 
 
-@torch.library.custom_op("cadence::bilinear_scores", mutates_args=())
-def _bilinear_scores(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, complex_: bool, both: bool) -> tuple[Tensor, Tensor]:
-    compute = bilinear_scores_kernel if usable(h) else bilinear_scores_twin
-    scores, positive = compute(h, r, t, pool, complex_, both)
-    return scores, positive
-
-
-@_bilinear_scores.register_fake
-def _(h, r, t, pool, complex_, both):
-    return h.new_empty(h.shape[0] * (2 if both else 1), pool.shape[0]), h.new_empty(h.shape[0])
-
-
-@torch.library.custom_op("cadence::bilinear_scores_backward", mutates_args=())
-def _bilinear_scores_backward(d_scores: Tensor, d_positive: Tensor, h: Tensor, r: Tensor, t: Tensor, pool: Tensor,
-                              complex_: bool, both: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    compute = bilinear_scores_backward_kernel if usable(h) else bilinear_scores_backward_twin
-    d_h, d_r, d_t, d_pool = compute(d_scores, d_positive, h, r, t, pool, complex_, both)
-    return d_h, d_r, d_t, d_pool
-
-
-@_bilinear_scores_backward.register_fake
-def _(d_scores, d_positive, h, r, t, pool, complex_, both):
-    return torch.empty_like(h), torch.empty_like(r), torch.empty_like(t), torch.empty_like(pool)
-
-
-def _keep_inputs(ctx, inputs, output) -> None:
-    h, r, t, pool, complex_, both = inputs
-    ctx.save_for_backward(h, r, t, pool)
-    ctx.complex_, ctx.both = complex_, both
-
-
-def _bilinear_backward(ctx, d_scores: Tensor, d_positive: Tensor):
-    h, r, t, pool = ctx.saved_tensors
-    if d_positive is None:  # (an output the loss did not use)
-        d_positive = h.new_zeros(h.shape[0])
-    if d_scores is None:
-        d_scores = h.new_zeros(h.shape[0] * (2 if ctx.both else 1), pool.shape[0])
-    return (*_bilinear_scores_backward(d_scores.contiguous(), d_positive.contiguous(), h, r, t, pool,
-                                       ctx.complex_, ctx.both), None, None)
-
-
-_bilinear_scores.register_autograd(_bilinear_backward, setup_context=_keep_inputs)
-
-
-def bilinear_scores(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, complex_: bool, both: bool) -> tuple[Tensor, Tensor]:
-    """(negative scores [S B, C], positive scores [B]) of DistMult or ComplEx (``complex_``) edges
-    against one shared pool, forward and backward one operator each; see the module's text."""
-    return _bilinear_scores(h, r, t, pool, complex_, both)
+def bilinear_scores_backward_twin(d_scores: Tensor, d_positive: Tensor, h: Tensor, r: Tensor, t: Tensor,
+                                  pool: Tensor, complex_: bool, both: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients (h, r, t, pool) of ``bilinear_scores_twin`` from those of its outputs: the queries'
+    gradient is d_scores pool, the pool's d_scores^T queries."""
+    queries, tail = bilinear_queries(h, r, t, complex_, both)
+    d_h, d_r, d_t = bilinear_queries_backward(times(d_scores, pool), d_positive, h, r, t, tail, complex_, both)
+    return d_h, d_r, d_t, times(d_scores.t(), queries)
 
 
 TILE = 32  # rows, columns and depth of a GEMM tile (tl.dot wants at least 16)

@@ -1,10 +1,25 @@
-"""A knowledge-graph embedding model's training step as one operator (``cadence::bilinear_step``).
+"""A knowledge-graph embedding model's scores against its sampled negatives as one autograd operator
+(``cadence::kge_scores``, what ``KgeModel.loss_at`` differentiates), and its whole training step as one
+operator (``cadence::kge_step``).
 
-The gathers of a batch's rows, its scores against the shared negatives (``kernels.bilinear_scores``),
-the loss (``kernels.negative_loss``), both backwards, the gathers' backward and Adagrad's row step,
-with no autograd graph: what the compute stage takes where the task offers it (``Task.fused_step``),
-autograd's path staying the reference it is tested against. On the CPU the twins of the kernels, in
-autograd's order (the same bits); on CUDA the kernels.
+The step: the gathers of a batch's rows, its scores against its sampled negatives, the loss
+(``kernels.negative_loss``), the scores' backward, the gathers' backward and Adagrad's row step, with
+no autograd graph: what the compute stage takes where the task offers it (``Task.fused_step``),
+autograd's path through ``kge_scores`` staying the reference it is tested against (the same bits on
+the CPU: the step repeats autograd's operations in their order).
+
+Each shipped scorer has a **scoring** here (``SCORINGS``: its scores and their gradients written out):
+
+- ``distmult``, ``complex``: the score is the dot of a query with the candidate (``kernels``'
+  ``bilinear_queries``); against one shared pool, the twin of ``kernels.bilinear_scores_kernel`` or,
+  on CUDA, the Triton kernels; against chunked pools, one batched product a direction;
+- ``transe-l1``, ``transe-l2``: gamma - ||q - c||_p with the queries h + r and t - r;
+- ``rotate``: gamma - sum_k |q_k - c_k| with the queries h e^{i theta} and t e^{-i theta}.
+
+Negatives are one pool shared by the batch (``chunks`` 1) or ``chunks`` pools, chunk k of the edges
+(ceil(B / K) of them, the last padded) scored against pool k, as ``KgeModel.loss_at`` lays them out.
+The distances' gradients take blocks of candidates at a time (``ELEMENTS``), as the scorers' own
+distances do, so a [queries x candidates x D] difference never outgrows a bound.
 """
 
 from __future__ import annotations
@@ -14,21 +29,325 @@ from torch import Tensor
 
 from cadence import kernels
 
+ELEMENTS = 1 << 24  # floats of the [K, n, C', D] differences a distance's forward or backward makes at once
 
-def bilinear_step_parts(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
-                        complex_: bool, both: bool, softmax: bool, lr: float, eps: float, rowwise: bool,
-                        kernel: bool) -> tuple[Tensor, Tensor]:
-    """``bilinear_step``: its twin in plain torch (``kernel`` false: autograd's path's operations in
-    its order, bit for bit) or the kernels in their place."""
+
+# ---- the chunked layout ------------------------------------------------------------------------
+def to_chunks(x: Tensor, sides: int, size: int, chunks: int) -> Tensor:
+    """[S B, W] (S sides of B edges' rows) -> [K, S c, W], c = ceil(B / K): side s's edge i at chunk
+    i // c, row s c + i % c; zero rows pad each side up to K c."""
+    if chunks == 1:
+        return x.unsqueeze(0)
+    step = -(-size // chunks)
+    x = x.reshape(sides, size, x.shape[-1])
+    if chunks * step > size:
+        x = torch.cat([x, x.new_zeros(sides, chunks * step - size, x.shape[-1])], dim=1)
+    return x.view(sides, chunks, step, -1).transpose(0, 1).reshape(chunks, sides * step, -1)
+
+
+def from_chunks(x: Tensor, sides: int, size: int) -> Tensor:
+    """``to_chunks``' inverse, [K, S c, W] -> [S B, W], the padding rows dropped."""
+    chunks = x.shape[0]
+    if chunks == 1:
+        return x[0]
+    step = x.shape[1] // sides
+    rows = x.view(chunks, sides, step, -1).transpose(0, 1).reshape(sides, chunks * step, -1)
+    return rows[:, :size].reshape(sides * size, -1)
+
+
+def _blocks(queries: Tensor, pools: Tensor):
+    """The candidates' slices of ``pools`` [K, C, D] such that a [K, n, C', D] difference with
+    ``queries`` [K, n, D] holds at most ``ELEMENTS`` floats."""
+    width = max(1, ELEMENTS // max(1, queries.shape[0] * queries.shape[1] * queries.shape[2]))
+    return [slice(start, start + width) for start in range(0, pools.shape[1], width)]
+
+
+# ---- scorings ----------------------------------------------------------------------------------
+class Scoring:
+    """A scorer's scores of a batch against its negatives and their gradients, in plain torch. The
+    queries are the rows each side's candidates are scored against: [S B, D], the tail side's, then
+    (``both``) the head side's."""
+
+    def __init__(self, gamma: float):
+        self.gamma = gamma
+
+    def queries(self, h: Tensor, r: Tensor, t: Tensor, both: bool) -> Tensor:
+        raise NotImplementedError
+
+    def positive(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
+        """[B]: each edge's own score."""
+        raise NotImplementedError
+
+    def against(self, queries: Tensor, pools: Tensor) -> Tensor:
+        """[K, n, D] queries, [K, C, D] pools -> [K, n, C] scores."""
+        raise NotImplementedError
+
+    def against_backward(self, d_scores: Tensor, queries: Tensor, pools: Tensor) -> tuple[Tensor, Tensor]:
+        """The gradients (queries, pools) of ``against`` from its output's."""
+        raise NotImplementedError
+
+    def queries_backward(self, d_queries: Tensor, d_positive: Tensor, h: Tensor, r: Tensor, t: Tensor,
+                         both: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """The gradients (h, r, t) from the queries' and the positives' scores'."""
+        raise NotImplementedError
+
+    def scores(self, h: Tensor, r: Tensor, t: Tensor, pool: Tensor, both: bool, chunks: int,
+               kernel: bool) -> tuple[Tensor, Tensor]:
+        """(scores [S B, C], positives' scores [B]) of the edges against ``pool`` [K C, D]."""
+        sides, size = (2 if both else 1), h.shape[0]
+        queries = to_chunks(self.queries(h, r, t, both), sides, size, chunks)
+        scores = self.against(queries, pool.view(chunks, -1, pool.shape[1]))
+        return from_chunks(scores, sides, size), self.positive(h, r, t)
+
+    def gradients(self, d_scores: Tensor, d_positive: Tensor, h: Tensor, r: Tensor, t: Tensor, pool: Tensor,
+                  both: bool, chunks: int, kernel: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The gradients (h, r, t, pool) of ``scores`` from those of its outputs."""
+        sides, size = (2 if both else 1), h.shape[0]
+        queries = to_chunks(self.queries(h, r, t, both), sides, size, chunks)
+        d_queries, d_pools = self.against_backward(to_chunks(d_scores, sides, size, chunks), queries,
+                                                   pool.view(chunks, -1, pool.shape[1]))
+        d_h, d_r, d_t = self.queries_backward(from_chunks(d_queries, sides, size), d_positive, h, r, t, both)
+        return d_h, d_r, d_t, d_pools.reshape(pool.shape)
+
+
+class Bilinear(Scoring):
+    """DistMult (real products) and ComplEx (complex ones)."""
+
+    complex_ = False
+
+    def queries(self, h, r, t, both):
+        return kernels.bilinear_queries(h, r, t, self.complex_, both)[0]
+
+    def positive(self, h, r, t):
+        return (kernels.bilinear_queries(h, r, t, self.complex_, False)[0] * t).sum(-1)
+
+    def against(self, queries, pools):
+        return torch.bmm(queries, pools.transpose(1, 2))
+
+    def against_backward(self, d_scores, queries, pools):
+        return torch.bmm(d_scores, pools), torch.bmm(d_scores.transpose(1, 2), queries)
+
+    def queries_backward(self, d_queries, d_positive, h, r, t, both):
+        tail = kernels.bilinear_queries(h, r, t, self.complex_, False)[0]
+        return kernels.bilinear_queries_backward(d_queries, d_positive, h, r, t, tail, self.complex_, both)
+
+    def scores(self, h, r, t, pool, both, chunks, kernel):
+        if chunks == 1:  # the kernels' twin (the order autograd's reference had), or the Triton kernels
+            compute = kernels.bilinear_scores_kernel if kernel else kernels.bilinear_scores_twin
+            return compute(h, r, t, pool, self.complex_, both)
+        return super().scores(h, r, t, pool, both, chunks, kernel)
+
+    def gradients(self, d_scores, d_positive, h, r, t, pool, both, chunks, kernel):
+        if chunks == 1:
+            compute = kernels.bilinear_scores_backward_kernel if kernel else kernels.bilinear_scores_backward_twin
+            return compute(d_scores, d_positive, h, r, t, pool, self.complex_, both)
+        return super().gradients(d_scores, d_positive, h, r, t, pool, both, chunks, kernel)
+
+
+class ComplexBilinear(Bilinear):
+    complex_ = True
+
+
+class Distance(Scoring):
+    """gamma - distance(query, candidate): the distance's forward (``distance``, ``paired``) and
+    its gradient (``difference_gradient``: of a sum of distances, with respect to the differences
+    query - candidate, weighted a pair each)."""
+
+    def distance(self, queries: Tensor, pools: Tensor) -> Tensor:
+        """[K, n, D] x [K, C, D] -> [K, n, C]."""
+        parts = [self.paired(queries.unsqueeze(2) - pools[:, block].unsqueeze(1)) for block in _blocks(queries, pools)]
+        return torch.cat(parts, dim=2)
+
+    def paired(self, difference: Tensor) -> Tensor:
+        """[..., D] differences -> [...] distances."""
+        raise NotImplementedError
+
+    def difference_gradient(self, weights: Tensor, difference: Tensor) -> Tensor:
+        """The gradient of sum(weights * paired(difference)) with respect to ``difference`` [..., D]."""
+        raise NotImplementedError
+
+    def positive(self, h, r, t):
+        return self.gamma - self.paired(self.queries(h, r, t, False) - t)
+
+    def against(self, queries, pools):
+        return self.gamma - self.distance(queries, pools)
+
+    def against_backward(self, d_scores, queries, pools):
+        d_queries, d_pools = torch.zeros_like(queries), torch.empty_like(pools)
+        for block in _blocks(queries, pools):
+            difference = queries.unsqueeze(2) - pools[:, block].unsqueeze(1)  # [K, n, C', D]
+            d_difference = self.difference_gradient(-d_scores[:, :, block], difference)
+            d_queries += d_difference.sum(2)
+            d_pools[:, block] = -d_difference.sum(1)
+        return d_queries, d_pools
+
+    def positive_backward(self, d_positive: Tensor, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
+        """The gradient of the positives' scores with respect to the tail query - t."""
+        return self.difference_gradient(-d_positive, self.queries(h, r, t, False) - t)
+
+
+class Translation(Distance):
+    """TransE: the queries h + r (tail side) and t - r (head side), the distance an L-p norm."""
+
+    p = 2
+
+    def queries(self, h, r, t, both):
+        return torch.cat([h + r, t - r]) if both else h + r
+
+    def distance(self, queries, pools):
+        return torch.cdist(queries, pools, p=self.p)
+
+    def queries_backward(self, d_queries, d_positive, h, r, t, both):
+        size = h.shape[0]
+        d_difference = self.positive_backward(d_positive, h, r, t)
+        d_tail = d_queries[:size] + d_difference
+        d_t = -d_difference
+        if not both:  # (h's gradient and r's are the same: two tensors all the same)
+            return d_tail, d_tail.clone(), d_t
+        d_head = d_queries[size:]
+        return d_tail, d_tail - d_head, d_t + d_head
+
+
+class TranslationL2(Translation):
+    def paired(self, difference):
+        return difference.norm(p=2, dim=-1)
+
+    def difference_gradient(self, weights, difference):
+        norms = difference.norm(p=2, dim=-1, keepdim=True)
+        return difference * torch.where(norms > 0, weights.unsqueeze(-1) / norms, 0.0)
+
+    def against_backward(self, d_scores, queries, pools):
+        # sum_j w_ij (q_i - c_j) / ||q_i - c_j||: two products, no [n, C, D] difference
+        distances = torch.cdist(queries, pools, p=2)
+        weights = torch.where(distances > 0, -d_scores / distances, 0.0)
+        d_queries = queries * weights.sum(2, keepdim=True) - torch.bmm(weights, pools)
+        d_pools = pools * weights.sum(1).unsqueeze(2) - torch.bmm(weights.transpose(1, 2), queries)
+        return d_queries, d_pools
+
+
+class TranslationL1(Translation):
+    p = 1
+
+    def paired(self, difference):
+        return difference.abs().sum(-1)
+
+    def difference_gradient(self, weights, difference):
+        return difference.sign() * weights.unsqueeze(-1)
+
+
+class Rotation(Distance):
+    """RotatE: relations are phases theta; the queries h e^{i theta} and t e^{-i theta} (|h r - t| =
+    |h - t conj(r)|), the distance the sum of the complex differences' moduli."""
+
+    @staticmethod
+    def rotation(theta: Tensor) -> Tensor:
+        return torch.cat([torch.cos(theta), torch.sin(theta)], dim=-1)
+
+    def queries(self, h, r, t, both):
+        rotation = self.rotation(r)
+        tail = kernels.complex_product(h, rotation)
+        return torch.cat([tail, kernels.complex_product(t, kernels.conjugate(rotation))]) if both else tail
+
+    def paired(self, difference):
+        real, imag = difference.chunk(2, dim=-1)
+        return torch.sqrt(real * real + imag * imag + 1e-20).sum(-1)  # (the scorer's epsilon)
+
+    def difference_gradient(self, weights, difference):
+        real, imag = difference.chunk(2, dim=-1)
+        scale = weights.unsqueeze(-1) / torch.sqrt(real * real + imag * imag + 1e-20)
+        return torch.cat([scale * real, scale * imag], dim=-1)
+
+    def queries_backward(self, d_queries, d_positive, h, r, t, both):
+        size = h.shape[0]
+        rotation = self.rotation(r)
+        d_difference = self.positive_backward(d_positive, h, r, t)
+        d_tail = d_queries[:size] + d_difference
+        d_h = kernels.complex_product(d_tail, kernels.conjugate(rotation))
+        d_rotation = kernels.complex_product(d_tail, kernels.conjugate(h))
+        d_t = -d_difference
+        if both:  # the head query t conj(rotation): d conj(rotation) = d_head conj(t)
+            d_head = d_queries[size:]
+            d_t = d_t + kernels.complex_product(d_head, rotation)
+            d_rotation = d_rotation + kernels.conjugate(kernels.complex_product(d_head, kernels.conjugate(t)))
+        d_cos, d_sin = d_rotation.chunk(2, dim=-1)
+        return d_h, d_cos * -torch.sin(r) + d_sin * torch.cos(r), d_t
+
+
+SCORINGS: dict[str, type[Scoring]] = {"distmult": Bilinear, "complex": ComplexBilinear, "transe-l1": TranslationL1,
+                                      "transe-l2": TranslationL2, "rotate": Rotation}
+
+
+# ---- kge_scores: the scores as one autograd operator -----------------------------------------
+@torch.library.custom_op("cadence::kge_scores", mutates_args=())
+def _kge_scores(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, scoring: str, gamma: float, both: bool,
+                chunks: int) -> tuple[Tensor, Tensor]:
+    scores, positive = SCORINGS[scoring](gamma).scores(h, r, t, pool, both, chunks, kernels.usable(h))
+    return scores, positive
+
+
+@_kge_scores.register_fake
+def _(h, r, t, pool, scoring, gamma, both, chunks):
+    return h.new_empty(h.shape[0] * (2 if both else 1), pool.shape[0] // chunks), h.new_empty(h.shape[0])
+
+
+@torch.library.custom_op("cadence::kge_scores_backward", mutates_args=())
+def _kge_scores_backward(d_scores: Tensor, d_positive: Tensor, h: Tensor, r: Tensor, t: Tensor, pool: Tensor,
+                         scoring: str, gamma: float, both: bool, chunks: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    d_h, d_r, d_t, d_pool = SCORINGS[scoring](gamma).gradients(d_scores, d_positive, h, r, t, pool, both, chunks,
+                                                               kernels.usable(h))
+    return d_h, d_r, d_t, d_pool
+
+
+@_kge_scores_backward.register_fake
+def _(d_scores, d_positive, h, r, t, pool, scoring, gamma, both, chunks):
+    return torch.empty_like(h), torch.empty_like(r), torch.empty_like(t), torch.empty_like(pool)
+
+
+def _keep_inputs(ctx, inputs, output) -> None:
+    h, r, t, pool, *ctx.setting = inputs
+    ctx.save_for_backward(h, r, t, pool)
+
+
+def _scores_backward(ctx, d_scores: Tensor, d_positive: Tensor):
+    h, r, t, pool = ctx.saved_tensors
+    scoring, gamma, both, chunks = ctx.setting
+    if d_positive is None:  # (an output the loss did not use)
+        d_positive = h.new_zeros(h.shape[0])
+    if d_scores is None:
+        d_scores = h.new_zeros(h.shape[0] * (2 if both else 1), pool.shape[0] // chunks)
+    return (*_kge_scores_backward(d_scores.contiguous(), d_positive.contiguous(), h, r, t, pool, *ctx.setting),
+            None, None, None, None)
+
+
+_kge_scores.register_autograd(_scores_backward, setup_context=_keep_inputs)
+
+
+def kge_scores(h: Tensor, r: Tensor, t: Tensor, pool: Tensor, scoring: str, gamma: float, both: bool,
+               chunks: int) -> tuple[Tensor, Tensor]:
+    """(negative scores [S B, C], the positives' scores [B]) of edges (h, r, t) against ``pool`` [K C, D]
+    (``chunks`` K pools; see the module's text) by ``scoring`` (a name of ``SCORINGS``), forward and
+    backward one operator each: autograd's path through ``KgeModel.loss_at``, whose every operation
+    ``kge_step`` repeats without a graph (the same bits on the CPU)."""
+    return _kge_scores(h, r, t, pool, scoring, gamma, both, chunks)
+
+
+# ---- the step ----------------------------------------------------------------------------------
+def kge_step_parts(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
+                   scoring: str, gamma: float, both: bool, softmax: bool, chunks: int, lr: float, eps: float,
+                   rowwise: bool, kernel: bool) -> tuple[Tensor, Tensor]:
+    """``kge_step``: in plain torch (``kernel`` false: autograd's path's operations in its order, bit for
+    bit) or with the kernels in their place."""
     size = relations.shape[0]
+    score = SCORINGS[scoring](gamma)
     h, t, pool = values.index_select(0, positions).split([size, size, positions.shape[0] - 2 * size])
     r = relation_table.index_select(0, relations)
-    scores, positive = (kernels.bilinear_scores_kernel if kernel else kernels.bilinear_scores_twin)(h, r, t, pool, complex_, both)
-    loss, d_scores, d_positive = (kernels.negative_loss_kernel if kernel else kernels.negative_loss_twin)(scores, positive, softmax)
-    d_h, d_r, d_t, d_pool = (kernels.bilinear_scores_backward_kernel if kernel else kernels.bilinear_scores_backward_twin)(
-        d_scores, d_positive, h, r, t, pool, complex_, both)
-    d_rows = _scatter_add(values, positions, torch.cat([d_h, d_t, d_pool]), kernel)
-    d_relations = _scatter_add(relation_table, relations, d_r, kernel)
+    scores, positive = score.scores(h, r, t, pool, both, chunks, kernel)
+    loss, d_scores, d_positive = (kernels.negative_loss_kernel if kernel else kernels.negative_loss_twin)(
+        scores, positive, softmax)
+    d_h, d_r, d_t, d_pool = score.gradients(d_scores, d_positive, h, r, t, pool, both, chunks, kernel)
+    device = values.device.type != "cpu"
+    d_rows = _scatter_add(values, positions, torch.cat([d_h, d_t, d_pool]), device)
+    d_relations = _scatter_add(relation_table, relations, d_r, device)
     (kernels.adagrad_rows_kernel if kernel else kernels.adagrad_rows_twin)(values, state, d_rows, lr, eps, rowwise)
     return loss, d_relations
 
@@ -45,30 +364,32 @@ def _scatter_add(like: Tensor, index: Tensor, source: Tensor, device: bool) -> T
     return zeros.index_add_(0, index, source)
 
 
-def _bilinear_step_impl(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
-                        complex_: bool, both: bool, softmax: bool, lr: float, eps: float,
-                        rowwise: bool) -> tuple[Tensor, Tensor]:
-    return bilinear_step_parts(values, state, positions, relation_table, relations, complex_, both, softmax, lr, eps,
-                               rowwise, kernel=kernels.in_place_kernels(values, state))
+def _kge_step_impl(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
+                   scoring: str, gamma: float, both: bool, softmax: bool, chunks: int, lr: float, eps: float,
+                   rowwise: bool) -> tuple[Tensor, Tensor]:
+    return kge_step_parts(values, state, positions, relation_table, relations, scoring, gamma, both, softmax, chunks,
+                          lr, eps, rowwise, kernel=kernels.in_place_kernels(values, state))
 
 
-_bilinear_step = kernels.mutating_operator(
-    "bilinear_step(Tensor(a!) values, Tensor(b!) state, Tensor positions, Tensor relation_table, Tensor relations, "
-    "bool complex_, bool both, bool softmax, float lr, float eps, bool rowwise) -> (Tensor, Tensor)",
-    _bilinear_step_impl, lambda values, state, positions, relation_table, *rest: (values.new_empty(()),
-                                                                                   torch.empty_like(relation_table)))
+_kge_step = kernels.mutating_operator(
+    "kge_step(Tensor(a!) values, Tensor(b!) state, Tensor positions, Tensor relation_table, Tensor relations, "
+    "str scoring, float gamma, bool both, bool softmax, int chunks, float lr, float eps, bool rowwise) "
+    "-> (Tensor, Tensor)",
+    _kge_step_impl, lambda values, state, positions, relation_table, *rest: (values.new_empty(()),
+                                                                              torch.empty_like(relation_table)))
 
 
-def bilinear_step(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
-                  complex_: bool, both: bool, softmax: bool, step: kernels.RowStep) -> tuple[Tensor, Tensor]:
-    """A DistMult or ComplEx training step on a batch's rows against its shared negatives, as one
-    operator: the rows ``values`` [U, D] gathered at ``positions`` [2B + C] (the B heads, the B tails,
-    the C candidates), the relations' rows of ``relation_table`` at ``relations`` [B]; scores, the
-    loss (``negative_loss``), every gradient, and Adagrad's row step (``step``) on ``values`` and
-    ``state`` in place. Returns (the loss, the relation table's gradient). What autograd and the row
-    optimizer compute from ``bilinear_scores`` and ``negative_loss``, bit for bit on the CPU; on CUDA
-    the kernels of those operators and of ``adagrad_rows``, with torch's gathers, zeros and sorted
-    scatters (``_scatter_add``) between them (about 13 launches; folding the gathers into the
-    kernels is what is left to fuse)."""
-    return _bilinear_step(values, state, positions, relation_table, relations, complex_, both, softmax,
-                          step.lr, step.eps, step.rowwise)
+def kge_step(values: Tensor, state: Tensor, positions: Tensor, relation_table: Tensor, relations: Tensor,
+             scoring: str, gamma: float, both: bool, softmax: bool, chunks: int,
+             step: kernels.RowStep) -> tuple[Tensor, Tensor]:
+    """A KGE training step on a batch's rows against its sampled negatives, as one operator: the rows
+    ``values`` [U, D] gathered at ``positions`` [2B + K C] (the B heads, the B tails, the K pools of C
+    candidates), the relations' rows of ``relation_table`` at ``relations`` [B]; scores (``scoring``, a
+    name of ``SCORINGS``; ``gamma`` the distance scorers' margin), both sides' unless ``both`` is
+    false, the loss (``negative_loss``), every gradient, and Adagrad's row step (``step``) on ``values``
+    and ``state`` in place. Returns (the loss, the relation table's gradient): what autograd and the
+    row optimizer compute from ``KgeModel.loss_at``. On CUDA the Triton kernels where there are some
+    (DistMult and ComplEx against one pool: about 13 launches), the rest torch's operations on the
+    device, with sorted scatters (``_scatter_add``)."""
+    return _kge_step(values, state, positions, relation_table, relations, scoring, gamma, both, softmax, chunks,
+                     step.lr, step.eps, step.rowwise)

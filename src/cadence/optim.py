@@ -45,7 +45,7 @@ class EntityOptimizer(ABC):
         """Update ``values`` [n, D] and ``state`` [n, S] in place from ``grad`` [n, D]."""
 
     def row_step(self) -> kernels.RowStep | None:
-        """This rule as a fused training step applies it (``kge_step.bilinear_step``), or None where no
+        """This rule as a fused training step applies it (``kge_step.kge_step``), or None where no
         fused step does (the step then goes through autograd and ``step``)."""
         return None
 

@@ -60,19 +60,18 @@ class KgeModel(nn.Module):
 
     def fused_step(self, values: Tensor, state: Tensor, positions: Tensor, relations: Tensor,
                    step: kernels.RowStep) -> tuple[Tensor, list[Tensor | None]] | None:
-        """``loss_at``'s training step in one operator (``kge_step.bilinear_step``: the rows updated in
-        place by ``step``), returning (the loss, [the relations' gradient]); None where that operator
-        does not compute this loss: a scorer other than DistMult's or ComplEx's, chunked negatives, a
-        regulariser, frozen relations."""
-        pool = positions.shape[0] - 2 * relations.shape[0]
+        """``loss_at``'s training step in one operator (``kge_step.kge_step``: the rows updated in place
+        by ``step``), returning (the loss, [the relations' gradient]); None where that operator does
+        not compute this loss: a scorer without a scoring there, a regulariser, frozen relations."""
+        scoring = self.scorer.step_scoring()
         config = self.train_config
-        if (not self.scorer.bilinear or pool != config.negatives or self.frozen_relations is not None
+        if (scoring is None or self.frozen_relations is not None
                 or (config.regularizer != "none" and config.reg_weight > 0)):
             return None
+        chunks = (positions.shape[0] - 2 * relations.shape[0]) // config.negatives
         with torch.no_grad():  # (no graph: the operator computes the gradients itself)
-            loss, d_relations = kge_step.bilinear_step(values, state, positions, self.relations, relations,
-                                                      self.scorer.complex_valued, not config.reciprocal,
-                                                      config.loss == "softmax", step)
+            loss, d_relations = kge_step.kge_step(values, state, positions, self.relations, relations, *scoring,
+                                                  not config.reciprocal, config.loss == "softmax", chunks, step)
         return loss, [d_relations]
 
     def _loss(self, h: Tensor, relations: Tensor, t: Tensor, pool: Tensor, chunks: int,
@@ -86,9 +85,9 @@ class KgeModel(nn.Module):
         # both sides in one [2B, C] block (tails' rows, then heads'): a mean over its rows is the mean
         # of the two sides' losses; sampled negatives: the positive triple's score is shared by both
         # sides, computed once
-        if chunks == 1 and self.scorer.bilinear:  # one operator forward, one backward (cadence.kernels)
-            scores, positive = kernels.bilinear_scores(h, r, t, pool, self.scorer.complex_valued,
-                                                       not self.train_config.reciprocal)
+        scoring = self.scorer.step_scoring() if chunks else None
+        if scoring is not None:  # one operator forward, one backward (cadence.kge_step)
+            scores, positive = kge_step.kge_scores(h, r, t, pool, *scoring, not self.train_config.reciprocal, chunks)
         else:
             positive = None if chunks == 0 else self.scorer.score(h, r, t)  # [B]
             scores = self._negative_scores(h, r, t, pool, chunks)

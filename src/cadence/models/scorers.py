@@ -35,9 +35,6 @@ SCORERS: Registry[type["Scorer"]] = Registry("model", "model.name")
 
 class Scorer(ABC):
     complex_valued = False  # rows are (real, imaginary) halves
-    # the score is the dot of a query with the candidate, the queries those of cadence.kernels'
-    # bilinear_scores (DistMult's real, ComplEx's complex products): shared negatives are scored by it
-    bilinear = False
 
     def __init__(self, config: ModelConfig):
         if self.complex_valued and config.dim % 2:
@@ -46,6 +43,11 @@ class Scorer(ABC):
 
     def relation_dim(self) -> int:
         return self.dim
+
+    def step_scoring(self) -> tuple[str, float] | None:
+        """(the name of this scorer's scoring in ``kge_step.SCORINGS``, its margin gamma): the fused
+        training step's scores and gradients; None where that step has none (autograd's path then)."""
+        return None
 
     def init_relations(self, relations: Tensor, std: float, generator: torch.Generator) -> None:
         relations.normal_(0.0, std, generator=generator)
@@ -89,7 +91,8 @@ class Scorer(ABC):
 class DistMultScorer(Scorer):
     """score = sum_k h_k r_k t_k (Yang et al. 2015)."""
 
-    bilinear = True
+    def step_scoring(self):
+        return "distmult", 0.0
 
     def score(self, h, r, t):
         return (h * r * t).sum(-1)
@@ -115,7 +118,8 @@ class ComplExScorer(Scorer):
     """score = Re(sum_k h_k r_k conj(t_k)) (Trouillon et al. 2016)."""
 
     complex_valued = True
-    bilinear = True
+    def step_scoring(self):
+        return "complex", 0.0
 
     def score(self, h, r, t):
         return (complex_product(h, r) * t).sum(-1)
@@ -188,6 +192,9 @@ class TransEScorer(_DistanceScorer):
             raise ConfigError("model.p_norm must be 1 or 2 for transe")
         self.p = config.p_norm
 
+    def step_scoring(self):
+        return f"transe-l{self.p}", self.gamma
+
     def distance(self, queries, candidates):
         if queries.dim() == 3:  # paired: [B, 1, D] and [B, 1, D]
             return (queries - candidates).norm(p=self.p, dim=-1, keepdim=True)
@@ -212,6 +219,9 @@ class RotatEScorer(_DistanceScorer):
 
     def relation_dim(self) -> int:
         return self.dim // 2
+
+    def step_scoring(self):
+        return "rotate", self.gamma
 
     def init_relations(self, relations, std, generator):
         relations.uniform_(-math.pi, math.pi, generator=generator)

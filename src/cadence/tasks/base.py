@@ -202,7 +202,7 @@ class Task(ABC):
     def fused_step(self, batch: Batch, rows: RowBlock, dense: nn.Module,
                    step: RowStep) -> tuple[Tensor, list[Tensor | None]] | None:
         """One training step of the batch without autograd, where the task has one operator for it
-        (``cadence.kernels``): ``rows`` (values and state) updated in place by Adagrad's row ``step``;
+        (``cadence.kge_step``): ``rows`` (values and state) updated in place by Adagrad's row ``step``;
         returns (the loss, each dense parameter's gradient in ``dense.parameters()`` order, None for
         one the loss did not use). None (the default): this batch takes ``train_loss``, autograd and
         the row optimizer, the reference a fused step must equal."""
