@@ -22,7 +22,11 @@ repetition, so drift hits both alike), the 1-minute load average recorded before
   100 shared negatives, batches of 1,000, logistic loss, row-wise Adagrad, one torch thread, a
   synthetic graph of 20,000 entities and 200,000 edges, ``--kge-epochs`` epochs: the record's
   ``seconds_per_batch`` is the host's time per batch;
-- ``umls``: the shipped configs/umls-complex.yaml, ``--kge-epochs`` epochs, sync.
+- ``umls``: the shipped configs/umls-complex.yaml, ``--kge-epochs`` epochs, sync;
+- ``kge-complex-chunked``, ``kge-transe``, ``kge-rotate``: the ``kge`` setting with ComplEx under the
+  softmax loss (chunked negatives: ``train.negative_chunk: auto``, the default loss's layout), TransE
+  (L1) and RotatE under the logistic loss (shared negatives): the settings the fused step took on
+  with issue 46's second round.
 
 The result per measurement: each revision's runs, their medians, ``after / before`` of the medians
 and per repetition, and each revision's own spread (max / min of its runs) as the noise to judge
@@ -45,7 +49,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MEASUREMENTS = ("kge", "ps-threads", "ps-ray", "shadow-threads", "adapm-threads", "adapm-ray", "kge-d8", "umls")
+MEASUREMENTS = ("kge", "ps-threads", "ps-ray", "shadow-threads", "adapm-threads", "adapm-ray", "kge-d8", "umls",
+                "kge-complex-chunked", "kge-transe", "kge-rotate")
+KGE_MODELS = {"kge-complex-chunked": ["model.name=complex", "train.loss=softmax"],
+              "kge-transe": ["model.name=transe", "train.loss=logistic"],
+              "kge-rotate": ["model.name=rotate", "train.loss=logistic"]}
 KGE_D8 = ["task=kge", "strategy=sync", "data.dataset=synthetic", "data.synthetic.num_entities=20000",
           "data.synthetic.num_relations=8", "data.synthetic.num_edges=200010", "data.synthetic.holdout=10",
           "model.name=distmult", "model.dim=8", "train.scoring=sampled", "train.negatives=100",
@@ -65,11 +73,11 @@ def measure(name: str, epochs: int) -> dict:
 
     common = ["eval.every=0", "checkpoint.every=0", "progress=false", "seed=0", f"train.epochs={epochs}"]
     with tempfile.TemporaryDirectory(prefix="cadence-ab-") as tmp:
-        if name == "kge":
+        if name == "kge" or name in KGE_MODELS:
             config = cadence.load_config(None, [
                 "data.dataset=kinships", "model.name=distmult", "model.dim=128", "train.batch_size=1024",
                 "train.loss=logistic", "train.scoring=sampled", "train.reciprocal=false", "train.negatives=16",
-                "optimizer.lr=0.1", "eval.test=false", *common])
+                "optimizer.lr=0.1", "eval.test=false", *common, *KGE_MODELS.get(name, [])])
         elif name == "kge-d8":
             config = cadence.load_config(None, [*KGE_D8, *common])
         elif name == "umls":
@@ -157,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(args.reps):
                 order = ("before", "after") if rep % 2 == 0 else ("after", "before")
                 for name in names:
-                    epochs = args.kge_epochs if name in ("kge", "kge-d8", "umls") else args.ps_epochs
+                    epochs = args.kge_epochs if name in ("kge", "kge-d8", "umls", *KGE_MODELS) else args.ps_epochs
                     for label in order:
                         record = run_once(trees[label], name, epochs)
                         runs[name][label].append(record)
