@@ -37,7 +37,10 @@ from cadence.engines.placement import Handle, Placement, finish
 from cadence.engines.threads import ThreadGroup, run_threads
 from cadence.pipeline.stages import ComputeStage
 from cadence.core.initial import INIT_CHUNK_ROWS
-from cadence.strategies.adapm.node import OWNER, DenseCopy, KeySpace, Node, ProtocolError, nbytes
+from cadence.strategies.adapm.holdings import KeySpace
+from cadence.strategies.adapm.management import DenseCopy
+from cadence.strategies.adapm.messages import OWNER, ProtocolError, nbytes
+from cadence.strategies.adapm.node import Node
 from cadence.strategies.adapm.timing import ActionTimer
 
 from cadence.core import checkpoint as ckpt
