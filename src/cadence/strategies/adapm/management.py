@@ -81,16 +81,24 @@ class Management:
 
     # ---- a communication round: this node's side ----------------------------------------------------
     def act_on_intents(self, horizons: list[float]) -> None:
-        """Move each worker's pending intents that start before its horizon to the acted set."""
+        """Move each worker's pending intents that start before its horizon to the acted set: every
+        batch's keys at once (one lookup, one update of the intents' end clocks, the live set grown once)."""
         with self.lock:
+            acted: list[tuple[int, int, Tensor]] = []
             for worker, horizon in enumerate(horizons):
                 queue = self.pending[worker]
                 while queue and queue[0][0] < horizon:
                     _, end, keys = queue.popleft()
-                    entries = self.holdings.entries(keys)
-                    ends = self.store.active_end
-                    ends[entries, worker] = torch.clamp(ends[entries, worker], min=end)
-                    self.holdings.track(entries)
+                    acted.append((worker, end, keys))
+            if not acted:
+                return
+            entries = self.holdings.entries(torch.cat([keys for _, _, keys in acted]))
+            # each (entry, worker)'s end clock: the latest of its intents'
+            workers = self.store.active_end.shape[1]
+            cells = entries * workers + torch.cat([torch.full_like(keys, worker) for worker, _, keys in acted])
+            ends = torch.cat([torch.full_like(keys, end) for _, end, keys in acted])
+            self.store.active_end.view(-1).scatter_reduce_(0, cells, ends, reduce="amax")
+            self.holdings.track(entries)
 
     def requests(self) -> list[Request | None]:
         """This round's message to every other node (None for this node itself)."""
