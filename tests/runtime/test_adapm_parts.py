@@ -160,3 +160,13 @@ def test_a_replica_behind_the_main_copy_gets_its_value_and_one_that_is_not_its_v
     assert answer.refresh.tolist() == [3] and answer.current.tolist() == [6]
     assert torch.equal(answer.refresh_value, owner.store.data.index_select(0, entries[:1]))
     assert torch.equal(owner.store.data.index_select(0, entries[1:]), torch.full((1, WIDTH), 62.0))  # 60 + 2
+
+
+def test_a_home_hears_of_each_key_once_as_of_its_latest_relocation() -> None:
+    """Relocations of the same key queued for its home between two rounds travel as one report,
+    the one of the most relocations (the dictionary they replaced kept the last written)."""
+    mover = management(1)
+    mover.home_updates[0].extend([(keys(3, 6), keys(1, 1), keys(1, 4)), (keys(3,), keys(2,), keys(2,))])
+    request = mover.requests()[0]
+    assert (request.home.tolist(), request.home_owner.tolist(), request.home_moves.tolist()) == ([3, 6], [2, 1], [2, 4])
+    assert mover.home_updates[0] == [] and mover.requests()[0].home.numel() == 0

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from cadence.strategies.adapm.holdings import Holdings
 from cadence.strategies.adapm.messages import (ABSENT, OWNER, REPLICA, Counters, ProtocolError, Request, Response,
-                                               bit, nbytes)
+                                               bit, nbytes, unique_first)
 
 
 class DenseCopy:
@@ -74,8 +74,10 @@ class Management:
         self.index, self.nodes, self.technique = holdings.index, holdings.nodes, technique
         self.counters, self.lock = counters, lock
         self.pending: list[deque[tuple[int, int, Tensor]]] = [deque() for _ in range(workers)]  # (start, end, keys)
-        self.outbox: list[set[int]] = [set() for _ in range(self.nodes)]  # keys to decide for node m
-        self.home_updates: list[dict[int, tuple[int, int]]] = [{} for _ in range(self.nodes)]  # key -> (owner, moves)
+        # per node m: arrays of keys to decide for m; arrays of (keys, owners, moves) to report to m,
+        # their home, as the relocations this node made
+        self.outbox: list[list[Tensor]] = [[] for _ in range(self.nodes)]
+        self.home_updates: list[list[tuple[Tensor, Tensor, Tensor]]] = [[] for _ in range(self.nodes)]
         self.dense: list[DenseCopy] = []  # this node's workers' dense copies
         self.main_dense: DenseCopy | None = None  # node 0: the main copy
 
@@ -171,9 +173,7 @@ class Management:
                     request.sync_version = versions[chosen]
                 updates = self.home_updates[node]
                 if updates:
-                    request.home = torch.tensor(list(updates.keys()), dtype=torch.int64)
-                    request.home_owner = torch.tensor([owner for owner, _ in updates.values()], dtype=torch.int64)
-                    request.home_moves = torch.tensor([moves for _, moves in updates.values()], dtype=torch.int64)
+                    request.home, request.home_owner, request.home_moves = latest(*map(torch.cat, zip(*updates)))
                     updates.clear()
                 if node == 0 and self.dense and self.dense[0].params:
                     deltas, versions_dense = [], []
@@ -383,17 +383,23 @@ class Management:
                 continue
             chosen = keys[(intent >> node & 1).bool()]
             if chosen.numel():
-                self.outbox[node].update(chosen.tolist())
+                self.outbox[node].append(chosen)
 
     def _deliver(self, node: int, response: Response, only: Tensor | None = None) -> None:
         """The decisions for ``node`` on the keys it has (or had) intent for (``only``: of these
         keys): relocate, replicate, or nothing, by the technique (under the lock)."""
         box = self.outbox[node]
-        chosen = box if only is None else box.intersection(only.tolist())
-        if not chosen:
+        if not box:
             return
-        keys = torch.tensor(sorted(chosen), dtype=torch.int64)
-        box.difference_update(chosen)
+        keys = torch.unique(torch.cat(box))  # (sorted)
+        box.clear()
+        if only is not None:
+            chosen = torch.isin(keys, only)
+            if not bool(chosen.all()):
+                box.append(keys[~chosen])
+            keys = keys[chosen]
+            if not keys.numel():
+                return
         store = self.store
         entries = store.find(keys)
         owned = self.holdings.kind(entries) == OWNER
@@ -428,8 +434,11 @@ class Management:
             here = home == self.index
             self.routing.record_home(moving[here], torch.full_like(moving[here], node), moves[here])
             away = ~here & (home != node)
-            for target, key, count in zip(home[away].tolist(), moving[away].tolist(), moves[away].tolist()):
-                self.home_updates[target][key] = (node, count)
+            homes, reported, counts = home[away], moving[away], moves[away]
+            for target in homes.unique().tolist():  # (a few nodes, not keys)
+                chosen = homes == target
+                self.home_updates[target].append((reported[chosen], torch.full_like(reported[chosen], node),
+                                                  counts[chosen]))
             self.holdings.release_dead(leaving)  # (gone: unless this node's own workers still intend to use it)
         copies, copied = keys[replicate], entries[replicate]
         if copies.numel():
@@ -445,3 +454,11 @@ class Management:
         replication's), nothing pending or waiting to be delivered."""
         with self.lock:
             return not (self.holdings.live.numel() or any(self.outbox) or any(self.home_updates) or any(self.pending))
+
+
+def latest(keys: Tensor, owners: Tensor, moves: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Relocation reports with one per key: the one of the most relocations (the newest)."""
+    order = torch.argsort(moves, descending=True, stable=True)
+    keys, first = unique_first(keys.index_select(0, order))
+    chosen = order.index_select(0, first)
+    return keys, owners.index_select(0, chosen), moves.index_select(0, chosen)

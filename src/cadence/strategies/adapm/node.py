@@ -78,7 +78,7 @@ class Node:
         self.management.main_dense = copy
 
     @property
-    def home_updates(self) -> list[dict[int, tuple[int, int]]]:
+    def home_updates(self) -> list[list[tuple[Tensor, Tensor, Tensor]]]:
         return self.management.home_updates
 
     # ---- a communication round (management) -----------------------------------------------------
