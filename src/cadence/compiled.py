@@ -28,6 +28,9 @@ Kernels:
   do. Threads may run it at once on the same rows (Hogwild).
 - ``biased_mf_in_place``: biased MF's per-rating SGD step (``mf.update: rating``, Surprise's
   ``SVD`` step) applied to the rows in place, rating by rating; Hogwild between threads too.
+- ``hash_slots``: the slot of each key in an open-addressing table with linear probing
+  (``store.hash_index``'s layout and hash), key by key in one loop; the numpy rounds it replaces
+  stay the reference (used whenever numba is there: the slots cannot differ).
 """
 
 from __future__ import annotations
@@ -343,9 +346,36 @@ def unique_keys(keys: Tensor, num_keys: int) -> tuple[Tensor, Tensor]:
     return torch.from_numpy(ids), inverse
 
 
+if AVAILABLE:
+    @numba.njit(nogil=True, cache=True)
+    def _hash_slots(wanted, slot_keys, mix, empty, result):  # pragma: no cover - compiled
+        mask = slot_keys.shape[0] - 1
+        for i in range(wanted.shape[0]):
+            key = wanted[i]
+            mixed = key * mix  # (wraps modulo 2^64, as numpy's)
+            slot = (mixed ^ (mixed >> 29)) & mask
+            while True:
+                probed = slot_keys[slot]
+                if probed == key:
+                    result[i] = slot
+                    break
+                if probed == empty:
+                    result[i] = -1
+                    break
+                slot = (slot + 1) & mask
+
+
+def hash_slots(wanted: np.ndarray, slot_keys: np.ndarray, mix: int, empty: int) -> np.ndarray:
+    """The slot of each of ``wanted`` (int64) in ``slot_keys`` (a power-of-two table, probed linearly
+    from the key's home ``(k * mix) ^ ((k * mix) >> 29)``, empty slots ``empty``), -1 where absent."""
+    result = np.empty(wanted.shape[0], dtype=np.int64)
+    _hash_slots(wanted, slot_keys, np.int64(mix), np.int64(empty), result)
+    return result
+
+
 def warm_up(*kernels: str) -> None:
     """Load (or compile) these kernels (``biased_mf``, ``skipgram``, ``unique_keys``, ``unique_any``,
-    ``skipgram_in_place``, ``biased_mf_in_place``) now, on tiny inputs: the first call of a kernel in a process costs 0.3 s (machine code from the cache) to 1-2 s
+    ``skipgram_in_place``, ``biased_mf_in_place``, ``hash_slots``) now, on tiny inputs: the first call of a kernel in a process costs 0.3 s (machine code from the cache) to 1-2 s
     (compiled), which a task pays when it is built rather than inside its first timed batch."""
     if not AVAILABLE:
         return
@@ -362,6 +392,8 @@ def warm_up(*kernels: str) -> None:
             unique_any(second)
         elif kernel == "biased_mf_in_place":
             biased_mf_in_place(torch.zeros(2, 3), first, second, torch.zeros(1), 0.0, 0.0, 0.0)
+        elif kernel == "hash_slots":
+            hash_slots(np.zeros(1, dtype=np.int64), np.zeros(16, dtype=np.int64), 1, -1)
         elif kernel == "skipgram_in_place":
             skipgram_in_place(torch.zeros(2, 3), first, first, first, 1, True, 1, torch.ones(1, dtype=torch.float64),
                               first, 1, 0, 0.0)

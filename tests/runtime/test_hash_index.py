@@ -123,3 +123,23 @@ def test_threads_add_and_read_keys_of_a_dynamic_table_without_a_lock_on_reads() 
     keys, values, _ = table.export_rows()
     assert torch.equal(keys, distinct)
     assert torch.equal(values, hashed_normal(keys, 4, 0.1, 7))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_compiled_probe_finds_the_slots_the_numpy_rounds_find(seed: int) -> None:
+    """``compiled.hash_slots`` against ``_find_rounds`` on a table that has churned (tombstones on the
+    probe paths): the same slot for every key present, -1 for every key absent."""
+    from cadence import compiled
+
+    if not compiled.AVAILABLE:
+        pytest.skip("numba is not there: the rounds are the only path")
+    generator = torch.Generator().manual_seed(seed)
+    index = HashIndex(64)
+    keys = torch.randperm(5000, generator=generator)[:3000]
+    index.insert(keys, torch.arange(3000))
+    index.remove(keys[::3])
+    probe = torch.cat([keys, torch.arange(5000, 5200)]).numpy()
+    slot_keys = index.slot_keys.numpy()
+    compiled_slots = index._find(probe, slot_keys)
+    assert (compiled_slots == index._find_rounds(probe, slot_keys)).all()
+    assert ((compiled_slots >= 0) == torch.isin(torch.from_numpy(probe), keys[torch.arange(3000) % 3 != 0]).numpy()).all()

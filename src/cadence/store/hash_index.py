@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from cadence import compiled
+
 EMPTY = torch.iinfo(torch.int64).min  # a key no caller uses (feature keys are non-negative)
 REMOVED = EMPTY + 1  # a tombstone: a key was here (lookups go on past it)
 _MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64 (Fibonacci hashing)
@@ -66,9 +68,16 @@ class HashIndex:
         return torch.from_numpy(np.where(found >= 0, slot_rows.numpy()[found], -1))
 
     def _find(self, wanted: np.ndarray, slot_keys: np.ndarray | None = None) -> np.ndarray:
-        """The slot of each key in ``slot_keys`` (this index's own by default), -1 where absent."""
+        """The slot of each key in ``slot_keys`` (this index's own by default), -1 where absent:
+        compiled (``compiled.hash_slots``, key by key) where numba is, else ``_find_rounds``."""
         if slot_keys is None:
             slot_keys = self.slot_keys.numpy()
+        if compiled.AVAILABLE:
+            return compiled.hash_slots(wanted, slot_keys, _MIX, EMPTY)
+        return self._find_rounds(wanted, slot_keys)
+
+    def _find_rounds(self, wanted: np.ndarray, slot_keys: np.ndarray) -> np.ndarray:
+        """``_find`` in numpy rounds: every key still probing takes one step a round (the reference)."""
         capacity = slot_keys.shape[0]
         slots = self._home(wanted, capacity)
         probed = slot_keys[slots]  # the first probe, for every key at once (most end here)
