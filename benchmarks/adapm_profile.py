@@ -22,7 +22,7 @@ repetitions, the 1-minute load average before each.
 
     .venv/bin/python benchmarks/adapm_profile.py [--nodes 4] [--epochs 1] [--reps 2] [--quick] [--out FILE]
 
-Refuses a tree with uncommitted changes to ``src/`` or ``benchmarks/`` (``--allow-dirty`` to try).
+Refuses a tree with uncommitted changes to ``src/`` or ``benchmarks/`` (``--dirty`` to try).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import functools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -44,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 import cadence  # noqa: E402
+from provenance import add_flag, check  # noqa: E402  (same folder)
 from cadence.pipeline.stages import ComputeStage  # noqa: E402
 from cadence.strategies.adapm import engine as adapm_engine  # noqa: E402
 from cadence.strategies.adapm.node import Node  # noqa: E402
@@ -121,28 +121,16 @@ def run(nodes: int, quick: bool, epochs: int) -> dict:
             "rounds": summary.get("rounds")}
 
 
-def provenance() -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    dirty = [line[3:] for line in git("status", "--porcelain", "--", "src", "benchmarks").splitlines()
-             if not line[3:].startswith("benchmarks/results/")]
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(dirty), "dirty_files": dirty}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=4, help="the contender's node count (against one node)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--reps", type=int, default=2, help="interleaved repetitions")
     parser.add_argument("--quick", action="store_true", help="a smaller matrix (checks the harness)")
-    parser.add_argument("--allow-dirty", action="store_true")
+    add_flag(parser)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "adapm_profile.json"))
     args = parser.parse_args()
-    origin = provenance()
-    if origin["dirty"] and not args.allow_dirty:
-        raise SystemExit(f"adapm_profile.py: uncommitted changes to {', '.join(origin['dirty_files'])} "
-                         "(commit them, or --allow-dirty)")
+    origin = check(args, "adapm_profile")
     runs: dict[str, list[dict]] = {"1": [], str(args.nodes): []}
     for rep in range(args.reps):
         order = [1, args.nodes] if rep % 2 == 0 else [args.nodes, 1]

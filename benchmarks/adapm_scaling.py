@@ -1,0 +1,172 @@
+#!/usr/bin/env python
+"""AdaPM's parallel efficiency at equal CPU (issue 47): N nodes against one node on the same cores.
+
+For each task (``--tasks``: the synthetic Zipf MF, partitioned as the paper's App. C, ``mf.row_blocks``
+= N; the synthetic power-law KG) and each node count N (``--nodes``, default 2,4,8), in one invocation
+and on the same data and epochs:
+
+- ``single``: one AdaPM node (``ps.workers=1``) in its own process, given the machine's C cores;
+- ``threads``: N nodes as threads of one process, the same C cores (``ps.engine=threads``);
+- ``ray`` (needs root and cgroup v1's cpu controller; skipped otherwise): N Ray nodes on this machine,
+  each a ``ray start`` whose raylet and node actor live in a CPU-quota cgroup of C / N cores
+  (``cpu.cfs_quota_us``), the driver outside them (it only waits).
+
+Parallel efficiency = N-node examples/s over the single node's (1.0: N nodes on the same CPU lose
+nothing to the protocol; the paper's 6.5-7x on 8 machines is 0.81-0.88). Quality beside it (MF: test
+RMSE; KG: filtered MRR), each run's 1-minute load average before it; ``--reps`` interleaved
+repetitions of each (single, threads, ray) triple.
+
+    .venv/bin/python benchmarks/adapm_scaling.py [--tasks mf,kge] [--nodes 2,4,8] [--reps 2] [--full]
+
+Refuses a tree with uncommitted changes to ``src/`` or ``benchmarks/`` unless ``--dirty``. Writes
+benchmarks/results/adapm_scaling.json (``--out`` elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from adapm_memory import quality, train  # same folder: one `cadence train` process a run, its summary
+from kge_throughput import machine_info
+from peer_stats import write_report
+from provenance import add_flag, check
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+CPU_ROOT = Path("/sys/fs/cgroup/cpu")
+PERIOD_US = 10_000
+
+
+def task_overrides(task: str, nodes: int, full: bool) -> list[str]:
+    common = ["optimizer.entity=adagrad", "train.epochs=1", "checkpoint.every=0", "progress=false", "seed=0"]
+    if task == "mf":  # (the paper's MF partitioning: node r trains user block r, every item)
+        size = (["mf.synthetic.users=100000", "mf.synthetic.items=10000", "mf.synthetic.ratings=1000000"] if full
+                else ["mf.synthetic.users=40000", "mf.synthetic.items=5000", "mf.synthetic.ratings=300000"])
+        return ["task=mf", "data.dataset=synthetic-zipf", *size, "model.dim=32", "train.batch_size=1000",
+                "optimizer.lr=0.05", "mf.reg=0.02", "model.init_std=0.1", f"mf.row_blocks={nodes}", *common]
+    edges = 200_000 if full else 60_000
+    return ["task=kge", "data.dataset=synthetic", f"data.synthetic.num_entities={edges // 10}", "model.dim=64",
+            "data.synthetic.num_relations=20", f"data.synthetic.num_edges={edges}", "data.synthetic.holdout=200",
+            "model.name=distmult", "train.batch_size=500", "optimizer.lr=0.1", *common]
+
+
+class CpuCgroups:
+    """One cpu cgroup per node, each held to ``cores`` cores' worth of time per period."""
+
+    def __init__(self, count: int, cores: float):
+        self.base = CPU_ROOT / f"cadence-adapm-scaling-{os.getpid()}"
+        self.paths = [self.base / f"node-{index}" for index in range(count)]
+        for path in [self.base, *self.paths]:
+            path.mkdir(exist_ok=True)
+        for path in self.paths:
+            (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (path / "cpu.cfs_quota_us").write_text(str(max(1000, int(cores * PERIOD_US))))
+
+    def prefixes(self) -> list[list[str]]:
+        return [["sh", "-c", f'echo $$ > {path}/cgroup.procs && exec "$0" "$@"'] for path in self.paths]
+
+    def throttled_seconds(self) -> float:
+        total = 0
+        for path in self.paths:
+            stat = dict(line.split() for line in (path / "cpu.stat").read_text().splitlines())
+            total += int(stat.get("throttled_time", 0))
+        return total / 1e9
+
+    def remove(self) -> None:
+        for path in [*self.paths, self.base]:
+            for _ in range(50):
+                try:
+                    path.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.2)
+
+
+def run(task: str, nodes: int, full: bool, engine: str, address: str | None = None) -> dict[str, Any]:
+    overrides = task_overrides(task, nodes, full)
+    adapm = ["strategy=adapm", f"ps.workers={1 if engine == 'single' else nodes}"]
+    if engine == "ray":
+        adapm += ["ps.engine=ray", f"ps.ray_address={address}"]
+    elif engine == "threads":
+        adapm += ["ps.engine=threads"]
+    load = os.getloadavg()[0]
+    record = train([*overrides, *adapm], engine)
+    record["load_before"] = round(load, 2)
+    record["quality"] = quality(record, task)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", default="mf,kge")
+    parser.add_argument("--nodes", default="2,4,8", help="node counts N, comma-separated")
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--engines", default="threads,ray", help="of threads, ray (single always runs)")
+    parser.add_argument("--full", action="store_true", help="the issue's sizes (MF 1M ratings, KG 200k edges)")
+    parser.add_argument("--out", default=str(RESULTS / "adapm_scaling.json"))
+    add_flag(parser)
+    args = parser.parse_args()
+    found = check(args, "adapm_scaling")
+    engines = [e for e in args.engines.split(",") if e]
+    cores = os.cpu_count() or 1
+    if "ray" in engines and (os.geteuid() != 0 or not (CPU_ROOT / "cpu.cfs_quota_us").exists()):
+        print("adapm_scaling: ray skipped: needs root and cgroup v1's cpu controller at /sys/fs/cgroup/cpu")
+        engines.remove("ray")
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/adapm_scaling.py", *sys.argv[1:]]),
+        "machine": machine_info(), "measured_from": {"commit": found["commit"], "dirty": found["dirty"]},
+        "cores": cores, "tasks": {}}
+    for task in args.tasks.split(","):
+        for nodes in [int(n) for n in args.nodes.split(",")]:
+            runs: dict[str, list[dict[str, Any]]] = {"single": [], **{engine: [] for engine in engines}}
+            cgroups = CpuCgroups(nodes, cores / nodes) if "ray" in engines else None
+            try:
+                cluster = None
+                if cgroups is not None:
+                    from ray_cluster import nodes as ray_nodes
+
+                    cluster = ray_nodes(cgroups.prefixes(), cpus_per_node=1, head_cpus=0,
+                                        extra=("--object-store-memory=78643200",))
+                address = cluster.__enter__() if cluster is not None else None
+                try:
+                    for rep in range(args.reps):
+                        order = ["single", *engines] if rep % 2 == 0 else [*engines, "single"]
+                        for engine in order:
+                            before = cgroups.throttled_seconds() if engine == "ray" else 0.0
+                            record = run(task, nodes, args.full, engine, address)
+                            if engine == "ray":
+                                record["throttled_seconds"] = round(cgroups.throttled_seconds() - before, 2)
+                            runs[engine].append(record)
+                            print(f"{task} N={nodes} rep {rep} {engine:<7} " + (
+                                "ERROR " + record["error"] if "error" in record else
+                                f"{record.get('examples_per_second', 0):,.0f} examples/s, quality {record['quality']}, "
+                                f"remote {record.get('remote_access_share') or 0:.4%} (load {record['load_before']})"),
+                                flush=True)
+                finally:
+                    if cluster is not None:
+                        cluster.__exit__(None, None, None)
+            finally:
+                if cgroups is not None:
+                    cgroups.remove()
+            single = statistics.median(r["examples_per_second"] for r in runs["single"] if "examples_per_second" in r)
+            efficiency = {}
+            for engine in engines:
+                rates = [r["examples_per_second"] for r in runs[engine] if "examples_per_second" in r]
+                if rates:
+                    efficiency[engine] = round(statistics.median(rates) / single, 4)
+            print(f"{task} N={nodes}: parallel efficiency {efficiency}", flush=True)
+            report["tasks"].setdefault(task, {})[str(nodes)] = {"overrides": task_overrides(task, nodes, args.full),
+                                                               "runs": runs, "parallel_efficiency": efficiency}
+    print(write_report(report, Path(args.out), started, 0.0))
+
+
+if __name__ == "__main__":
+    main()
