@@ -98,23 +98,40 @@ def model_bytes(overrides: list[str]) -> int:
     return spec.rows * 2 * spec.width * 4
 
 
-class Cgroups:
-    """One memory cgroup per node under /sys/fs/cgroup/memory/cadence-adapm-bench/."""
+class NodeCgroups:
+    """One cgroup per node under a cgroup-v1 controller's mount (``root``): the command prefix that
+    starts a node inside its cgroup, and their removal afterwards."""
 
-    def __init__(self, count: int, limit: int):
-        self.base = CGROUP_ROOT / f"cadence-adapm-bench-{os.getpid()}"
+    def __init__(self, root: Path, name: str, count: int):
+        self.base = root / f"{name}-{os.getpid()}"
         self.paths = [self.base / f"node-{index}" for index in range(count)]
-        self.base.mkdir(exist_ok=True)
-        for path in self.paths:
+        for path in [self.base, *self.paths]:
             path.mkdir(exist_ok=True)
-            (path / "memory.limit_in_bytes").write_text(str(limit))
-            swap = path / "memory.memsw.limit_in_bytes"
-            if swap.exists():  # (no swap escape where the kernel accounts it)
-                swap.write_text(str(limit))
 
     def prefixes(self) -> list[list[str]]:
         """A command prefix per node that joins its cgroup before it execs the node."""
         return [["sh", "-c", f'echo $$ > {path}/cgroup.procs && exec "$0" "$@"'] for path in self.paths]
+
+    def remove(self) -> None:
+        for path in [*self.paths, self.base]:
+            for _ in range(50):
+                try:
+                    path.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.2)
+
+
+class Cgroups(NodeCgroups):
+    """One memory cgroup per node under /sys/fs/cgroup/memory/cadence-adapm-bench-<pid>/."""
+
+    def __init__(self, count: int, limit: int):
+        super().__init__(CGROUP_ROOT, "cadence-adapm-bench", count)
+        for path in self.paths:
+            (path / "memory.limit_in_bytes").write_text(str(limit))
+            swap = path / "memory.memsw.limit_in_bytes"
+            if swap.exists():  # (no swap escape where the kernel accounts it)
+                swap.write_text(str(limit))
 
     def reset(self) -> None:
         self.kills = [self._kills(path) for path in self.paths]  # (a counter that never resets)
@@ -140,15 +157,6 @@ class Cgroups:
             return [int(p) for p in (self.paths[index] / "cgroup.procs").read_text().split()]
         except OSError:
             return []
-
-    def remove(self) -> None:
-        for path in [*self.paths, self.base]:
-            for _ in range(50):
-                try:
-                    path.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.2)
 
 
 def status(pid: int) -> dict[str, str]:

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adapm_memory import quality, train  # same folder: one `cadence train` process a run, its summary
+from adapm_memory import NodeCgroups, quality, train  # same folder: a `cadence train` process a run
 from kge_throughput import machine_info
 from peer_stats import write_report
 from provenance import add_flag, check
@@ -57,20 +57,14 @@ def task_overrides(task: str, nodes: int, full: bool) -> list[str]:
             "model.name=distmult", "train.batch_size=500", "optimizer.lr=0.1", *common]
 
 
-class CpuCgroups:
+class CpuCgroups(NodeCgroups):
     """One cpu cgroup per node, each held to ``cores`` cores' worth of time per period."""
 
     def __init__(self, count: int, cores: float):
-        self.base = CPU_ROOT / f"cadence-adapm-scaling-{os.getpid()}"
-        self.paths = [self.base / f"node-{index}" for index in range(count)]
-        for path in [self.base, *self.paths]:
-            path.mkdir(exist_ok=True)
+        super().__init__(CPU_ROOT, "cadence-adapm-scaling", count)
         for path in self.paths:
             (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (path / "cpu.cfs_quota_us").write_text(str(max(1000, int(cores * PERIOD_US))))
-
-    def prefixes(self) -> list[list[str]]:
-        return [["sh", "-c", f'echo $$ > {path}/cgroup.procs && exec "$0" "$@"'] for path in self.paths]
 
     def throttled_seconds(self) -> float:
         total = 0
@@ -78,15 +72,6 @@ class CpuCgroups:
             stat = dict(line.split() for line in (path / "cpu.stat").read_text().splitlines())
             total += int(stat.get("throttled_time", 0))
         return total / 1e9
-
-    def remove(self) -> None:
-        for path in [*self.paths, self.base]:
-            for _ in range(50):
-                try:
-                    path.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.2)
 
 
 def run(task: str, nodes: int, full: bool, engine: str, address: str | None = None) -> dict[str, Any]:
