@@ -386,12 +386,17 @@ def _large(value: Any) -> bool:
     return isinstance(value, Array) and value.array.nbytes >= 1 << 16
 
 
+WAIT_SLICE = 0.5  # seconds a wait for pendings blocks at a time
+
+
 def completed(pendings: Iterable[RayPending]) -> Iterator[RayPending]:
-    """Ray's pendings in the order they finish."""
+    """Ray's pendings in the order they finish. The wait blocks ``WAIT_SLICE`` at a time: a blocking
+    ``ray.wait`` holds the main thread in C++, where neither Ctrl-C nor a test's timeout reaches it."""
     by_ref = {pending.ref: pending for pending in pendings}
     while by_ref:
-        ready, _ = ray.wait(list(by_ref), num_returns=1)
-        yield by_ref.pop(ready[0])
+        ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=WAIT_SLICE)
+        if ready:
+            yield by_ref.pop(ready[0])
 
 
 class RayHandle(Handle):
