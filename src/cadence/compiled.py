@@ -30,7 +30,9 @@ Kernels:
   ``SVD`` step) applied to the rows in place, rating by rating; Hogwild between threads too.
 - ``hash_slots``: the slot of each key in an open-addressing table with linear probing
   (``store.hash_index``'s layout and hash), key by key in one loop; the numpy rounds it replaces
-  stay the reference (used whenever numba is there: the slots cannot differ).
+  stay the reference (used whenever numba is there: the slots cannot differ). ``hash_place``: keys
+  put into that table key by key (the numpy rounds place a batch's colliding keys in another order:
+  either is a valid table).
 """
 
 from __future__ import annotations
@@ -365,6 +367,32 @@ if AVAILABLE:
                 slot = (slot + 1) & mask
 
 
+if AVAILABLE:
+    @numba.njit(nogil=True, cache=True)
+    def _hash_place(keys, rows, slot_keys, slot_rows, mix, empty, removed):  # pragma: no cover - compiled
+        mask = slot_keys.shape[0] - 1
+        reused = 0
+        for i in range(keys.shape[0]):
+            key = keys[i]
+            mixed = key * mix
+            slot = (mixed ^ (mixed >> 29)) & mask
+            while slot_keys[slot] != empty and slot_keys[slot] != removed:
+                slot = (slot + 1) & mask
+            if slot_keys[slot] == removed:
+                reused += 1
+            slot_rows[slot] = rows[i]  # the row first, then the key that reveals it
+            slot_keys[slot] = key
+        return reused
+
+
+def hash_place(keys: np.ndarray, rows: np.ndarray, slot_keys: np.ndarray, slot_rows: np.ndarray, mix: int,
+               empty: int, removed: int) -> int:
+    """Put ``keys`` (distinct, none present) with their ``rows`` into the first free slot (``empty`` or
+    ``removed``) of each one's probe sequence (``hash_slots``' layout), in order; returns how many
+    ``removed`` slots were reused."""
+    return int(_hash_place(keys, rows, slot_keys, slot_rows, np.int64(mix), np.int64(empty), np.int64(removed)))
+
+
 def hash_slots(wanted: np.ndarray, slot_keys: np.ndarray, mix: int, empty: int) -> np.ndarray:
     """The slot of each of ``wanted`` (int64) in ``slot_keys`` (a power-of-two table, probed linearly
     from the key's home ``(k * mix) ^ ((k * mix) >> 29)``, empty slots ``empty``), -1 where absent."""
@@ -394,6 +422,8 @@ def warm_up(*kernels: str) -> None:
             biased_mf_in_place(torch.zeros(2, 3), first, second, torch.zeros(1), 0.0, 0.0, 0.0)
         elif kernel == "hash_slots":
             hash_slots(np.zeros(1, dtype=np.int64), np.zeros(16, dtype=np.int64), 1, -1)
+            hash_place(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.full(16, -1, dtype=np.int64),
+                       np.zeros(16, dtype=np.int64), 1, -1, -2)
         elif kernel == "skipgram_in_place":
             skipgram_in_place(torch.zeros(2, 3), first, first, first, 1, True, 1, torch.ones(1, dtype=torch.float64),
                               first, 1, 0, 0.0)

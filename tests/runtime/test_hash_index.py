@@ -143,3 +143,32 @@ def test_the_compiled_probe_finds_the_slots_the_numpy_rounds_find(seed: int) -> 
     compiled_slots = index._find(probe, slot_keys)
     assert (compiled_slots == index._find_rounds(probe, slot_keys)).all()
     assert ((compiled_slots >= 0) == torch.isin(torch.from_numpy(probe), keys[torch.arange(3000) % 3 != 0]).numpy()).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_keys_placed_by_the_compiled_loop_or_the_numpy_rounds_are_found_alike(seed: int, monkeypatch) -> None:
+    """The same churn (inserts into tombstones included) through ``compiled.hash_place`` and through
+    ``_place_rounds``: every key present answers its row in both, every key removed none, and each
+    table's count of tombstones is the number of removed slots it holds."""
+    from cadence import compiled
+    from cadence.store import hash_index
+
+    if not compiled.AVAILABLE:
+        pytest.skip("numba is not there: the rounds are the only path")
+    generator = torch.Generator().manual_seed(seed)
+    keys = torch.randperm(20000, generator=generator)[:4000]
+    tables = []
+    for use_compiled in (True, False):
+        monkeypatch.setattr(compiled, "AVAILABLE", use_compiled)
+        index = HashIndex(64)
+        index.insert(keys[:3000], torch.arange(3000))
+        index.remove(keys[:3000:2])
+        index.insert(keys[3000:], torch.arange(3000, 4000))  # (into the tombstones on their paths)
+        tables.append(index)
+    monkeypatch.setattr(compiled, "AVAILABLE", True)
+    present = torch.arange(4000)[(torch.arange(4000) >= 3000) | (torch.arange(4000) % 2 == 1)]
+    for index in tables:
+        assert torch.equal(index.lookup(keys[present]), present)
+        assert bool((index.lookup(keys[:3000:2]) == -1).all())
+        assert index.tombstones == int((index.slot_keys == hash_index.REMOVED).sum())
+        assert len(index) == present.shape[0]

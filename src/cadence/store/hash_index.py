@@ -133,6 +133,13 @@ class HashIndex:
         row). Returns how many tombstones were reused."""
         keys, rows = _int64(keys), _int64(rows)
         slot_keys, slot_rows = (slots_pair or self.slots)[0].numpy(), (slots_pair or self.slots)[1].numpy()
+        if compiled.AVAILABLE:  # (key by key, compiled; the rounds below where numba is not)
+            return compiled.hash_place(keys, rows, slot_keys, slot_rows, _MIX, EMPTY, REMOVED)
+        return self._place_rounds(keys, rows, slot_keys, slot_rows)
+
+    def _place_rounds(self, keys: np.ndarray, rows: np.ndarray, slot_keys: np.ndarray, slot_rows: np.ndarray) -> int:
+        """``_place`` in numpy rounds: every key still looking takes one probe a round; of several
+        claimants of a free slot the first wins."""
         capacity = slot_keys.shape[0]
         slots = self._home(keys, capacity)
         pending = np.arange(keys.shape[0])
