@@ -24,6 +24,8 @@ distances do, so a [queries x candidates x D] difference never outgrows a bound.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch import Tensor
 
@@ -66,7 +68,7 @@ def _blocks(queries: Tensor, pools: Tensor):
 
 
 # ---- scorings ----------------------------------------------------------------------------------
-class Scoring:
+class Scoring(ABC):
     """A scorer's scores of a batch against its negatives and their gradients, in plain torch. The
     queries are the rows each side's candidates are scored against: [S B, D], the tail side's, then
     (``both``) the head side's."""
@@ -74,26 +76,26 @@ class Scoring:
     def __init__(self, gamma: float):
         self.gamma = gamma
 
-    def queries(self, h: Tensor, r: Tensor, t: Tensor, both: bool) -> Tensor:
-        raise NotImplementedError
+    @abstractmethod
+    def queries(self, h: Tensor, r: Tensor, t: Tensor, both: bool) -> Tensor: ...
 
+    @abstractmethod
     def positive(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
         """[B]: each edge's own score."""
-        raise NotImplementedError
 
+    @abstractmethod
     def against(self, queries: Tensor, pools: Tensor) -> Tensor:
         """[K, n, D] queries, [K, C, D] pools -> [K, n, C] scores."""
-        raise NotImplementedError
 
+    @abstractmethod
     def against_backward(self, d_scores: Tensor, queries: Tensor, pools: Tensor,
                          scores: Tensor) -> tuple[Tensor, Tensor]:
         """The gradients (queries, pools) of ``against`` from its output's (``scores``: that output)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def queries_backward(self, d_queries: Tensor, d_positive: Tensor, h: Tensor, r: Tensor, t: Tensor,
                          both: bool) -> tuple[Tensor, Tensor, Tensor]:
         """The gradients (h, r, t) from the queries' and the positives' scores'."""
-        raise NotImplementedError
 
     def scores(self, h: Tensor, r: Tensor, t: Tensor, pool: Tensor, both: bool, chunks: int,
                kernel: bool) -> tuple[Tensor, Tensor]:
@@ -163,14 +165,14 @@ class Distance(Scoring):
         parts = [self.paired(queries.unsqueeze(2) - pools[:, block].unsqueeze(1)) for block in _blocks(queries, pools)]
         return torch.cat(parts, dim=2)
 
+    @abstractmethod
     def paired(self, difference: Tensor) -> Tensor:
         """[..., D] differences -> [...] distances."""
-        raise NotImplementedError
 
+    @abstractmethod
     def difference_gradient(self, weights: Tensor, difference: Tensor) -> Tensor:
         """The gradient of sum(weights * paired(difference)) with respect to ``difference`` [..., D]
         (which it may overwrite: a difference made for it)."""
-        raise NotImplementedError
 
     def positive(self, h, r, t):
         return self.gamma - self.paired(self.queries(h, r, t, False) - t)
