@@ -25,6 +25,7 @@ benchmarks/results/adapm_scaling.json (``--out`` elsewhere).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import statistics
@@ -112,35 +113,28 @@ def main() -> None:
     for task in args.tasks.split(","):
         for nodes in [int(n) for n in args.nodes.split(",")]:
             runs: dict[str, list[dict[str, Any]]] = {"single": [], **{engine: [] for engine in engines}}
-            cgroups = CpuCgroups(nodes, cores / nodes) if "ray" in engines else None
-            try:
-                cluster = None
-                if cgroups is not None:
+            with contextlib.ExitStack() as stack:
+                cgroups = address = None
+                if "ray" in engines:
                     from ray_cluster import nodes as ray_nodes
 
-                    cluster = ray_nodes(cgroups.prefixes(), cpus_per_node=1, head_cpus=0,
-                                        extra=("--object-store-memory=78643200",))
-                address = cluster.__enter__() if cluster is not None else None
-                try:
-                    for rep in range(args.reps):
-                        order = ["single", *engines] if rep % 2 == 0 else [*engines, "single"]
-                        for engine in order:
-                            before = cgroups.throttled_seconds() if engine == "ray" else 0.0
-                            record = run(task, nodes, args.full, engine, address)
-                            if engine == "ray":
-                                record["throttled_seconds"] = round(cgroups.throttled_seconds() - before, 2)
-                            runs[engine].append(record)
-                            print(f"{task} N={nodes} rep {rep} {engine:<7} " + (
-                                "ERROR " + record["error"] if "error" in record else
-                                f"{record.get('examples_per_second', 0):,.0f} examples/s, quality {record['quality']}, "
-                                f"remote {record.get('remote_access_share') or 0:.4%} (load {record['load_before']})"),
-                                flush=True)
-                finally:
-                    if cluster is not None:
-                        cluster.__exit__(None, None, None)
-            finally:
-                if cgroups is not None:
-                    cgroups.remove()
+                    cgroups = CpuCgroups(nodes, cores / nodes)
+                    stack.callback(cgroups.remove)
+                    address = stack.enter_context(ray_nodes(cgroups.prefixes(), cpus_per_node=1, head_cpus=0,
+                                                            extra=("--object-store-memory=78643200",)))
+                for rep in range(args.reps):
+                    order = ["single", *engines] if rep % 2 == 0 else [*engines, "single"]
+                    for engine in order:
+                        before = cgroups.throttled_seconds() if engine == "ray" else 0.0
+                        record = run(task, nodes, args.full, engine, address)
+                        if engine == "ray":
+                            record["throttled_seconds"] = round(cgroups.throttled_seconds() - before, 2)
+                        runs[engine].append(record)
+                        print(f"{task} N={nodes} rep {rep} {engine:<7} " + (
+                            "ERROR " + record["error"] if "error" in record else
+                            f"{record.get('examples_per_second', 0):,.0f} examples/s, quality {record['quality']}, "
+                            f"remote {record.get('remote_access_share') or 0:.4%} (load {record['load_before']})"),
+                            flush=True)
             single = statistics.median(r["examples_per_second"] for r in runs["single"] if "examples_per_second" in r)
             efficiency = {}
             for engine in engines:
