@@ -67,15 +67,13 @@ class Holdings:
             "hint": Column((), torch.int16, None),  # the last known owner
             "active_end": Column((workers,), torch.int64, 0),  # acted intents: end clock per worker
             "sync": Column((), torch.int64, -1),  # replica: its row in ``syncs``
+            "tracked": Column((), torch.bool, False),  # a round looks at it (``live``)
             "data": Column((space.width,), torch.float32, None),
         }, capacity=2 * share + 1024, expected=share + share // 8)  # (a reserve: see entries.Pool)
         self.syncs = Pool({"row": Column((space.width,), torch.float32, None)})  # replicas' values at the last sync
         self.routing = Routing(index, nodes, self.store, max(1 << 16, share))
         self.tick = 0
         self._pulled = threading.local()  # each worker's last pull: (keys, entries), for its commit
-        # the entries a round has to look at (sorted): acted intents, signalled ones, replicas; a round
-        # visits these, not the key space, and drops those with nothing left to manage
-        self.live = torch.empty(0, dtype=torch.int64)
         self.clocks = [0] * workers
         self._start(full)
         self.peak_entries = len(self.store)
@@ -101,6 +99,13 @@ class Holdings:
                 store.refreshed.index_fill_(0, replicas, now)
 
     # ---- entries ---------------------------------------------------------------------------------
+    @property
+    def live(self) -> Tensor:
+        """The entries a round has to look at (ascending): acted intents, signalled ones, replicas; a
+        round visits these, not the key space (one pass over the ``tracked`` flags of the entries
+        handed out), and drops those with nothing left to manage (``untrack``)."""
+        return self.store.tracked[:self.store.used].nonzero().squeeze(1)
+
     def check(self, keys: Tensor) -> None:
         if self.space.fixed and keys.numel() and (int(keys.min()) < 0 or int(keys.max()) >= self.space.size):
             raise KeyError("a key outside the task's key space")
@@ -148,10 +153,9 @@ class Holdings:
         rows = store.sync.index_select(0, entries)
         self.syncs.release(rows[rows >= 0])
         keys, hints = store.key.index_select(0, entries), store.hint.index_select(0, entries).long()
+        store.tracked.index_fill_(0, entries, False)  # (a freed entry is never live: its number may be handed out again)
         store.remove(entries)
-        if self.live.numel():  # (a freed entry is never live: its number may be handed out again)
-            self.live = self.live[~torch.isin(self.live, entries)]
-        self.routing.remember(keys, hints)
+        self.routing.remember(keys, hints, distinct=True)
 
     def release_dead(self, entries: Tensor) -> None:
         """Free those of ``entries`` that hold nothing and have no intent left to manage."""
@@ -163,8 +167,11 @@ class Holdings:
 
     def track(self, entries: Tensor) -> None:
         """Rounds look at ``entries`` from now on (until nothing is left to manage for them)."""
-        if entries.numel():
-            self.live = torch.unique(torch.cat([self.live, entries]))
+        self.store.tracked.index_fill_(0, entries, True)
+
+    def untrack(self, entries: Tensor) -> None:
+        """Rounds no longer look at ``entries`` (nothing left to manage; they stay held)."""
+        self.store.tracked.index_fill_(0, entries, False)
 
     def touch(self, entries: Tensor) -> None:
         """A local change: a fresh stamp (a worker's commit of a pull before it adds, not overwrites)."""

@@ -112,7 +112,8 @@ class Management:
             signalled = store.signalled.index_select(0, entries)
             kind = store.kind.index_select(0, entries)
             keep = active | signalled | (kind == REPLICA)
-            self.holdings.free(entries[~keep & (kind == ABSENT)])  # (nothing left to manage, nothing held)
+            self.holdings.untrack(entries[~keep])  # (nothing left to manage) ...
+            self.holdings.free(entries[~keep & (kind == ABSENT)])  # (... and nothing held: freed)
             live, entries, active, signalled, kind = live[keep], entries[keep], active[keep], signalled[keep], kind[keep]
             new, gone = active & ~signalled, signalled & ~active
             me = bit(self.index)
@@ -142,7 +143,6 @@ class Management:
                 store.signalled[gone_entries] = False
                 self.holdings.free(gone_entries)
                 live, entries, kind = live[~dropping], entries[~dropping], kind[~dropping]
-            self.holdings.live = entries
             if self.technique == "full":  # (every key not owned here: a replica from the start)
                 every = store.live()
                 held = every[store.kind.index_select(0, every) == REPLICA]

@@ -55,12 +55,14 @@ class Routing:
             hints[rest[known]] = self.away.owner.index_select(0, away[known]).long()
         return hints
 
-    def remember(self, keys: Tensor, owners: Tensor) -> None:
-        """Cache the owners of keys without an entry here (a key at its home needs no record)."""
+    def remember(self, keys: Tensor, owners: Tensor, distinct: bool = False) -> None:
+        """Cache the owners of keys without an entry here (a key at its home needs no record);
+        ``distinct``: no key twice in ``keys`` (else the first owner named counts)."""
         if not keys.numel():
             return
-        keys, first = unique_first(keys)
-        owners = owners.index_select(0, first)
+        if not distinct:
+            keys, first = unique_first(keys)
+            owners = owners.index_select(0, first)
         at_home = owners == self.home(keys)
         found = self.away.find(keys)
         self.away.remove(found[at_home & (found >= 0)])
