@@ -267,9 +267,10 @@ def prepare_config(config: Config) -> Config:
     if config.optimizer.entity is None:
         config.optimizer.entity = DEFAULT_ENTITY_OPTIMIZERS[config.task]
     resolve_update(config, [config.strategy])
-    TASKS.get(config.task).resolve_defaults(config)  # (kge's train.negative_chunk: auto)
-    _check_init_from(config)
     strategy = STRATEGIES.get(config.strategy)
+    # (kge's train.negative_chunk: auto; mf's row and column blocks: auto, by the strategy's nodes)
+    TASKS.get(config.task).resolve_defaults(config, strategy.node_parts(config))
+    _check_init_from(config)
     runtime = strategy.runtime(config)
     order = config.record_order  # a file the run will write: a directory, or a missing parent, fails now
     if order and (Path(order).is_dir() or not Path(order).resolve().parent.is_dir()):

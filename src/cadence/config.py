@@ -304,9 +304,11 @@ class MfConfig:
     # R > 0: AdaPM's MF partitioning (App. C): the ratings go to R row blocks by user (with R =
     # ps.workers, one per AdaPM node) and within each to mf.column_blocks blocks by item (with
     # C = adapm.threads, one per worker thread of the node), every block trained at the same time;
-    # 0: off. Not with mf.strata.
-    row_blocks: int = 0
-    column_blocks: int = 1
+    # 0: off. Not with mf.strata. auto: the paper's, R = the nodes and C = a node's worker threads
+    # under a strategy whose nodes hold their own rows (adapm with ps.workers > 1, unless mf.strata
+    # is set), else off (R = 0, C = 1)
+    row_blocks: int | Literal["auto"] = "auto"
+    column_blocks: int | Literal["auto"] = "auto"
     # batch: each batch's mean gradient and the entity optimizer (every strategy); rating: Surprise's
     # SVD step, each rating's SGD step of size optimizer.lr applied to the rows in place as it is
     # computed, the batch split among the threads (Hogwild); strategies sync and async on one process,
@@ -433,7 +435,7 @@ _POSITIVE = {
     "ctr.synthetic.num_examples", "ctr.synthetic.num_fields", "ctr.synthetic.vocab_per_field",
     "ctr.synthetic.holdout", "ctr.num_periods", "w2v.negatives", "shadow.threads", "shadow.every",
     "shadow.block_lr", "pdasgd.backward_threads", "image.fc", "adapm.threads", "adapm.initial_rate",
-    "mf.column_blocks", "auto.trial_batches", "auto.trial_seconds", "adapm.lookahead",
+    "auto.trial_batches", "auto.trial_seconds", "adapm.lookahead",
 }
 
 # the ranges beyond a sign: waits and rates a thread sleeps by (1/rate of a tiny rate never ends), sizes
@@ -473,6 +475,7 @@ _NON_NEGATIVE = {"data.synthetic.communities", "train.negative_chunk", "ps.emula
                  "shadow.max_syncs_per_second", "optimizer.weight_decay", "optimizer.warmup_epochs",
                  "image.valid_size", "pdasgd.intra_op_threads", "adapm.round_interval", "adapm.start_rounds",
                  "mf.strata", "mf.row_blocks"}
+_POSITIVE_OR_WORD = {"mf.column_blocks"}  # (a number, positive, or a word such as auto)
 
 
 # paths and names: an empty one would silently mean the current directory (or nothing)
@@ -723,6 +726,9 @@ def _check_ranges(config: Config, where: dict[str, str]) -> None:
     flat = flatten(config.to_dict())
     for key in _POSITIVE:
         if flat[key] <= 0:
+            raise ConfigError(f"{_locate(key, where)}{key} must be positive, got {flat[key]}")
+    for key in _POSITIVE_OR_WORD:
+        if isinstance(flat[key], (int, float)) and flat[key] <= 0:
             raise ConfigError(f"{_locate(key, where)}{key} must be positive, got {flat[key]}")
     for key in _NON_NEGATIVE:
         if isinstance(flat[key], (int, float)) and flat[key] < 0:  # (a word such as auto is a Literal's)

@@ -528,6 +528,41 @@ def test_mf_row_blocks_go_to_nodes_and_column_blocks_to_their_workers(task_data,
     assert task.partition_workers(plans, 2) == [plans[0::2], plans[1::2]]  # other thread counts: round-robin
 
 
+@pytest.mark.parametrize("overrides, expected", [
+    (("strategy=adapm", "ps.workers=3", "adapm.threads=2"), (3, 2)),  # the paper's App. C: a default
+    (("strategy=adapm", "ps.workers=3"), (3, 1)),
+    (("strategy=adapm", "ps.workers=3", "mf.row_blocks=0"), (0, 1)),  # said: off
+    (("strategy=adapm", "ps.workers=3", "mf.strata=3"), (0, 1)),  # DSGD's strata instead
+    (("strategy=adapm", "ps.workers=1"), (0, 1)),  # one node: nothing to partition
+    (("strategy=async", "ps.workers=3"), (0, 1)),  # rows on shards, not on the workers' nodes
+    (("strategy=sync",), (0, 1)),
+])
+def test_mf_blocks_default_to_the_papers_partitioning_under_adapm(task_data, tmp_path, overrides,
+                                                                  expected) -> None:
+    """``mf.row_blocks`` / ``mf.column_blocks`` left at auto: a row block per AdaPM node and a
+    column block per worker thread (what ``--strategy adapm --workers N`` trains), off otherwise;
+    resolved once, so config.yaml records the numbers; node r then trains user block r only."""
+    from cadence.tasks import TASKS
+
+    config = api.prepare_config(make_config(tmp_path / "auto", *task_data["mf"], *overrides))
+    assert (config.mf.row_blocks, config.mf.column_blocks) == expected
+    rows = expected[0]
+    if rows:
+        task = TASKS.get("mf")(config)
+        train, users = task.splits["train"], task.dataset.num_users
+        for row, mine in enumerate(task.partition(task.plan(0), rows)):
+            assert mine and all(set((train.users[plan.examples] * rows // users).tolist()) == {row}
+                                for plan in mine)
+
+
+def test_mf_blocks_take_a_number_or_auto(task_data, tmp_path) -> None:
+    for override, message in (("mf.column_blocks=0", "mf.column_blocks must be positive"),
+                              ("mf.row_blocks=-1", "mf.row_blocks must not be negative"),
+                              ("mf.row_blocks=some", "mf.row_blocks must be of type int or one of auto")):
+        with pytest.raises(ConfigError, match=message):
+            api.prepare_config(make_config(tmp_path / "bad", *task_data["mf"], override))
+
+
 def test_mf_row_blocks_train_under_adapm_and_exclude_strata(task_data, tmp_path) -> None:
     summary = adapm_run(task_data, tmp_path, "grid", "ps.workers=2", "mf.row_blocks=2", "adapm.threads=2",
                         "mf.column_blocks=2").summary

@@ -81,6 +81,12 @@ class Strategy(ABC):
         """Reject what this strategy's runtime would refuse later (an unknown engine, a bad fault
         spec), before a run directory exists. Default: nothing more to check."""
 
+    def node_parts(self, config: Config) -> tuple[int, int]:
+        """(nodes, worker threads a node) where each node of this config's run trains its own part
+        of the data with the rows it holds, so a task may partition its data to match (MF's App. C
+        blocks, ``mf.row_blocks: auto``); (1, 1), the default: no such nodes."""
+        return 1, 1
+
     def in_place(self, config: Config) -> bool:
         """Whether this config's runtime runs a task that updates its rows in place
         (``Task.in_place_setting``): the rows in one process, batches computed one at a time in

@@ -65,6 +65,9 @@ class FirstThatFits(Strategy):
     def in_place(self, config: Config) -> bool:
         return self._entry(config).in_place(config)
 
+    def node_parts(self, config: Config) -> tuple[int, int]:
+        return self._entry(config).node_parts(config)
+
     def build(self, config: Config, task, context: BuildContext) -> Runtime:
         return self._entry(config).build(config, task, context)
 

@@ -209,10 +209,12 @@ class Task(ABC):
         return None
 
     @classmethod
-    def resolve_defaults(cls, config: Config) -> None:
+    def resolve_defaults(cls, config: Config, node_parts: tuple[int, int] = (1, 1)) -> None:
         """Give the task's own settings left at a word that the rest of the config decides (kge's
-        ``train.negative_chunk: auto``) their concrete value, in place. Called once, by
-        ``api.prepare_config``, so the run's config.yaml records what ran; the default: none."""
+        ``train.negative_chunk: auto``) their concrete value, in place. ``node_parts``: (nodes,
+        worker threads a node) of a strategy whose nodes each train their own part of the data with
+        the rows they hold (``Strategy.node_parts``). Called once, by ``api.prepare_config``, so the
+        run's config.yaml records what ran; the default: none."""
 
     # ---- updates in place (word2vec's own loop) ---------------------------------------------------
     @classmethod

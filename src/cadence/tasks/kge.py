@@ -94,7 +94,7 @@ class KgeTask(Task):
         return None if on_edges.shape[0] == self.graph.num_entities else on_edges
 
     @classmethod
-    def resolve_defaults(cls, config: Config) -> None:
+    def resolve_defaults(cls, config: Config, node_parts: tuple[int, int] = (1, 1)) -> None:
         config.train.negative_chunk = negative_chunk(config.train)
         config.train.negative_pool = negative_pool(config.train)
 

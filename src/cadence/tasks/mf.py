@@ -92,6 +92,21 @@ class CompiledBiasedMfLoss(compiled.KernelLoss):
             rows, users, items, ratings, float(mean), reg))
 
 
+def grid_blocks(mf, node_parts: tuple[int, int] = (1, 1)) -> tuple[int, int]:
+    """``mf.row_blocks`` and ``mf.column_blocks`` as numbers. ``auto``: the paper's App. C partitioning
+    where a strategy's nodes each train their own part with the rows they hold (``node_parts``:
+    nodes, worker threads a node; more than one node, and no ``mf.strata``): a row block a node, a
+    column block a worker thread; else off (0 row blocks, 1 column block)."""
+    nodes, threads = node_parts
+    rows = mf.row_blocks
+    if rows == "auto":
+        rows = nodes if nodes > 1 and not mf.strata else 0
+    columns = mf.column_blocks
+    if columns == "auto":
+        columns = threads if rows and threads > 1 else 1
+    return rows, columns
+
+
 @TASKS.register("mf")
 class MfTask(Task):
     name = "mf"
@@ -104,9 +119,11 @@ class MfTask(Task):
         self.data_given = dataset is not None
         if config.model.name != "biased":
             raise ConfigError(f"model.name: the mf task has one model, biased; got {config.model.name!r}")
-        if config.mf.row_blocks and config.mf.strata:
+        # (a config from api.prepare_config: as given; else auto is off)
+        self.row_blocks, self.column_blocks = grid_blocks(config.mf)
+        if self.row_blocks and config.mf.strata:
             raise ConfigError("mf.row_blocks and mf.strata are two partitionings of the ratings; set one "
-                              f"(got {config.mf.row_blocks} and {config.mf.strata})")
+                              f"(got {self.row_blocks} and {config.mf.strata})")
         self.dataset = dataset if dataset is not None else load_rating_dataset(
             config.data.dataset, config.seed, config.mf.synthetic, strict=config.data.strict)
         if config.mf.split == "random":
@@ -123,6 +140,10 @@ class MfTask(Task):
         self.mean, self.low, self.high = float(train.double().mean()), float(train.min()), float(train.max())
 
     update_choice = ("mf.update", "rating")
+
+    @classmethod
+    def resolve_defaults(cls, config: Config, node_parts: tuple[int, int] = (1, 1)) -> None:
+        config.mf.row_blocks, config.mf.column_blocks = grid_blocks(config.mf, node_parts)
 
     @classmethod
     def in_place_setting(cls, config: Config) -> str | None:
@@ -162,9 +183,9 @@ class MfTask(Task):
 
     # ---- batches --------------------------------------------------------------------------------
     def plan(self, epoch: int) -> list[BatchPlan]:
-        strata, rows = self.config.mf.strata, self.config.mf.row_blocks
+        strata, rows = self.config.mf.strata, self.row_blocks
         if rows:
-            return self._plan_grid(epoch, rows, self.config.mf.column_blocks)
+            return self._plan_grid(epoch, rows, self.column_blocks)
         if not strata:
             return plan_epoch(len(self.splits["train"]), self.config.train.batch_size, self.config.seed, epoch,
                               "mf-shuffle")
@@ -215,7 +236,7 @@ class MfTask(Task):
     def partition(self, plans: list[BatchPlan], parts: int) -> list[list[BatchPlan]]:
         """With ``mf.strata`` equal to the number of parts, part p trains its own strata; with
         ``mf.row_blocks`` equal to it, part r trains row block r (every column of it)."""
-        rows, columns = self.config.mf.row_blocks, self.config.mf.column_blocks
+        rows, columns = self.row_blocks, self.column_blocks
         if rows and rows == parts:
             return [[plan for plan in plans if plan.part // columns == row] for row in range(rows)]
         if rows or self.config.mf.strata != parts:
@@ -225,8 +246,8 @@ class MfTask(Task):
     def partition_workers(self, plans: list[BatchPlan], workers: int) -> list[list[BatchPlan]]:
         """With ``mf.column_blocks`` equal to a node's worker threads, worker c trains column block c
         of the node's row block."""
-        columns = self.config.mf.column_blocks
-        if not self.config.mf.row_blocks or columns != workers:
+        columns = self.column_blocks
+        if not self.row_blocks or columns != workers:
             return super().partition_workers(plans, workers)
         return [[plan for plan in plans if plan.part % columns == column] for column in range(columns)]
 

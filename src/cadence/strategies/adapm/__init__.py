@@ -39,6 +39,10 @@ class AdaPMStrategy(Strategy):
             raise ConfigError(f"device: {config.device!r}: adapm's nodes compute on the CPU, each holding its "
                               "share of the rows in host memory (as the paper's nodes do); use device: cpu or auto")
 
+    def node_parts(self, config: Config) -> tuple[int, int]:
+        """Each node trains its own part with the rows it holds (the paper's App. C partitioning on MF)."""
+        return config.ps.workers, config.adapm.threads
+
     def build(self, config: Config, task, context: BuildContext) -> Runtime:
         runtime = AdaPMRuntime(config, task)
         runtime.strategy = self.name
