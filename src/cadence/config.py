@@ -246,7 +246,11 @@ class AdapmConfig:
     quantile: float = 0.9999  # Algorithm 1's p
     initial_rate: float = 10.0  # Algorithm 1's lambda_0 (clocks per round)
     threads: int = 1  # worker threads per node
-    round_interval: float = 0.001  # seconds a sync thread rests between communication rounds
+    round_interval: float = 0.001  # seconds a sync thread rests between communication rounds (at least)
+    # the share of one core a node's sync thread takes: after a round of c CPU seconds it rests
+    # c * (1 / sync_share - 1) (at least round_interval, at most the time the workers take for a
+    # quarter of the look-ahead); 1: the paper's default, a round as soon as the last one ended
+    sync_share: float = 0.25
     # at an epoch's start a worker waits for rounds (wait_sync) until its first batch's rows are held
     # on its node, at most this many (every node signals its first intents at once: an owner may
     # hand a key to one node before another's intent arrives, and that one's comes a round later)
@@ -445,6 +449,7 @@ _BOUNDS: dict[str, tuple[float, float, str]] = {
     "adapm.lookahead": (1, 100_000, "batches of intent signalled ahead"),
     "store.malloc_arenas": (0, 4096, "malloc arenas (0: the C library's default)"),
     "adapm.round_interval": (1e-5, 60.0, "seconds between communication rounds"),
+    "adapm.sync_share": (1e-3, 1.0, "the share of a core a node's sync thread takes"),
     "adapm.initial_rate": (1e-3, 1e6, "clocks per round, the rate estimate's start"),
     "adapm.start_rounds": (0, 100_000, "rounds a worker waits for its first rows"),
     "shadow.max_syncs_per_second": (1e-4, 1e6, "syncs a second (0: no cap)"),

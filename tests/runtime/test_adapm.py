@@ -5,8 +5,11 @@ task matrix)."""
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
 import threading
+import time
 
 import pytest
 import torch
@@ -14,7 +17,7 @@ import torch
 from cadence import api
 from cadence.errors import ConfigError
 from cadence.strategies.adapm.node import ABSENT, OWNER, REPLICA, KeySpace, Node, nbytes
-from cadence.strategies.adapm.timing import ActionTimer, poisson_quantile
+from cadence.strategies.adapm.timing import ActionTimer, RoundPace, poisson_quantile
 from tests.conftest import make_config
 
 KEYS, WIDTH = 24, 3
@@ -425,6 +428,54 @@ def test_action_timer_follows_algorithm_one() -> None:
     assert timer.horizon(30) == 30 + poisson_quantile(2 * 12.0, 0.9999)  # no clocks: the estimate stays
     assert timer.rate == pytest.approx(12.0)
     assert ActionTimer(immediate=True).horizon(5) == math.inf
+
+
+def test_round_pace_rests_by_the_sync_share_and_never_past_a_quarter_of_the_look_ahead() -> None:
+    pace = RoundPace(share=0.25, interval=0.001, reach=16)
+    assert pace.rest(0.010, 0, 100.0) == pytest.approx(0.030)  # 3x the round's CPU: a quarter of a core
+    assert pace.rest(0.010, 0, 100.1) == pytest.approx(0.030)  # (no clock advanced: nothing to cap by)
+    # 100 clocks in 1 s: 16 clocks take 0.16 s, shorter than the share's 0.3 s rest
+    assert pace.rest(0.100, 100, 101.1) == pytest.approx(0.16)
+    assert RoundPace(share=1.0, interval=0.001).rest(0.5, 0, 1.0) == 0.001  # the paper's default: at once
+    assert RoundPace(share=0.5, interval=0.2).rest(0.01, 0, 1.0) == 0.2  # round_interval: at least
+
+
+def test_a_sync_thread_rests_its_share_between_rounds_in_time(task_data, tmp_path, monkeypatch) -> None:
+    """Each sync thread's round (start, end, its CPU seconds), by timestamps: the gap before the next
+    round is at least (1 / share - 1) times the round's CPU, so the thread's CPU over its wall time
+    stays near the share; with share 1 the rounds follow each other at once."""
+    from cadence.strategies.adapm import engine
+
+    def record(share: float) -> dict[str, list[tuple[float, float, float]]]:
+        rounds: dict[str, list[tuple[float, float, float]]] = {}
+        original = engine.NodeRunner.round
+
+        def timed(self):
+            start, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return original(self)
+            finally:
+                rounds.setdefault(threading.current_thread().name, []).append(
+                    (start, time.perf_counter(), time.thread_time() - cpu))
+        monkeypatch.setattr(engine.NodeRunner, "round", functools.wraps(original)(timed))
+        adapm_run(task_data, tmp_path, f"share-{share}", "ps.workers=2", f"adapm.sync_share={share}",
+                  "adapm.lookahead=100000", "adapm.round_interval=1e-5", "train.epochs=1", "eval.every=0")
+        monkeypatch.setattr(engine.NodeRunner, "round", original)
+        return {name: times for name, times in rounds.items() if name.startswith("cadence-adapm-sync")}
+
+    paced = record(0.2)
+    assert len(paced) == 2
+    gaps = 0
+    for times in paced.values():
+        for (_, end, cpu), (following, _, _) in zip(times[:-1], times[1:]):
+            assert following - end >= 0.95 * 4 * cpu  # (1 / 0.2 - 1) = 4
+            gaps += 1
+        busy = sum(cpu for _, _, cpu in times)
+        assert busy <= 0.25 * (times[-1][1] - times[0][0]) + max(cpu for _, _, cpu in times)
+    assert gaps >= 2
+    eager = record(1.0)  # (the median gap over the round's CPU: well under the paced run's 4)
+    assert statistics.median((following - end) / max(cpu, 1e-4) for times in eager.values()
+                             for (_, end, cpu), (following, _, _) in zip(times[:-1], times[1:])) < 2.0
 
 
 # ---- the strategy --------------------------------------------------------------------------------------------

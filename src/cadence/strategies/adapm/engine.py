@@ -41,7 +41,7 @@ from cadence.strategies.adapm.holdings import KeySpace
 from cadence.strategies.adapm.management import DenseCopy
 from cadence.strategies.adapm.messages import OWNER, ProtocolError, nbytes
 from cadence.strategies.adapm.node import Node
-from cadence.strategies.adapm.timing import ActionTimer
+from cadence.strategies.adapm.timing import ActionTimer, RoundPace
 
 from cadence.core import checkpoint as ckpt
 from cadence.core.rows import RowBlock
@@ -189,10 +189,15 @@ class NodeRunner:
         if self.count == 1:
             return
 
+        settings, node = self.settings, self.node
+        pace = RoundPace(settings.sync_share, settings.round_interval, max(1, settings.lookahead // 4))
+
         def rounds() -> None:
             while not self._sync_done.is_set():
+                spent = time.thread_time()
                 self.round()
-                self._sync_done.wait(self.settings.round_interval)
+                spent = time.thread_time() - spent  # (this thread's CPU: the other nodes' answers included)
+                self._sync_done.wait(pace.rest(spent, max(node.clocks), time.perf_counter()))
 
         self._syncer.spawn(rounds, f"cadence-adapm-sync-{self.node.index}")
 

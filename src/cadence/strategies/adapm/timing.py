@@ -1,4 +1,5 @@
-"""AdaPM's adaptive action timing (seed 001, Algorithm 1; SPEC section 2).
+"""AdaPM's adaptive action timing (seed 001, Algorithm 1; SPEC section 2), and the pace of a node's
+communication rounds (``RoundPace``).
 
 Each worker's intents are acted on (signalled to the owner, which relocates or replicates) one
 communication round ahead of when they are needed. The number of clocks a worker advances in a
@@ -65,3 +66,27 @@ class ActionTimer:
         if delta > 0:
             self.rate = (1.0 - self.alpha) * self.rate + self.alpha * delta
         return clock + poisson_quantile(2.0 * max(self.rate, delta), self.p)
+
+
+@dataclass
+class RoundPace:
+    """How long a node's sync thread rests after a round. The paper starts the next round as soon
+    as the last one ended, and allows a cap on rounds per second; here the cap is a CPU share: after
+    a round that took ``spent`` CPU seconds the thread rests ``spent * (1 / share - 1)``, so it takes
+    at most ``share`` of a core (1: the paper's default, no rest), at least ``interval`` seconds, and
+    never longer than the node's workers take for ``reach`` clocks (a quarter of the look-ahead:
+    Algorithm 1 can only act on intents signalled, so a round must come before the workers reach
+    them)."""
+
+    share: float = 1.0
+    interval: float = 0.001
+    reach: int = 16
+    clock: int = 0  # the workers' furthest clock at the last round's end ...
+    at: float | None = None  # ... and when (perf_counter seconds)
+
+    def rest(self, spent: float, clock: int, now: float) -> float:
+        rest = spent * (1.0 / self.share - 1.0)
+        if self.at is not None and clock > self.clock:
+            rest = min(rest, self.reach * (now - self.at) / (clock - self.clock))
+        self.clock, self.at = clock, now
+        return max(self.interval, rest)
