@@ -170,3 +170,39 @@ def test_a_home_hears_of_each_key_once_as_of_its_latest_relocation() -> None:
     request = mover.requests()[0]
     assert (request.home.tolist(), request.home_owner.tolist(), request.home_moves.tolist()) == ([3, 6], [2, 1], [2, 4])
     assert mover.home_updates[0] == [] and mover.requests()[0].home.numel() == 0
+
+
+@pytest.mark.parametrize("concurrent", [True, False])
+def test_a_rounds_messages_go_out_at_once_where_the_nodes_run_at_once(concurrent: bool) -> None:
+    """``Transport.exchange``: to nodes in other processes (handles that run at once) every request is
+    sent before any answer is awaited, so the destinations answer in overlapping time; in one process
+    one after another. Each answer lands at its destination's position."""
+    import queue
+    import time
+
+    from cadence.engines.placement import LocalHandle
+    from cadence.strategies.adapm.engine import NodeRunner, Transport
+
+    spans: dict[int, tuple[float, float]] = {}
+
+    class Destination:  # (a node's ``handle`` verb that takes 0.2 s: the time device of this test)
+        def __init__(self, index: int):
+            self.index = index
+
+        def handle(self, request: Request) -> str:
+            start = time.perf_counter()
+            time.sleep(0.2)
+            spans[self.index] = (start, time.perf_counter())
+            return f"answer {self.index} to {request.source}"
+
+    class Handle(LocalHandle):
+        pass
+
+    Handle.concurrent = concurrent
+    finished: queue.Queue = queue.Queue()
+    handles = [Handle(NodeRunner, i, Destination(i), finished) for i in range(3)]
+    answers = Transport(handles, None).exchange([None, Request(0), Request(0)])
+    assert answers == [None, "answer 1 to 0", "answer 2 to 0"]
+    (first_start, first_end), (second_start, second_end) = spans[1], spans[2]
+    overlap = min(first_end, second_end) - max(first_start, second_start)
+    assert overlap > 0.1 if concurrent else overlap < 0

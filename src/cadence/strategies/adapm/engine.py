@@ -56,8 +56,16 @@ class Transport:
     def __init__(self, handles: list[Handle], node: Node):
         self.handles, self.node = handles, node
 
-    def exchange(self, source: int, dest: int, request):
-        return self.handles[dest].call(NodeRunner.handle, request)
+    def exchange(self, requests: list) -> list:
+        """Each destination's answer to its request (None for none): sent all at once where the
+        handles run at once (other processes), else one after another."""
+        sent = [(dest, request) for dest, request in enumerate(requests) if request is not None]
+        if sent and self.handles[sent[0][0]].concurrent:
+            pending = [(dest, self.handles[dest].start(NodeRunner.handle, request)) for dest, request in sent]
+            answers = {dest: call.result() for dest, call in pending}
+        else:
+            answers = {dest: self.handles[dest].call(NodeRunner.handle, request) for dest, request in sent}
+        return [answers.get(dest) for dest in range(len(requests))]
 
     def forward(self, node: int, sub):
         return self.handles[node].call(NodeRunner.handle_forwarded, sub)
@@ -151,9 +159,10 @@ class NodeRunner:
         node.act_on_intents([timer.horizon(clock) for timer, clock in zip(self.timers, list(node.clocks))])
         if node.index == 0:
             self.sync_local_dense()
-        for dest, request in enumerate(node.requests()):
+        requests = node.requests()
+        for dest, (request, response) in enumerate(zip(requests, self.transport.exchange(requests))):
             if request is not None:
-                node.install(dest, self.transport.exchange(node.index, dest, request), request)
+                node.install(dest, response, request)
         node.round_completed()
         return node.quiet()
 
