@@ -291,7 +291,8 @@ class Management:
                 current = store.interested.index_select(0, mine)
                 store.interested.index_copy_(0, mine, current | me if on else current & ~me)
                 self._changed(keys[owned], mine)
-                not_mine.append(keys[~owned])
+                if not bool(owned.all()):
+                    not_mine.append(keys[~owned])
             if request.drop.numel():
                 entries = self._merge(request.drop, request.drop_delta, source, "drop")
                 current = store.holders.index_select(0, entries)

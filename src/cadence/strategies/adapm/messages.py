@@ -17,8 +17,12 @@ def nbytes(*tensors: Tensor | None) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
+_NO_KEYS = torch.empty(0, dtype=torch.int64)
+
+
 def empty(width: int = 0) -> Tensor:
-    return torch.empty((0, width) if width else (0,), dtype=torch.float32 if width else torch.int64)
+    """No keys (one shared tensor: a message's empty fields are never written in place), or no rows."""
+    return torch.empty((0, width), dtype=torch.float32) if width else _NO_KEYS
 
 
 @dataclass

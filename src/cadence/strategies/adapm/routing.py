@@ -84,6 +84,8 @@ class Routing:
     def route(self, keys: Tensor, entries: Tensor | None = None) -> Tensor:
         """Where to send a message about keys not held here: the cached owner, unless the cache
         names this node (a stale answer): then the home node's record, or the home node."""
+        if not keys.numel():
+            return torch.empty(0, dtype=torch.int64)
         hints = self.cached(keys, entries)
         stale = hints == self.index
         if bool(stale.any()):
@@ -114,6 +116,8 @@ class Routing:
         this node's cache (a former owner knows where it sent the key: fresher than a home record
         whose update is still on its way), unless the cache names this node: then the home node.
         A key homed here that never left has a record or is held here: any other is no key."""
+        if not keys.numel():
+            return torch.empty(0, dtype=torch.int64)
         home = self.home(keys)
         cached = self.cached(keys)
         hints = torch.where(cached == self.index, home, cached)
