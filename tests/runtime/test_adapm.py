@@ -606,6 +606,17 @@ def test_mf_blocks_default_to_the_papers_partitioning_under_adapm(task_data, tmp
                                 for plan in mine)
 
 
+def test_a_worker_waiting_for_a_round_wakes_its_resting_sync_thread(task_data, tmp_path) -> None:
+    """At an epoch's start each worker waits for rounds to bring its first batch's rows; with a
+    sync thread that would rest ~1000x a round's CPU after each round (``adapm.sync_share``
+    0.001), the waits end the rests: the epoch takes about what it takes at the default share,
+    far from the rests' seconds."""
+    summary = adapm_run(task_data, tmp_path, "wake", "ps.workers=2", "adapm.sync_share=0.001", "train.epochs=1",
+                        "eval.every=0", "adapm.start_rounds=5").summary
+    assert summary["examples_seen"] > 0 and summary["rounds"] >= 2
+    assert summary["train_seconds"] < 0.5  # (without the wake-up: a rest of ~1 s or more)
+
+
 def test_mf_blocks_take_a_number_or_auto(task_data, tmp_path) -> None:
     for override, message in (("mf.column_blocks=0", "mf.column_blocks must be positive"),
                               ("mf.row_blocks=-1", "mf.row_blocks must not be negative"),

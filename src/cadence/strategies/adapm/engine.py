@@ -198,21 +198,23 @@ class NodeRunner:
         if self.count == 1:
             return
 
-        settings, node = self.settings, self.node
+        settings, node, done = self.settings, self.node, self._sync_done
         pace = RoundPace(settings.sync_share, settings.round_interval, max(1, settings.lookahead // 4))
 
         def rounds() -> None:
-            while not self._sync_done.is_set():
+            while not done.is_set():
+                node.wake.clear()
                 spent = time.thread_time()
                 self.round()
                 spent = time.thread_time() - spent  # (this thread's CPU: the other nodes' answers included)
-                self._sync_done.wait(pace.rest(spent, max(node.clocks), time.perf_counter()))
+                node.wake.wait(pace.rest(spent, max(node.clocks), time.perf_counter()))
 
         self._syncer.spawn(rounds, f"cadence-adapm-sync-{self.node.index}")
 
     def end_epoch(self) -> BaseException | None:
         """Stop the sync thread; its error, if it failed (returned, so every node's is stopped)."""
         self._sync_done.set()
+        self.node.wake.set()
         errors = self._syncer.join().errors
         return errors[0][1] if errors else None
 

@@ -49,6 +49,7 @@ class Node:
         self.management = Management(self.holdings, technique, workers, self.counters, self.lock)
         self.space, self.store, self.syncs = space, self.holdings.store, self.holdings.syncs
         self.round_done = threading.Condition()  # notified after each completed round (wait_sync)
+        self.wake = threading.Event()  # set: the sync thread's rest ends now (a worker waits for a round)
         self.rounds_started = 0
         self.rounds_completed = 0
 
@@ -173,6 +174,7 @@ class Node:
         actions installed); False on timeout."""
         with self.round_done:
             target = self.rounds_started + 1
+            self.wake.set()
             return self.round_done.wait_for(lambda: self.rounds_completed >= target, timeout)
 
     def holds(self, keys: Tensor) -> bool:

@@ -76,7 +76,7 @@ class RoundPace:
     at most ``share`` of a core (1: the paper's default, no rest), at least ``interval`` seconds, and
     never longer than the node's workers take for ``reach`` clocks (a quarter of the look-ahead:
     Algorithm 1 can only act on intents signalled, so a round must come before the workers reach
-    them)."""
+    them); a worker that waits for a round ends the rest at once (``Node.wait_sync``)."""
 
     share: float = 1.0
     interval: float = 0.001
