@@ -459,7 +459,8 @@ def test_a_sync_thread_rests_its_share_between_rounds_in_time(task_data, tmp_pat
                     (start, time.perf_counter(), time.thread_time() - cpu))
         monkeypatch.setattr(engine.NodeRunner, "round", functools.wraps(original)(timed))
         adapm_run(task_data, tmp_path, f"share-{share}", "ps.workers=2", f"adapm.sync_share={share}",
-                  "adapm.lookahead=100000", "adapm.round_interval=1e-5", "train.epochs=1", "eval.every=0")
+                  "adapm.lookahead=100000", "adapm.round_interval=1e-5", "train.epochs=1", "eval.every=0",
+                  "adapm.start_rounds=0")  # (no worker waits for a round: none cuts a rest short)
         monkeypatch.setattr(engine.NodeRunner, "round", original)
         return {name: times for name, times in rounds.items() if name.startswith("cadence-adapm-sync")}
 
