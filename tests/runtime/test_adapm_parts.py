@@ -206,3 +206,15 @@ def test_a_rounds_messages_go_out_at_once_where_the_nodes_run_at_once(concurrent
     (first_start, first_end), (second_start, second_end) = spans[1], spans[2]
     overlap = min(first_end, second_end) - max(first_start, second_start)
     assert overlap > 0.1 if concurrent else overlap < 0
+
+
+def test_by_destination_gives_each_node_its_positions_as_a_mask_would() -> None:
+    from cadence.strategies.adapm.messages import by_destination
+
+    generator = torch.Generator().manual_seed(0)
+    for size, nodes in ((0, 3), (1, 3), (50, 4), (200, 8)):
+        targets = torch.randint(0, nodes, (size,), generator=generator).to(torch.int16)
+        split = by_destination(targets, nodes)
+        assert len(split) == nodes
+        for node in range(nodes):  # the reference: a mask per node
+            assert split[node].tolist() == (targets == node).nonzero().squeeze(1).tolist()

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from cadence.strategies.adapm.holdings import Holdings
 from cadence.strategies.adapm.messages import (ABSENT, OWNER, REPLICA, Counters, ProtocolError, Request, Response,
-                                               bit, nbytes, unique_first)
+                                               bit, by_destination, nbytes, unique_first)
 
 
 class DenseCopy:
@@ -158,16 +158,20 @@ class Management:
                 target_sync = store.hint.index_select(0, held)
                 versions = store.version.index_select(0, held)
             requests: list[Request | None] = []
-            for node in range(self.nodes):
+            nodes = self.nodes
+            new_at, expire_at = by_destination(target_new, nodes), by_destination(target_expire, nodes)
+            drop_at = by_destination(target_drop, nodes) if drop.numel() else None
+            sync_at = by_destination(target_sync, nodes) if replicas.numel() else None
+            for node in range(nodes):
                 if node == self.index:
                     requests.append(None)
                     continue
-                request = Request(self.index, intent=send_new[target_new == node], expire=expire[target_expire == node])
-                if drop.numel():
-                    chosen = (target_drop == node).nonzero().squeeze(1)
+                request = Request(self.index, intent=send_new[new_at[node]], expire=expire[expire_at[node]])
+                if drop_at is not None:
+                    chosen = drop_at[node]
                     request.drop, request.drop_delta = drop[chosen], drop_delta[chosen]
-                if replicas.numel():
-                    chosen = (target_sync == node).nonzero().squeeze(1)
+                if sync_at is not None:
+                    chosen = sync_at[node]
                     request.sync, request.sync_changed = replicas[chosen], changed[chosen]
                     request.sync_delta = sync_delta[chosen[request.sync_changed]]
                     request.sync_version = versions[chosen]
@@ -379,12 +383,15 @@ class Management:
         if self.technique in ("static", "full") or not keys.numel():
             return
         intent = self.store.interested.index_select(0, entries)
+        masks = intent.unique().tolist()  # (a few distinct node sets: a key's filter only where they differ)
+        present = 0
+        for mask in masks:
+            present |= mask
         for node in range(self.nodes):
-            if node == self.index:
+            if node == self.index or not present >> node & 1:
                 continue
-            chosen = keys[(intent >> node & 1).bool()]
-            if chosen.numel():
-                self.outbox[node].append(chosen)
+            chosen = keys if len(masks) == 1 else keys[(intent >> node & 1).bool()]
+            self.outbox[node].append(chosen)
 
     def _deliver(self, node: int, response: Response, only: Tensor | None = None) -> None:
         """The decisions for ``node`` on the keys it has (or had) intent for (``only``: of these

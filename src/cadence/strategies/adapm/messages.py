@@ -97,6 +97,15 @@ def bit(node: int) -> int:
     return 1 << node
 
 
+def by_destination(targets: Tensor, nodes: int) -> list[Tensor]:
+    """The positions in ``targets`` (a node each) of each node 0..nodes-1, ascending: one stable sort
+    for every destination, not a mask a destination."""
+    if not targets.numel():
+        return [_NO_KEYS] * nodes
+    order = torch.argsort(targets, stable=True)
+    return list(order.split(torch.bincount(targets.long(), minlength=nodes).tolist()))
+
+
 def unique_first(keys: Tensor) -> tuple[Tensor, Tensor]:
     """(unique keys, the position of each one's first occurrence in ``keys``)."""
     unique, inverse = torch.unique(keys, return_inverse=True)
