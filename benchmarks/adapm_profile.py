@@ -82,23 +82,23 @@ class Ledger:
         return timed
 
 
-def setting(nodes: int, quick: bool, epochs: int) -> list[str]:
+def setting(nodes: int, quick: bool, epochs: int, extra: tuple[str, ...] = ()) -> list[str]:
     size = (["mf.synthetic.users=20000", "mf.synthetic.items=5000", "mf.synthetic.ratings=200000"] if quick
             else ["mf.synthetic.users=100000", "mf.synthetic.items=10000", "mf.synthetic.ratings=1000000"])
     return ["task=mf", "data.dataset=synthetic-zipf", *size, "model.dim=32", "train.batch_size=1000",
             "optimizer.lr=0.05", "optimizer.entity=adagrad", "mf.reg=0.02", "model.init_std=0.1", "progress=false",
             "strategy=adapm", f"ps.workers={nodes}", f"mf.row_blocks={nodes}", "ps.engine=threads",
-            f"train.epochs={epochs}", "eval.every=0", "eval.test=false", "checkpoint.every=0", "seed=0"]
+            f"train.epochs={epochs}", "eval.every=0", "eval.test=false", "checkpoint.every=0", "seed=0", *extra]
 
 
-def run(nodes: int, quick: bool, epochs: int) -> dict:
+def run(nodes: int, quick: bool, epochs: int, extra: tuple[str, ...] = ()) -> dict:
     ledger = Ledger()
     originals = {name: getattr(owner, attribute) for name, (owner, attribute) in CATEGORIES.items()}
     for name, (owner, attribute) in CATEGORIES.items():
         setattr(owner, attribute, ledger.wrap(name, originals[name]))
     try:
         with tempfile.TemporaryDirectory(prefix="cadence-adapm-profile-") as tmp:
-            config = cadence.load_config(None, setting(nodes, quick, epochs))
+            config = cadence.load_config(None, setting(nodes, quick, epochs, extra))
             config.out = str(Path(tmp) / "run")
             load = os.getloadavg()[0]
             cpu, wall = time.process_time(), time.perf_counter()
@@ -128,6 +128,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2, help="interleaved repetitions")
     parser.add_argument("--quick", action="store_true", help="a smaller matrix (checks the harness)")
     add_flag(parser)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every contender (repeatable), e.g. adapm.sync_share=0.25")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "adapm_profile.json"))
     args = parser.parse_args()
     origin = check(args, "adapm_profile")
@@ -135,7 +137,7 @@ def main() -> None:
     for rep in range(args.reps):
         order = [1, args.nodes] if rep % 2 == 0 else [args.nodes, 1]
         for nodes in order:
-            record = run(nodes, args.quick, args.epochs)
+            record = run(nodes, args.quick, args.epochs, tuple(args.set))
             runs[str(nodes)].append(record)
             shares = ", ".join(f"{name} {entry['cpu_seconds']:.2f}/{entry['wall_seconds']:.2f}"
                                for name, entry in sorted(record["categories"].items()))
@@ -145,7 +147,7 @@ def main() -> None:
     many = statistics.median(r["examples_per_second"] for r in runs[str(args.nodes)])
     report = {"command": " ".join(["benchmarks/adapm_profile.py", *sys.argv[1:]]), "provenance": origin,
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "setting": setting(args.nodes, args.quick,
-                                                                                                   args.epochs),
+                                                                                                   args.epochs, tuple(args.set)),
               "runs": runs, "parallel_efficiency": round(many / single, 4)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

@@ -75,8 +75,9 @@ class CpuCgroups(NodeCgroups):
         return total / 1e9
 
 
-def run(task: str, nodes: int, full: bool, engine: str, address: str | None = None) -> dict[str, Any]:
-    overrides = task_overrides(task, nodes, full)
+def run(task: str, nodes: int, full: bool, engine: str, address: str | None = None,
+        extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    overrides = [*task_overrides(task, nodes, full), *extra]
     adapm = ["strategy=adapm", f"ps.workers={1 if engine == 'single' else nodes}"]
     if engine == "ray":
         adapm += ["ps.engine=ray", f"ps.ray_address={address}"]
@@ -96,6 +97,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--engines", default="threads,ray", help="of threads, ray (single always runs)")
     parser.add_argument("--full", action="store_true", help="the issue's sizes (MF 1M ratings, KG 200k edges)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every contender (repeatable), e.g. adapm.sync_share=0.25")
     parser.add_argument("--out", default=str(RESULTS / "adapm_scaling.json"))
     add_flag(parser)
     args = parser.parse_args()
@@ -126,7 +129,7 @@ def main() -> None:
                     order = ["single", *engines] if rep % 2 == 0 else [*engines, "single"]
                     for engine in order:
                         before = cgroups.throttled_seconds() if engine == "ray" else 0.0
-                        record = run(task, nodes, args.full, engine, address)
+                        record = run(task, nodes, args.full, engine, address, tuple(args.set))
                         if engine == "ray":
                             record["throttled_seconds"] = round(cgroups.throttled_seconds() - before, 2)
                         runs[engine].append(record)
@@ -142,7 +145,8 @@ def main() -> None:
                 if rates:
                     efficiency[engine] = round(statistics.median(rates) / single, 4)
             print(f"{task} N={nodes}: parallel efficiency {efficiency}", flush=True)
-            report["tasks"].setdefault(task, {})[str(nodes)] = {"overrides": task_overrides(task, nodes, args.full),
+            report["tasks"].setdefault(task, {})[str(nodes)] = {"overrides": [*task_overrides(task, nodes, args.full),
+                                                                              *args.set],
                                                                "runs": runs, "parallel_efficiency": efficiency}
     print(write_report(report, Path(args.out), started, 0.0))
 
