@@ -120,12 +120,13 @@ PARTITIONS = {  # Table 2's MF partitioning (``--mf-partition``) for a number of
 
 
 def part_table2(quick: bool, partition: str = "rows", node_counts: tuple[int, ...] = (2, 4), threads: int = 1,
-                techniques: tuple[str, ...] = TECHNIQUES) -> dict[str, Any]:
-    """``threads`` worker threads a node (with the rows partitioning, a column block each: App. C)."""
+                techniques: tuple[str, ...] = TECHNIQUES, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``threads`` worker threads a node (with the rows partitioning, a column block each: App. C);
+    ``extra``: overrides for every contender (``--set``)."""
     epochs = ["train.epochs=2" if quick else "train.epochs=3", "eval.every=1"]
-    out: dict[str, Any] = {"partition": partition, "threads_per_node": threads}
+    out: dict[str, Any] = {"partition": partition, "threads_per_node": threads, "overrides": list(extra)}
     for nodes in node_counts:
-        common = [*zipf(quick), *epochs, *PARTITIONS[partition](nodes), f"adapm.threads={threads}"]
+        common = [*zipf(quick), *epochs, *PARTITIONS[partition](nodes), f"adapm.threads={threads}", *extra]
         print(f"table2, {nodes} nodes x {threads} threads", flush=True)
         single = run(None, [*common, "strategy=adapm", "ps.workers=1"], "single")
         rows = [run(None, [*common, "strategy=adapm", f"ps.workers={nodes}", f"adapm.technique={t}"], t)
@@ -261,6 +262,8 @@ def main() -> None:
     parser.add_argument("--table2-nodes", default="2,4", help="Table 2's node counts (default 2,4; the paper's 8)")
     parser.add_argument("--table2-threads", type=int, default=1, help="Table 2's worker threads a node (default 1)")
     parser.add_argument("--techniques", default=",".join(TECHNIQUES), help="Table 2's contenders (default all)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="Table 2: a config override for every contender (repeatable), e.g. mf.visit=by-column")
     add_flag(parser)
     args = parser.parse_args()
     check(args)
@@ -272,7 +275,8 @@ def main() -> None:
     }
     parts = {"table2": lambda quick: part_table2(quick, args.mf_partition,
                                                  tuple(int(n) for n in args.table2_nodes.split(",")),
-                                                 args.table2_threads, tuple(args.techniques.split(","))), "tasks": lambda quick: part_tasks(quick, 1 if quick else args.seeds, args.tasks.split(",")),
+                                                 args.table2_threads, tuple(args.techniques.split(",")),
+                                                 tuple(args.set)), "tasks": lambda quick: part_tasks(quick, 1 if quick else args.seeds, args.tasks.split(",")),
              "timing": part_timing, "ray": part_ray, "start": part_start}
     for name in args.parts.split(","):
         report[name] = parts[name](args.quick)

@@ -315,6 +315,10 @@ class MfConfig:
     # is set), else off (R = 0, C = 1)
     row_blocks: int | Literal["auto"] = "auto"
     column_blocks: int | Literal["auto"] = "auto"
+    # the order of a block's ratings (mf.row_blocks > 0): shuffled; or by-column, the paper's (App. C:
+    # the columns in a random order, a column's ratings shuffled), which keeps an item on one worker
+    # for a while (relocated, not replicated) but gives it one batch step where a shuffle gives it many
+    visit: Literal["shuffled", "by-column"] = "shuffled"
     # batch: each batch's mean gradient and the entity optimizer (every strategy); rating: Surprise's
     # SVD step, each rating's SGD step of size optimizer.lr applied to the rows in place as it is
     # computed, the batch split among the threads (Hogwild); strategies sync and async on one process,

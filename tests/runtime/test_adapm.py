@@ -626,6 +626,35 @@ def test_mf_blocks_take_a_number_or_auto(task_data, tmp_path) -> None:
             api.prepare_config(make_config(tmp_path / "bad", *task_data["mf"], override))
 
 
+def test_mf_blocks_visited_by_column_hold_an_item_together_in_a_random_column_order(task_data, tmp_path) -> None:
+    """``mf.visit: by-column`` (the paper's App. C order): within a block the ratings come column by
+    column, each column once and whole, the columns in an order that differs between epochs, a
+    column's ratings not sorted by user; every rating once. Without blocks it is refused."""
+    from cadence.tasks import TASKS
+
+    config = api.prepare_config(make_config(tmp_path / "bycol", *task_data["mf"], "mf.row_blocks=2",
+                                            "mf.visit=by-column", "train.batch_size=7"))
+    task = TASKS.get("mf")(config)
+    train = task.splits["train"]
+    orders = []
+    for epoch in (0, 1):
+        plans = task.plan(epoch)
+        assert torch.equal(torch.cat([p.examples for p in plans]).sort().values, torch.arange(len(train)))
+        for part in (0, 1):
+            examples = torch.cat([p.examples for p in plans if p.part == part])
+            items = train.items[examples].tolist()
+            runs = [item for i, item in enumerate(items) if i == 0 or items[i - 1] != item]
+            assert len(runs) == len(set(runs))  # each column once, whole
+            orders.append(runs)
+            users = train.users[examples]
+            long = max(set(items), key=items.count)
+            column = users[torch.tensor(items) == long]
+            assert column.numel() < 3 or not torch.equal(column, column.sort().values)
+    assert orders[0] != orders[2]  # another order of the columns in the next epoch
+    with pytest.raises(ConfigError, match="mf.visit=by-column: by-column orders the ratings of each"):
+        api.train(make_config(tmp_path / "none", *task_data["mf"], "mf.visit=by-column"))
+
+
 def test_mf_row_blocks_train_under_adapm_and_exclude_strata(task_data, tmp_path) -> None:
     summary = adapm_run(task_data, tmp_path, "grid", "ps.workers=2", "mf.row_blocks=2", "adapm.threads=2",
                         "mf.column_blocks=2").summary

@@ -124,6 +124,9 @@ class MfTask(Task):
         if self.row_blocks and config.mf.strata:
             raise ConfigError("mf.row_blocks and mf.strata are two partitionings of the ratings; set one "
                               f"(got {self.row_blocks} and {config.mf.strata})")
+        if config.mf.visit == "by-column" and not self.row_blocks:
+            raise ConfigError("mf.visit: by-column orders the ratings of each of AdaPM's App. C blocks; it needs "
+                              "mf.row_blocks > 0 (the default under --strategy adapm with more than one node)")
         self.dataset = dataset if dataset is not None else load_rating_dataset(
             config.data.dataset, config.seed, config.mf.synthetic, strict=config.data.strict)
         if config.mf.split == "random":
@@ -193,18 +196,24 @@ class MfTask(Task):
 
     def _plan_grid(self, epoch: int, rows: int, columns: int) -> list[BatchPlan]:
         """``mf.row_blocks`` = R, ``mf.column_blocks`` = C (AdaPM's App. C): cell (r, c) holds the
-        ratings of user block r and item block c, shuffled and batched; part r * C + c; the cells'
+        ratings of user block r and item block c, shuffled (``mf.visit: by-column``: then ordered by
+        column, the columns in this epoch's random order) and batched; part r * C + c; the cells'
         batches interleaved, so every cell trains at once (every rating once)."""
         train = self.splits["train"]
         user_block = train.users * rows // self.dataset.num_users
         item_block = train.items * columns // self.dataset.num_items
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "mf-grid", epoch))
         cells = []
+        # by-column: each item's place in this epoch's random order of the columns
+        rank = (torch.randperm(self.dataset.num_items, generator=generator).argsort()
+                if self.config.mf.visit == "by-column" else None)
         for row in range(rows):
             for column in range(columns):
                 cell = ((user_block == row) & (item_block == column)).nonzero().squeeze(1)
-                cells.append(cell[torch.randperm(cell.shape[0], generator=generator)].split(
-                    self.config.train.batch_size))
+                cell = cell[torch.randperm(cell.shape[0], generator=generator)]
+                if rank is not None:  # (a stable sort keeps a column's ratings shuffled)
+                    cell = cell[torch.argsort(rank[train.items[cell]], stable=True)]
+                cells.append(cell.split(self.config.train.batch_size))
         return self._interleave(epoch, [cells], [])
 
     @staticmethod
