@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import math
-import statistics
 import threading
 import time
 
@@ -474,9 +473,11 @@ def test_a_sync_thread_rests_its_share_between_rounds_in_time(task_data, tmp_pat
         busy = sum(cpu for _, _, cpu in times)
         assert busy <= 0.25 * (times[-1][1] - times[0][0]) + max(cpu for _, _, cpu in times)
     assert gaps >= 2
-    eager = record(1.0)  # (the median gap over the round's CPU: well under the paced run's 4)
-    assert statistics.median((following - end) / max(cpu, 1e-4) for times in eager.values()
-                             for (_, end, cpu), (following, _, _) in zip(times[:-1], times[1:])) < 2.0
+    # share 1: no rest; the shortest gap over its round's CPU is well under the paced run's 4 at
+    # least once (the shortest: a loaded machine may wake a thread late now and then)
+    eager = record(1.0)
+    assert min((following - end) / max(cpu, 1e-4) for times in eager.values()
+               for (_, end, cpu), (following, _, _) in zip(times[:-1], times[1:])) < 1.0
 
 
 # ---- the strategy --------------------------------------------------------------------------------------------
