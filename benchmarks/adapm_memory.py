@@ -56,7 +56,7 @@ RESULTS = REPO / "benchmarks" / "results"
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 CONTENDERS = ("adaptive", "static", "replication", "relocation")
 SUMMARY = ("train_seconds", "epoch_seconds", "bytes_per_epoch", "bytes_per_node", "remote_access_share",
-           "remote_accesses", "remote_reads", "accesses", "relocations", "replicas_created", "rounds", "node_hosts", "engine",
+           "remote_accesses", "remote_reads", "remote_read_causes", "accesses", "relocations", "replicas_created", "rounds", "node_hosts", "engine",
            "examples_per_second", "examples_seen")
 
 

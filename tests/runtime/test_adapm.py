@@ -350,6 +350,29 @@ def test_a_round_visits_only_the_keys_with_something_to_manage() -> None:
     assert all(node.live.numel() == 0 and node.quiet() for node in nodes)
 
 
+def test_a_remote_read_is_counted_by_why_its_key_was_not_here() -> None:
+    """Node 1 pulls keys owned by node 0: key 4 with no intent (not acted on), key 8 whose intent a
+    round acted on but has not sent, key 12 whose intent was sent and whose answer is not installed
+    (in flight); each read remotely, each counted under its cause; after the answer, nothing."""
+    nodes, transport = cluster(2)
+    one_node = nodes[1]
+    remote = remote_of(one_node, transport)
+    one_node.intent(0, torch.tensor([8, 12]), 0)
+    one_node.act_on_intents([1])  # (acted on: entries, active intent; nothing sent yet)
+    sent = one_node.requests()  # (key 8 and 12's intent travel now ...)
+    entries = one_node.store.find(torch.tensor([8]))
+    one_node.store.signalled[entries] = False  # (... key 8's as if acted on after this round's requests)
+    values, local, _ = one_node.pull(torch.tensor([4, 8, 12]), remote)
+    assert not bool(local.any()) and torch.equal(values, initial_table()[[4, 8, 12]])
+    counters = one_node.counters
+    assert (counters.misses_not_acted, counters.misses_unsent, counters.misses_in_flight) == (1, 1, 1)
+    assert counters.remote_reads == 3
+    answer = nodes[0].handle(sent[0])
+    one_node.install(0, answer, sent[0])
+    assert bool(one_node.pull(torch.tensor([12]), remote)[1].all())  # arrived: read here, no miss
+    assert counters.misses_in_flight == 1 and counters.remote_reads == 3
+
+
 def test_concurrent_pushes_on_replicas_sum_exactly() -> None:
     """Four nodes, two worker threads each (one pushes +1, one pulls and commits +1) on hot keys held
     as replicas and main copies while every node's sync thread runs rounds: after the intents expire

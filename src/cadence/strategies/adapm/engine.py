@@ -39,7 +39,7 @@ from cadence.pipeline.stages import ComputeStage
 from cadence.core.initial import INIT_CHUNK_ROWS
 from cadence.strategies.adapm.holdings import KeySpace
 from cadence.strategies.adapm.management import DenseCopy
-from cadence.strategies.adapm.messages import OWNER, ProtocolError, nbytes
+from cadence.strategies.adapm.messages import OWNER, Counters, ProtocolError, nbytes
 from cadence.strategies.adapm.node import Node
 from cadence.strategies.adapm.timing import ActionTimer, RoundPace
 
@@ -356,8 +356,7 @@ class NodeRunner:
         """Nothing left to manage here: no replica, no intent, nothing queued."""
         return self.node.quiet()
 
-    COUNTERS = ("accesses", "remote_accesses", "remote_reads", "bytes_sent", "relocations_in", "replicas_created",
-                "staleness_total", "staleness_count", "rounds", "dense_bytes")
+    COUNTERS = Counters.NAMES
 
     def counters(self) -> dict[str, Any]:
         node = self.node
@@ -393,6 +392,9 @@ def summarize(settings, counters: list[dict[str, Any]], epochs: int, seconds: fl
         "accesses": total["accesses"],
         "remote_accesses": total["remote_accesses"],
         "remote_reads": total["remote_reads"],
+        # why each remotely read key was not here: no intent acted on for it here yet, acted on but
+        # not yet sent, sent and not arrived (or arrived and left)
+        "remote_read_causes": {cause: total[f"misses_{cause}"] for cause in ("not_acted", "unsent", "in_flight")},
         "remote_access_share": total["remote_accesses"] / total["accesses"] if total["accesses"] else 0.0,
         # mean time since the replica's last refresh over reads of a replica (Table 2's measure), ms
         "replica_staleness": round(1000.0 * total["staleness_total"] / stale, 4) if stale else 0.0,

@@ -137,6 +137,11 @@ class Counters:
     staleness_count: int = 0
     rounds: int = 0
     dense_bytes: int = 0  # (of bytes_sent: the dense replicas' deltas and the main copy's values)
+    # the keys of remote reads by why they were not here (``Node._count_misses``)
+    misses_not_acted: int = 0
+    misses_unsent: int = 0
+    misses_in_flight: int = 0
 
     NAMES = ("accesses", "remote_accesses", "remote_reads", "bytes_sent", "relocations_in", "replicas_created",
-             "staleness_total", "staleness_count", "rounds", "dense_bytes")
+             "staleness_total", "staleness_count", "rounds", "dense_bytes", "misses_not_acted", "misses_unsent",
+             "misses_in_flight")

@@ -212,6 +212,7 @@ class Node:
                 values[here] = store.data.index_select(0, held)
                 stamps[here] = store.stamp.index_select(0, held)
                 kind = kind.index_select(0, here)
+                self._count_misses(entries[~local])
             replica = held[kind == REPLICA]
             if replica.numel():
                 now = time.perf_counter()
@@ -222,6 +223,19 @@ class Node:
         if missing.numel():
             values[missing] = self._remote(keys[missing], remote)
         return values, local, stamps
+
+    def _count_misses(self, entries: Tensor) -> None:
+        """Why keys a pull reads remotely are not here: no intent acted on here (no entry, or no
+        active intent), acted on but not yet sent to the owner, or sent and not arrived (an answer
+        not installed yet, a forward that missed, or a key that came and left)."""
+        found = entries >= 0
+        entries = entries[found]
+        counters = self.counters
+        signalled = self.store.signalled.index_select(0, entries)
+        acted = self.holdings.active(entries)
+        counters.misses_in_flight += int(signalled.sum())
+        counters.misses_unsent += int((acted & ~signalled).sum())
+        counters.misses_not_acted += int((~found).sum()) + int((~acted & ~signalled).sum())
 
     def commit(self, keys: Tensor, before: Tensor, after: Tensor, local: Tensor, stamps: Tensor, remote) -> None:
         """A worker's update of ``keys`` from ``before`` (pulled) to ``after``: a key held here and
