@@ -482,25 +482,27 @@ def test_a_sync_thread_rests_its_share_between_rounds_in_time(task_data, tmp_pat
         monkeypatch.setattr(engine.NodeRunner, "round", functools.wraps(original)(timed))
         adapm_run(task_data, tmp_path, f"share-{share}", "ps.workers=2", f"adapm.sync_share={share}",
                   "adapm.lookahead=100000", "adapm.round_interval=1e-5", "train.epochs=1", "eval.every=0",
+                  "train.batch_size=2",
                   "adapm.start_rounds=0")  # (no worker waits for a round: none cuts a rest short)
         monkeypatch.setattr(engine.NodeRunner, "round", original)
         return {name: times for name, times in rounds.items() if name.startswith("cadence-adapm-sync")}
 
     paced = record(0.2)
-    assert len(paced) == 2
+    assert len(paced) == 2, paced
     gaps = 0
-    for times in paced.values():
+    for name, times in paced.items():
         for (_, end, cpu), (following, _, _) in zip(times[:-1], times[1:]):
-            assert following - end >= 0.95 * 4 * cpu  # (1 / 0.2 - 1) = 4
+            assert following - end >= 0.95 * 4 * cpu, (name, times)  # (1 / 0.2 - 1) = 4
             gaps += 1
         busy = sum(cpu for _, _, cpu in times)
-        assert busy <= 0.25 * (times[-1][1] - times[0][0]) + max(cpu for _, _, cpu in times)
-    assert gaps >= 2
-    # share 1: no rest; the shortest gap over its round's CPU is well under the paced run's 4 at
-    # least once (the shortest: a loaded machine may wake a thread late now and then)
+        assert busy <= 0.25 * (times[-1][1] - times[0][0]) + max(cpu for _, _, cpu in times), (name, times)
+    assert gaps >= 4, paced
+    # share 1: no rest; the shortest gap over its round's CPU is under the paced run's 4 at least
+    # once (the shortest: a loaded machine may wake a thread late, by a few ms, now and then)
     eager = record(1.0)
-    assert min((following - end) / max(cpu, 1e-4) for times in eager.values()
-               for (_, end, cpu), (following, _, _) in zip(times[:-1], times[1:])) < 1.0
+    ratios = [(following - end) / max(cpu, 1e-4) for times in eager.values()
+              for (_, end, cpu), (following, _, _) in zip(times[:-1], times[1:])]
+    assert ratios and min(ratios) < 2.0, eager
 
 
 # ---- the strategy --------------------------------------------------------------------------------------------
