@@ -445,7 +445,7 @@ _POSITIVE = {
     "ctr.synthetic.num_examples", "ctr.synthetic.num_fields", "ctr.synthetic.vocab_per_field",
     "ctr.synthetic.holdout", "ctr.num_periods", "w2v.negatives", "shadow.threads", "shadow.every",
     "shadow.block_lr", "pdasgd.backward_threads", "image.fc", "adapm.threads", "adapm.initial_rate",
-    "auto.trial_batches", "auto.trial_seconds", "adapm.lookahead",
+    "mf.column_blocks", "auto.trial_batches", "auto.trial_seconds", "adapm.lookahead",
 }
 
 # the ranges beyond a sign: waits and rates a thread sleeps by (1/rate of a tiny rate never ends), sizes
@@ -486,7 +486,6 @@ _NON_NEGATIVE = {"data.synthetic.communities", "train.negative_chunk", "ps.emula
                  "shadow.max_syncs_per_second", "optimizer.weight_decay", "optimizer.warmup_epochs",
                  "image.valid_size", "pdasgd.intra_op_threads", "adapm.round_interval", "adapm.start_rounds",
                  "mf.strata", "mf.row_blocks"}
-_POSITIVE_OR_WORD = {"mf.column_blocks"}  # (a number, positive, or a word such as auto)
 
 
 # paths and names: an empty one would silently mean the current directory (or nothing)
@@ -736,10 +735,7 @@ def _not_finite(text: str) -> bool:
 def _check_ranges(config: Config, where: dict[str, str]) -> None:
     flat = flatten(config.to_dict())
     for key in _POSITIVE:
-        if flat[key] <= 0:
-            raise ConfigError(f"{_locate(key, where)}{key} must be positive, got {flat[key]}")
-    for key in _POSITIVE_OR_WORD:
-        if isinstance(flat[key], (int, float)) and flat[key] <= 0:
+        if isinstance(flat[key], (int, float)) and flat[key] <= 0:  # (a word such as auto is a Literal's)
             raise ConfigError(f"{_locate(key, where)}{key} must be positive, got {flat[key]}")
     for key in _NON_NEGATIVE:
         if isinstance(flat[key], (int, float)) and flat[key] < 0:  # (a word such as auto is a Literal's)

@@ -106,6 +106,9 @@ class Holdings:
         handed out), and drops those with nothing left to manage (``untrack``)."""
         return self.store.tracked[:self.store.used].nonzero().squeeze(1)
 
+    def anything_live(self) -> bool:
+        return bool(self.store.tracked[:self.store.used].any())
+
     def check(self, keys: Tensor) -> None:
         if self.space.fixed and keys.numel() and (int(keys.min()) < 0 or int(keys.max()) >= self.space.size):
             raise KeyError("a key outside the task's key space")

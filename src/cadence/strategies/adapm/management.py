@@ -461,7 +461,7 @@ class Management:
         """Nothing left to manage: no key live (no intent signalled or acted, no replica but full
         replication's), nothing pending or waiting to be delivered."""
         with self.lock:
-            return not (self.holdings.live.numel() or any(self.outbox) or any(self.home_updates) or any(self.pending))
+            return not (self.holdings.anything_live() or any(self.outbox) or any(self.home_updates) or any(self.pending))
 
 
 def latest(keys: Tensor, owners: Tensor, moves: Tensor) -> tuple[Tensor, Tensor, Tensor]:
