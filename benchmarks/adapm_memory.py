@@ -170,7 +170,9 @@ def status(pid: int) -> dict[str, str]:
 
 
 class ActorSampler:
-    """Polls each cgroup's processes: the peak RSS (VmHWM) of its node actor (``ray::RoleActor``)."""
+    """Polls each cgroup's processes: the peak RSS (VmHWM) of its node (the one process a node's cgroup
+    holds: a Ray actor process, whatever title Ray gives it; an idle one taken for the role is
+    ``ray::Host``, not ``ray::RoleActor``)."""
 
     def __init__(self, cgroups: Cgroups):
         self.cgroups, self.stop = cgroups, threading.Event()
@@ -190,7 +192,7 @@ class ActorSampler:
             for index in range(len(self.peak)):
                 for pid in self.cgroups.pids(index):
                     info = status(pid)
-                    if "RoleActor" in info.get("cmd", ""):
+                    if info:
                         kib = int(info["hwm"].split()[0])
                         self.peak[index] = max(self.peak[index], kib * 1024)
 
