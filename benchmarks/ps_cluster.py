@@ -45,7 +45,7 @@ from provenance import add_flag, check, stamp  # same folder: every result trace
 from cadence import api
 from cadence.config import load_config
 from cadence.errors import ConfigError
-from cadence.strategies import STRATEGIES
+from cadence.strategies.catalog import STRATEGIES
 from cadence.training.trainer import TrainerHook
 
 RESULTS = Path(__file__).parent / "results"

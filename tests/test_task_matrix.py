@@ -1,7 +1,8 @@
 """The task x strategy matrix: every registered task trains under every strategy, and every
 asynchronous strategy in its degenerate setting equals ``sync`` bit for bit, on every task.
 
-A task or strategy registered without its row here fails the meta-tests, so nothing lands untested.
+A task registered without its row here, or a strategy without the settings its contract tests
+train it with (``Strategy.contract``), fails the meta-tests, so nothing lands untested.
 """
 
 from __future__ import annotations
@@ -14,40 +15,23 @@ import torch
 
 from cadence import api
 from cadence.errors import ConfigError
-from cadence.strategies import strategy_names
+from cadence.strategies.catalog import STRATEGIES, strategy_names
 from cadence.tasks import TASKS
 from tests.conftest import CUDA_MARKS, make_config, needs_cuda
 
-# strategy -> (settings for a normal run, settings that make it behave synchronously)
-STRATEGY_SETTINGS: dict[str, tuple[list[str], list[str]]] = {
-    "sync": ([], []),
-    "async": (["pipeline.staleness_bound=4"], ["pipeline.staleness_bound=1"]),
-    "oac": (["pipeline.staleness_bound=4"], ["pipeline.staleness_bound=1"]),
-    "bsp": (["ps.workers=2"], ["ps.workers=1", "ps.buffer=1"]),
-    "gba": (["ps.workers=2", "ps.tolerance=1"], ["ps.workers=1", "ps.buffer=1"]),
-    "hop_bs": (["ps.workers=2"], ["ps.workers=1"]),
-    "hop_bw": (["ps.workers=3"], ["ps.workers=1"]),
-    # ShadowSync: 2 trainers x 2 Hogwild threads; one trainer of one thread with alpha 0 is sync
-    **{f"{kind}-{rule}": (["ps.workers=2", "shadow.threads=2", *(["shadow.every=2"] if kind == "fr" else [])],
-                          ["ps.workers=1", "shadow.threads=1", "shadow.alpha=0"])
-       for kind in ("shadow", "fr") for rule in ("easgd", "ma", "bmuf")},
-    "hogwild": (["ps.workers=2", "shadow.threads=2"], ["ps.workers=1", "shadow.threads=1"]),
-    # pdASGD: K backward threads; one backward thread with a barrier after each batch is sync
-    **{name: (["pdasgd.backward_threads=2"], ["pdasgd.backward_threads=1", "pdasgd.barrier=true"])
-       for name in ("pdasgd", "pdasgd-bu")},
-    # AdaPM: 2 nodes (a short look-ahead so tiny epochs still relocate and replicate); one node is sync
-    "adapm": (["ps.workers=2", "adapm.lookahead=4"], ["ps.workers=1"]),
-}
-PIPELINE_STRATEGIES = ("sync", "async", "oac", "pdasgd", "pdasgd-bu")
 TASK_NAMES = ("kge", "ctr", "mf", "w2v", "image")
+# every strategy, with the settings it declares for these tests (``Strategy.contract``: a short run
+# that shows how it differs from sync, and the setting under which it computes what sync does)
+STRATEGY_NAMES = strategy_names()
 
 
 def test_every_registered_task_has_a_row() -> None:
     assert set(TASKS.names()) == set(TASK_NAMES)
 
 
-def test_every_registered_strategy_has_a_row() -> None:
-    assert set(strategy_names()) == set(STRATEGY_SETTINGS)
+def test_every_registered_strategy_declares_the_setting_that_makes_it_sync() -> None:
+    undeclared = [name for name in strategy_names() if STRATEGIES.get(name).contract.twin is None]
+    assert undeclared == []
 
 
 def run(task_data, tmp_path: Path, task: str, name: str, *overrides: str):
@@ -80,13 +64,14 @@ def assert_same_model(first: Path, second: Path, exact: bool = True) -> None:
 
 
 def check_trains(task_data, tmp_path: Path, task: str, strategy: str, *overrides: str):
-    result = run(task_data, tmp_path, task, strategy, f"strategy={strategy}", *STRATEGY_SETTINGS[strategy][0],
-                 *overrides)
+    """``strategy`` trains ``task`` in the short run it declares (``contract.exercised``): two epochs,
+    validated after each, a finite metric and speed, on the runtime its entry picks."""
+    settings = (f"strategy={strategy}", *STRATEGIES.get(strategy).contract.exercised, *overrides)
+    result = run(task_data, tmp_path, task, strategy, *settings)
     summary = result.summary
     metric = summary["primary_metric"]
     assert summary["task"] == task and summary["strategy"] == strategy
-    assert summary["runtime"] == ("pipeline" if strategy in PIPELINE_STRATEGIES
-                                  else "adapm" if strategy == "adapm" else "parameter_server")
+    assert summary["runtime"] == STRATEGIES.get(strategy).runtime(make_config(tmp_path / "x", *settings)).name
     assert math.isfinite(summary[metric]) and math.isfinite(summary[f"best_valid_{metric}"])
     assert summary["examples_per_second"] > 0
     valid = [r for r in result.metrics if r["split"] == "valid"]
@@ -96,7 +81,7 @@ def check_trains(task_data, tmp_path: Path, task: str, strategy: str, *overrides
 
 
 @pytest.mark.parametrize("task", TASK_NAMES)
-@pytest.mark.parametrize("strategy", sorted(STRATEGY_SETTINGS))
+@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
 def test_every_task_trains_under_every_strategy(task: str, strategy: str, task_data, tmp_path: Path) -> None:
     check_trains(task_data, tmp_path, task, strategy)
 
@@ -115,7 +100,7 @@ CPU_ONLY = ("adapm",)  # its nodes compute on the CPU: device cuda is a clear er
 
 @needs_cuda
 @pytest.mark.parametrize("task", TASK_NAMES)
-@pytest.mark.parametrize("strategy", sorted(set(STRATEGY_SETTINGS) - set(CPU_ONLY)))
+@pytest.mark.parametrize("strategy", sorted(set(STRATEGY_NAMES) - set(CPU_ONLY)))
 def test_every_task_trains_under_every_strategy_on_cuda(task: str, strategy: str, task_data, tmp_path: Path) -> None:
     """``--device cuda``: the pipeline's batches and the parameter-server workers' compute on the GPU
     (evaluation too); for a strategy of one computation order the model is the one the CPU trains."""
@@ -134,12 +119,18 @@ def test_a_cpu_only_strategy_refuses_cuda_by_name(strategy: str, task_data, tmp_
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA_MARKS)])
 @pytest.mark.parametrize("task", TASK_NAMES)
-@pytest.mark.parametrize("strategy", sorted(set(STRATEGY_SETTINGS) - {"sync"}))
+@pytest.mark.parametrize("strategy", sorted(set(STRATEGY_NAMES) - {"sync"}))
 def test_degenerate_setting_equals_sync(task: str, strategy: str, device: str, task_data, tmp_path: Path) -> None:
     if device == "cuda" and strategy in CPU_ONLY:
         pytest.skip(f"{strategy} computes on the CPU (test_a_cpu_only_strategy_refuses_cuda_by_name)")
+    check_twin_equals_sync(task_data, tmp_path, task, strategy, device)
+
+
+def check_twin_equals_sync(task_data, tmp_path: Path, task: str, strategy: str, device: str = "cpu") -> None:
+    """``strategy`` in the setting it declares its twin of sync (``contract.twin``) trains ``task`` to
+    sync's model: bit for bit (on a GPU, up to rounding where it updates with kernels of its own)."""
     sync = run(task_data, tmp_path, task, "sync", f"device={device}")
-    other = run(task_data, tmp_path, task, strategy, f"strategy={strategy}", *STRATEGY_SETTINGS[strategy][1],
+    other = run(task_data, tmp_path, task, strategy, f"strategy={strategy}", *STRATEGIES.get(strategy).contract.twin,
                 f"device={device}")
     assert other.summary["strategy"] == strategy
     exact = device == "cpu" or strategy in SYNC_KERNELS

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import cadence.strategies  # noqa: F401  (the strategy families' config sections; no training code)
+
 __version__ = "0.1.0"
 __all__ = ["Config", "TrainResult", "compare", "evaluate", "export", "load", "load_config", "resume", "train"]
 

@@ -35,7 +35,7 @@ from cadence.models.image import IMAGE_MODELS
 from cadence.optim import DENSE_READS, ENTITY_OPTIMIZERS, schedule_reads
 from cadence.prediction import Prediction, Predictor
 from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
-from cadence.strategies import STRATEGIES, runtime_kinds
+from cadence.strategies.catalog import STRATEGIES, runtime_kinds
 from cadence.tasks import TASKS, Task
 from cadence.core import checkpoint as ckpt
 from cadence.training.batch_order import BatchOrder
@@ -84,7 +84,7 @@ def _train(config: Config, overwrite: bool, hooks: Iterable[TrainerHook], measur
     chosen = None
     if config.strategy == auto.AUTO and measured is not None:
         chosen = measured
-        config = prepare_config(for_contender(config, measured["chosen"], auto.candidates(config)))
+        config = prepare_config(for_contender(config, measured["chosen"], candidates(config)))
         task = TASKS.get(config.task)(config)
     elif config.strategy == auto.AUTO:  # measured here, once: every layer below sees a strategy
         config, chosen, task = _choose_strategy(config)
@@ -320,7 +320,7 @@ def _in_place_refusal(config: Config, strategies: Iterable[str], key: str, in_pl
         _check_init_from(trial)  # (frozen rows)
     except ConfigError as err:
         return str(err).removeprefix(f"{key}: ")
-    names = [name for given in strategies for name in (auto.candidates(config) if given == auto.AUTO else [given])]
+    names = [name for given in strategies for name in (candidates(config) if given == auto.AUTO else [given])]
     refused = [name for name in names if not STRATEGIES.get(name).in_place(trial)]
     if refused:
         able = [name for name in STRATEGIES.names() if STRATEGIES.get(name).in_place(trial)]
@@ -398,11 +398,11 @@ def _choose_strategy(config: Config) -> tuple[Config, dict[str, Any], Task]:
         # each trial reads the data in its own process, and this one only after them: a memory cap
         # holds this process and a trial's together (a 900 MiB cap killed the OAC trial of a 2 GiB
         # out-of-core table while this process held the task: docs/auto.md)
-        config, chosen = auto.choose(config, make_task, prepare_config, trial_runtime, for_contender)
+        config, chosen = auto.choose(config, candidates(config), make_task, prepare_config, trial_runtime, for_contender)
         task = make_task()
     else:
         task = make_task()
-        config, chosen = auto.choose(config, lambda: task, prepare_config, trial_runtime, for_contender)
+        config, chosen = auto.choose(config, candidates(config), lambda: task, prepare_config, trial_runtime, for_contender)
     config = prepare_config(config)
     task.config = config
     return config, chosen, task
@@ -412,13 +412,19 @@ def _task_recipe(config: Config) -> functools.partial:
     """How a ``strategy: auto`` process builds the task (picklable): from the config as the reference
     candidate sees it (another candidate's strategy keys at their defaults)."""
     return functools.partial(TASKS.get(config.task), prepare_config(for_contender(config, auto.REFERENCE,
-                                                                                  auto.candidates(config))))
+                                                                                  candidates(config))))
+
+
+def candidates(config: Config) -> list[str]:
+    """``strategy: auto``'s candidates for this config, from the strategies' own declarations
+    (``auto.candidates`` over the registry)."""
+    return auto.candidates(config, STRATEGIES)
 
 
 def candidate_trial(config: Config, name: str) -> auto.Trial:
     """``strategy: auto``'s trial of candidate ``name`` on ``config``, whole: its config checked (one
     that cannot run here is a trial with the reason), the data read, its first batches trained."""
-    names = auto.candidates(config)
+    names = candidates(config)
     try:
         candidate = prepare_config(for_contender(config, name, names))
     except ConfigError as err:

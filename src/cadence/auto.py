@@ -1,7 +1,8 @@
 """``strategy: auto``: measure, on the user's data and machine, a short trial of each strategy that
 keeps sync's model, and train with the fastest.
 
-Candidates (strategies whose guarantee is sync's model): one worker (``ps.workers: 1``): ``sync`` and
+Candidates: the strategies that declare sync's model their guarantee (``Strategy.keeps_sync_model``)
+and run, for this config, on the runtime ``sync`` takes: one worker (``ps.workers: 1``): ``sync`` and
 ``oac`` (the synchronous run of its computation order, bit for bit); several workers: ``sync`` (a
 barrier per global step) and ``gba`` (the synchronous global batch, stale gradients beyond
 ``ps.tolerance`` dropped). ``async``, ``hop_*``, ShadowSync, pdASGD and AdaPM trade the model for speed
@@ -31,7 +32,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from cadence.config import AutoConfig, CheckpointConfig, Config
 from cadence.errors import CadenceError, ConfigError
@@ -69,9 +70,30 @@ class Trial:
     note: str = ""
 
 
-def candidates(config: Config) -> list[str]:
-    """The strategies whose guarantee is sync's model, for this run's worker count."""
-    return [REFERENCE, "oac"] if config.ps.workers <= 1 else [REFERENCE, "gba"]
+class Catalog(Protocol):
+    """The strategy registry as this module reads it (``strategies.catalog.STRATEGIES``, passed in:
+    this module imports no training code)."""
+
+    def names(self) -> list[str]: ...
+
+    def get(self, name: str) -> Any: ...
+
+
+def candidates(config: Config, strategies: Catalog) -> list[str]:
+    """The strategies whose guarantee is sync's model (``keeps_sync_model``) that run, for this config,
+    on the runtime sync takes (one worker: the pipeline; several: the parameter server); sync first."""
+    reference = strategies.get(REFERENCE).runtime(config).name
+    names = [REFERENCE]
+    for name in strategies.names():
+        entry = strategies.get(name)
+        if name == REFERENCE or not entry.keeps_sync_model:
+            continue
+        try:
+            if entry.runtime(config).name == reference:
+                names.append(name)
+        except ConfigError:  # (no runtime of its fits this config)
+            continue
+    return names
 
 
 def pick(trials: list[Trial], margin: float) -> tuple[str, str]:
@@ -213,16 +235,28 @@ def isolated_trial(config: Config, make_task: Callable[[], Task], build: Build, 
 def in_own_process(target: Callable[..., Trial], args: tuple, strategy: str,
                    settings: AutoConfig) -> tuple[Trial, CadenceError | None]:
     """``target(*args)``, a trial, in a process of its own; (its trial, the ``CadenceError`` it raised,
-    if any: what it says of the config or the data may be no candidate's fault). Forked where the
-    system can (``TRIAL_START``), as a DataLoader's workers are: the child shares what this process
-    imported, copy on write (spawned, it loads its own: 173 MiB of torch and cadence)."""
+    if any: what it says of the config or the data may be no candidate's fault)."""
+    kind, value = _in_child(target, args, ISOLATED_TIMEOUT + settings.trial_seconds * 4)
+    if kind == "ok":
+        return value, None
+    if kind == "died":
+        return Trial(strategy, None, note=f"its trial process ended without a result ({value})"), None
+    note, error = value
+    return Trial(strategy, None, note=note), error
+
+
+def _in_child(target: Callable[..., Any], args: tuple, timeout: float) -> tuple[str, Any]:
+    """``target(*args)`` in a process of its own: ("ok", its value), ("error", (a one-line note, the
+    ``CadenceError`` or None)) or ("died", how it ended). Forked where the system can
+    (``TRIAL_START``), as a DataLoader's workers are: the child shares what this process imported,
+    copy on write (spawned, it loads its own: 173 MiB of torch and cadence)."""
     context = multiprocessing.get_context(TRIAL_START)
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_trial_child, args=(target, args, send), daemon=True)
+    child = context.Process(target=_child, args=(target, args, send), daemon=True)
     child.start()
     send.close()
     try:
-        outcome = receive.recv() if receive.poll(ISOLATED_TIMEOUT + settings.trial_seconds * 4) else None
+        outcome = receive.recv() if receive.poll(timeout) else None
     except EOFError:  # (it died before it could answer)
         outcome = None
     child.join(10)
@@ -230,16 +264,11 @@ def in_own_process(target: Callable[..., Trial], args: tuple, strategy: str,
         child.kill()
         child.join()
     if outcome is None:
-        return Trial(strategy, None, note=f"its trial process ended without a result (exit code {child.exitcode}"
-                                          f"{': killed, out of memory?' if child.exitcode == -9 else ''})"), None
-    kind, value = outcome
-    if kind == "ok":
-        return value, None
-    note, error = value
-    return Trial(strategy, None, note=note), error
+        return "died", f"exit code {child.exitcode}{': killed, out of memory?' if child.exitcode == -9 else ''}"
+    return outcome
 
 
-def _trial_child(target: Callable[..., Trial], args: tuple, send) -> None:
+def _child(target: Callable[..., Any], args: tuple, send) -> None:
     try:
         send.send(("ok", target(*args)))
     except Exception as err:  # (a candidate that cannot run here: its reason, in one line)
@@ -247,23 +276,37 @@ def _trial_child(target: Callable[..., Trial], args: tuple, send) -> None:
         send.send(("error", (note, err if isinstance(err, CadenceError) else None)))
 
 
-def choose_in_processes(config: Config, candidate_trial: Callable[[Config, str], Trial]) -> tuple[Config, dict[str, Any]]:
+def choose_in_processes(config: Config, candidate_trial: Callable[[Config, str], Trial],
+                        candidate_names: Callable[[Config], list[str]]) -> tuple[Config, dict[str, Any]]:
     """``choose``, each candidate's whole trial in a process of its own: ``candidate_trial(config,
     name)`` (picklable) checks the candidate's config, reads the data and trains there, so this process
     needs neither the training code nor the data while trials run (the CLI: under a memory cap, the
-    run's own process holds 20 MiB then, not torch's 173 MiB and the task). A ``CadenceError`` every
-    candidate raised alike (a missing file, a bad setting) is raised here, as a run would."""
-    outcomes = [in_own_process(candidate_trial, (config, name), name, config.auto) for name in candidates(config)]
+    run's own process holds 20 MiB then, not torch's 173 MiB and the task); ``candidate_names(config)``
+    (``candidates`` over the registry) runs in a process of its own first, for the same reason. A
+    ``CadenceError`` every candidate raised alike (a missing file, a bad setting) is raised here, as a
+    run would."""
+    names = names_in_own_process(candidate_names, config)
+    outcomes = [in_own_process(candidate_trial, (config, name), name, config.auto) for name in names]
     trials = [trial for trial, _ in outcomes]
     errors = [error for _, error in outcomes]
     if not any(trial.examples_per_second for trial in trials) and errors[0] is not None \
             and all(error is not None and str(error) == str(errors[0]) for error in errors):
         raise errors[0]
-    return decide(config, trials)
+    return decide(config, names, trials)
 
 
-def choose(config: Config, make_task: Callable[[], Task], prepare: Callable[[Config], Config], build: Build,
-           view: Callable[[Config, str, list[str]], Config] | None = None,
+def names_in_own_process(candidate_names: Callable[[Config], list[str]], config: Config) -> list[str]:
+    """``candidate_names(config)`` in a process of its own (it imports the strategies' code); its
+    error (a bad ``ps.engine``, say) raised here."""
+    kind, value = _in_child(candidate_names, (config,), ISOLATED_TIMEOUT)
+    if kind == "ok":
+        return value
+    note, error = value if kind == "error" else (f"its process ended without a result: {value}", None)
+    raise error if error is not None else CadenceError(f"strategy: auto: the candidates could not be listed: {note}")
+
+
+def choose(config: Config, names: list[str], make_task: Callable[[], Task], prepare: Callable[[Config], Config],
+           build: Build, view: Callable[[Config, str, list[str]], Config] | None = None,
            trial: Callable[[Config, Callable[[], Task], Build, AutoConfig], Trial] | None = None
            ) -> tuple[Config, dict[str, Any]]:
     """This run's config with the chosen strategy, and the record of the choice (summary.json's
@@ -271,9 +314,9 @@ def choose(config: Config, make_task: Callable[[], Task], prepare: Callable[[Con
     in the trial's process, so the caller need not hold the data while trials run); ``prepare``
     validates a candidate's config (a candidate that cannot run here is skipped, its reason noted);
     ``view``: a candidate's config (another candidate's strategy keys back to their defaults:
-    ``api.for_contender``); ``trial`` measures one (tests inject speeds)."""
+    ``api.for_contender``); ``trial`` measures one (tests inject speeds). ``names``: the candidates
+    (``candidates``)."""
     trials = []
-    names = candidates(config)
     for name in names:
         candidate = view(config, name, names) if view is not None else copy.deepcopy(config)
         candidate.strategy = name
@@ -284,14 +327,13 @@ def choose(config: Config, make_task: Callable[[], Task], prepare: Callable[[Con
             continue
         measure = trial or (isolated_trial if config.auto.isolate else run_trial)
         trials.append(measure(candidate, make_task, build, config.auto))
-    return decide(config, trials, view)
+    return decide(config, names, trials, view)
 
 
-def decide(config: Config, trials: list[Trial], view: Callable[[Config, str, list[str]], Config] | None = None
-           ) -> tuple[Config, dict[str, Any]]:
+def decide(config: Config, names: list[str], trials: list[Trial],
+           view: Callable[[Config, str, list[str]], Config] | None = None) -> tuple[Config, dict[str, Any]]:
     """The rule applied to measured trials, logged: this run's config with the chosen strategy (seen
-    through ``view``, as ``choose``), and the record (summary.json's ``auto``)."""
-    names = candidates(config)
+    through ``view``, as ``choose``; ``names``: the candidates), and the record (summary.json's ``auto``)."""
     chosen, reason = pick(trials, config.auto.margin)
     for line in table(trials):
         log.info("%s", line)

@@ -218,7 +218,7 @@ def _train(args: argparse.Namespace) -> int:
             # every trial in a process of its own, before this one imports the training code (torch)
             # or reads the data: a memory cap holds this process and a trial's together (docs/auto.md)
             auto.check_unread(config)
-            measured = auto.choose_in_processes(config, candidate_trial)[1]
+            measured = auto.choose_in_processes(config, candidate_trial, candidate_names)[1]
     from cadence import api  # (after the trials)
 
     if args.resume:
@@ -233,6 +233,13 @@ def _train(args: argparse.Namespace) -> int:
     _print_summary(result.summary)
     print(f"run directory: {result.run_dir}")
     return 0
+
+
+def candidate_names(config: Config) -> list[str]:
+    """``api.candidates``, in a process of its own (the strategies' code is imported there)."""
+    from cadence import api
+
+    return api.candidates(config)
 
 
 def candidate_trial(config: Config, name: str) -> auto.Trial:

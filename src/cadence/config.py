@@ -1,6 +1,11 @@
 """Typed, strict configuration: "the config is the experiment".
 
-A run is described by one ``Config``: nested dataclasses whose defaults sit beside their meaning.
+A run is described by one ``Config``: nested dataclasses whose defaults sit beside their meaning,
+each setting's checks declared with it (``cadence.settings``). The root sections are here; each
+strategy family declares its own (``ps``, ``shadow``: the parameter server; ``pdasgd``: the
+pipelined family; ``adapm``) in its package's ``settings`` module, and ``Config`` holds them beside
+the root sections (``settings.SECTIONS``: attributes of the same name, written to config.yaml after
+them).
 Configs come from a YAML file plus dotted overrides (``--set train.epochs=5``). Loading is strict:
 an unknown key or a value of the wrong type is a ``ConfigError`` naming the dotted key, and, where
 the value came from a file, its path and line. Every run writes its resolved config as
@@ -19,18 +24,10 @@ from typing import Any, Iterator, Literal
 import yaml
 
 from cadence.errors import ConfigError
-from cadence.resources import check_threads
-from cadence.settings import At, build, check, flatten, locate, parse_override, read_yaml, set_dotted, setting
+from cadence.settings import SECTIONS, At, build, check, flatten, parse_override, read_yaml, set_dotted, setting
 
 __all__ = ["Config", "ConfigError", "flatten", "from_dict", "load_config", "locate_error", "parse_override",
            "set_dotted", "user_terms"]
-
-
-
-def per_worker(at: At, name: str, workers: int, count: int) -> None:
-    """A count of threads each worker (or node) starts: ``ps.workers`` of them at most the limit."""
-    key = at.key(name)
-    check_threads(f"{at.origin(key)}ps.workers x {key} ({workers:,} x {count:,})", workers * count)
 
 
 def dropout_and_widths(at: At, dropout: float, **widths: list[int]) -> None:
@@ -172,144 +169,6 @@ class PipelineConfig:
     # good once a pipelined epoch ran slower than the inline one before it
     # (docs/strategies/pipelined.md, "When the pipeline runs")
     overlap: Literal["auto", "always", "never"] = "auto"
-
-
-@dataclass
-class ParameterServerConfig:
-    """The parameter-server runtime and its modes (GBA paper, SPEC section 3). With workers = 1 and the
-    threads engine, sync and async run as the one-process pipeline instead (see README)."""
-
-    workers: int = setting(1, positive=True, threads=True)
-    engine: Literal["threads", "ray"] = "threads"  # ray: servers and workers as Ray actors (pip install cadence[ray])
-    # server shards; feature keys are routed by key % shards, dense parameters live on shard 0
-    shards: int = setting(1, positive=True, threads=True)
-    # GBA / BSP gradient buffer M (global batch = M x train.batch_size); 0 = workers
-    buffer: int = setting(0, non_negative=True)
-    # GBA's staleness tolerance iota: gradients with step - token > iota are dropped
-    tolerance: int = setting(2, non_negative=True)
-    decay: str = "cutoff"  # GBA's decay f(staleness): cutoff (the reconstructed default)
-    normalizer: Literal["buffer", "kept"] = "buffer"  # divide an aggregate by M, or by gradients kept
-    # hop_bs: a worker may run at most this many batches ahead of the slowest
-    staleness: int = setting(2, non_negative=True)
-    # hop_bw: aggregate the first workers - backup_workers gradients of a step
-    backup_workers: int = setting(1, non_negative=True)
-    stragglers: list[str] = field(default_factory=list)  # "WORKER:SLOWDOWN[@FIRST-LAST epochs]": fault injection
-    # how a straggler is slowed: sleep (its batch takes SLOWDOWN x its compute time: a sleep in the
-    # worker loop, for tests and any engine) or cpu_quota (its Ray worker process runs in a cgroup-v1
-    # CPU quota of threads / SLOWDOWN cores for its slowed epochs: a really slow process; root, ps.engine: ray)
-    straggler_cause: Literal["sleep", "cpu_quota"] = "sleep"
-    # cpu_quota: relative (default: the process's own CPU rate, measured unthrottled in its first
-    # second, over SLOWDOWN: slow by that factor against the load it meets) or absolute (threads /
-    # SLOWDOWN cores: on a machine with more busy processes than cores, about its fair share anyway)
-    straggler_quota: Literal["relative", "absolute"] = "relative"
-    kill_workers: list[str] = field(default_factory=list)  # "WORKER:AFTER_STEPS": fault injection
-    # seconds each batch spends off this machine (emulates one machine per worker)
-    emulated_latency: float = setting(0.0, non_negative=True, between=(0.0, 60.0, "seconds of emulated latency per message"))
-    ray_address: str | None = None  # engine ray: the cluster to join ("HOST:PORT"); None = ray.init()'s default
-    # engine ray: actor processes a finished run leaves idle, for the next run of the same driver
-    # process to build its roles in (torch and cadence already imported); 0: a run's processes end with it
-    ray_idle_processes: int = setting(8, non_negative=True, threads=True)
-    # where the dense parameters live: on shard 0 (updated from pushed gradients), or a replica on
-    # every worker, its gradients all-reduced each round (PERSIA's split; embeddings stay on the servers)
-    dense: Literal["server", "workers"] = "server"
-
-
-@dataclass
-class ShadowConfig:
-    """ShadowSync and its baselines (SPEC section 5): ``ps.workers`` trainers, each a dense replica
-    trained Hogwild by ``threads`` worker threads and kept in step with the others by a shadow
-    thread (``shadow-*``) or in the foreground every ``every`` batches (``fr-*``)."""
-
-    threads: int = setting(1, positive=True, threads=True)  # Hogwild worker threads per trainer
-    # elastic parameter a of w_i <- (1 - a) w_i + a w; None: 0.9 / trainers (reconstructed, TF's
-    # EASGD moving rate 0.9 / workers with period 1; the paper gives no value)
-    alpha: float | None = None
-    # fr-*: a sync every k iterations (the paper: 5, 10, 30, 100)
-    every: int = setting(5, positive=True, between=(1, 1_000_000_000, "batches between foreground syncs"))
-    # fr-*: who syncs every k iterations. thread: each worker thread, inside its own loop, every k
-    # of its own iterations (the paper's FR-EASGD: sync traffic grows with the threads); trainer:
-    # the trainer's threads pause, drain, and one round runs every k batches of the trainer (the
-    # trainer-wide variant). None: thread for EASGD; trainer for MA and BMUF, whose all-reduce needs
-    # one member per trainer (thread is an error there)
-    fr_sync: Literal["thread", "trainer"] | None = None
-    # EASGD: sync parameter servers holding the central copy, each a slice of the dense vector (the
-    # paper: 2 to 6 sync PSs; more relieve FR's saturated sync servers, Fig. 5). Processes of their
-    # own on the Ray engine, objects of this process on threads
-    sync_servers: int = 1
-    # BMUF's block learning rate eta (fairseq's default)
-    block_lr: float = setting(1.0, positive=True, between=(1e-6, 100.0, "BMUF's block learning rate"))
-    block_momentum: float = 0.875  # BMUF's block momentum (fairseq's default; 0 = plain averaging)
-    nesterov: bool = False  # BMUF: interpolate towards w_g + momentum (Nesterov)
-    # shadow-*: a cap on each shadow thread's rounds; 0 = none
-    max_syncs_per_second: float = setting(0.0, non_negative=True, between=(1e-4, 1e6, "syncs a second (0: no cap)"), off_at_zero=True)
-    # shadow-*: a round waits until the replica took an update since the last one. Off by default:
-    # the paper's shadow thread loops freely (Algorithm 1, one of 25 threads on 20 cores) and its
-    # sync gap comes from the sync servers' capacity; on a few cores with sync servers in this
-    # process a round with nothing new only takes CPU and the interpreter from the worker threads,
-    # and this option (or max_syncs_per_second) gives them back
-    wait_for_update: bool = False
-
-    def check(self, at: At, root: Any) -> None:
-        per_worker(at, "threads", root.ps.workers, self.threads)
-        if self.alpha is not None and not 0 <= self.alpha <= 1:
-            at.fail("alpha", f"must be in [0, 1], got {self.alpha}")
-        if not 0 <= self.block_momentum < 1:
-            at.fail("block_momentum", f"must be in [0, 1), got {self.block_momentum}")
-
-
-@dataclass
-class PdasgdConfig:
-    """pdASGD (SPEC section 4): one forward thread hands each batch's graph to one of
-    ``backward_threads`` backward threads and starts the next batch."""
-
-    # K (the seed: 2, since a backward pass costs about two forwards)
-    backward_threads: int = setting(2, positive=True, threads=True)
-    # torch intra-op threads of each pdASGD thread (forward and backward): 1 keeps K + 1 threads
-    # from oversubscribing the cores with OpenMP teams of their own; 0: torch's default
-    intra_op_threads: int = setting(1, non_negative=True, threads=True)
-    # each batch's backward and updates finish before the next forward starts: the sequential twin
-    # (with one backward thread, bit for bit ``sync``); for tests and ablations
-    barrier: bool = False
-
-
-@dataclass
-class AdapmConfig:
-    """AdaPM (SPEC section 2): ``ps.workers`` nodes, each with ``threads`` worker threads sharing a
-    node-local store; parameters are relocated or replicated between nodes from the workers' intent
-    signals. Defaults are the paper's, never tuned per task."""
-
-    # adaptive: relocate when one node has intent, replicate when several do; replication: only
-    # replicate; relocation: only relocate; static: a classic parameter server (keys stay on their
-    # home node, every other access remote); full: every key replicated on every node, all synced
-    # each round
-    technique: Literal["adaptive", "replication", "relocation", "static", "full"] = "adaptive"
-    timing: Literal["adaptive", "immediate"] = "adaptive"  # Algorithm 1, or act on every intent at once
-    # a worker signals a batch's intent this many batches before it computes it
-    lookahead: int = setting(64, positive=True, between=(1, 100_000, "batches of intent signalled ahead"))
-    alpha: float = 0.1  # Algorithm 1's smoothing factor
-    quantile: float = 0.9999  # Algorithm 1's p
-    # Algorithm 1's lambda_0 (clocks per round)
-    initial_rate: float = setting(10.0, positive=True, between=(1e-3, 1e6, "clocks per round, the rate estimate's start"))
-    threads: int = setting(1, positive=True, threads=True)  # worker threads per node
-    # seconds a sync thread rests between communication rounds (at least)
-    round_interval: float = setting(0.001, non_negative=True, between=(1e-5, 60.0, "seconds between communication rounds"))
-    # the share of one core a node's sync thread takes: after a round of c CPU seconds it rests
-    # c * (1 / sync_share - 1) (at least round_interval, at most the time the workers take for a
-    # quarter of the look-ahead); 1 (default): the paper's, a round as soon as the last one ended.
-    # Lower trades replica freshness for CPU: 0.25 on 4 nodes sharing 2 cores is 1.4x the examples/s,
-    # MF's RMSE unchanged, a small KG's MRR lower (docs/strategies/adapm.md)
-    sync_share: float = setting(1.0, between=(1e-3, 1.0, "the share of a core a node's sync thread takes"))
-    # at an epoch's start a worker waits for rounds (wait_sync) until its first batch's rows are held
-    # on its node, at most this many (every node signals its first intents at once: an owner may
-    # hand a key to one node before another's intent arrives, and that one's comes a round later)
-    start_rounds: int = setting(10, non_negative=True, between=(0, 100_000, "rounds a worker waits for its first rows"))
-
-    def check(self, at: At, root: Any) -> None:
-        per_worker(at, "threads", root.ps.workers, self.threads)
-        if not 0 < self.alpha <= 1:
-            at.fail("alpha", f"must be in (0, 1], got {self.alpha}")
-        if not 0 < self.quantile < 1:
-            at.fail("quantile", f"must be in (0, 1), got {self.quantile}")
 
 
 @dataclass
@@ -474,6 +333,9 @@ class CheckpointConfig:
 
 @dataclass
 class Config:
+    """The root sections as fields; each registered section (``settings.SECTIONS``) an attribute of
+    its name, its defaults where the config gives none."""
+
     seed: int = 0
     # knowledge-graph embeddings, click-through rate, matrix factorisation, word2vec, image classification
     task: Literal["kge", "ctr", "mf", "w2v", "image"] = "kge"
@@ -497,10 +359,6 @@ class Config:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
-    ps: ParameterServerConfig = field(default_factory=ParameterServerConfig)
-    shadow: ShadowConfig = field(default_factory=ShadowConfig)
-    pdasgd: PdasgdConfig = field(default_factory=PdasgdConfig)
-    adapm: AdapmConfig = field(default_factory=AdapmConfig)
     ctr: CtrModelConfig = field(default_factory=CtrModelConfig)
     mf: MfConfig = field(default_factory=MfConfig)
     w2v: W2vConfig = field(default_factory=W2vConfig)
@@ -509,8 +367,17 @@ class Config:
     auto: AutoConfig = field(default_factory=AutoConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
+    def __post_init__(self) -> None:
+        for name, kind in SECTIONS.items():  # (the strategy families' sections: their defaults)
+            self.__dict__.setdefault(name, kind())
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data.update((name, dataclasses.asdict(getattr(self, name))) for name in SECTIONS)
+        return data
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and self.to_dict() == other.to_dict()
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -523,8 +390,11 @@ def from_dict(data: dict[str, Any], where: dict[str, str] | None = None) -> Conf
     ``where`` maps dotted keys to ``file:line`` for error messages.
     """
     where = dict(where or {})
-    config = build(Config, data, "", where)[0]
+    config, sections = build(Config, data, "", where, extra=SECTIONS)
+    config.__dict__.update(sections)
     check(config, "", where, config)
+    for name in SECTIONS:
+        check(getattr(config, name), f"{name}.", where, config)
     config._where = where  # not a field: neither written to config.yaml nor compared
     return config
 

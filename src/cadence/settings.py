@@ -202,6 +202,12 @@ def check(section: Any, prefix: str, where: dict[str, str], root: Any) -> None:
         own(At(prefix, where), root)
 
 
+def per_worker(at: At, name: str, workers: int, count: int) -> None:
+    """A count of threads each worker (or node) starts: ``ps.workers`` of them at most the limit."""
+    key = at.key(name)
+    check_threads(f"{at.origin(key)}ps.workers x {key} ({workers:,} x {count:,})", workers * count)
+
+
 class YamlLoader(yaml.SafeLoader):
     """YAML as a config file means it: YAML 1.2's floats (``1e-5`` is a number, as in JSON and
     Python; YAML 1.1 reads it as a string) and no key given twice in one mapping."""

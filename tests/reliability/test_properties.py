@@ -20,7 +20,7 @@ from hypothesis import strategies as st  # noqa: E402
 from cadence.api import prepare_config  # noqa: E402
 from cadence.cli import TRAIN_FLAGS, _training_values, build_parser  # noqa: E402
 from cadence.config import Config, flatten, load_config  # noqa: E402
-from cadence.strategies import STRATEGIES  # noqa: E402
+from cadence.strategies.catalog import STRATEGIES  # noqa: E402
 from cadence.data.corpus import read_text_corpus  # noqa: E402
 from cadence.data.criteo import read_criteo  # noqa: E402
 from cadence.data.ratings import read_ratings_file  # noqa: E402

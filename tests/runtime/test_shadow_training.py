@@ -193,7 +193,7 @@ def test_alpha_zero_equals_independent_trainers(rule: str) -> None:
 def test_each_epoch_the_central_copy_on_the_sync_servers_starts_from_the_runs_dense_parameters(servers: int) -> None:
     """EASGD's central copy is reset on every sync server at each epoch's start; a server that kept
     the old slice would start epoch 2 from epoch 1's central copy."""
-    from cadence.config import ShadowConfig
+    from cadence.strategies.parameter_server.settings import ShadowConfig
     from cadence.engines.placement import InProcess
     from cadence.strategies.parameter_server.dense_sync import CentralSlices
     from cadence.strategies.parameter_server.shadow import reset_central
@@ -214,7 +214,7 @@ def test_the_central_copy_sliced_over_sync_servers_exchanges_as_one_copy(servers
     """Slices of the flat vector on several sync servers give exactly one central copy's exchanges
     (the reference: ``CentralCopy`` whole), for parameters of several shapes and a vector that does
     not divide evenly; each server holds only its slice."""
-    from cadence.config import ShadowConfig
+    from cadence.strategies.parameter_server.settings import ShadowConfig
     from cadence.engines.placement import InProcess
     from cadence.strategies.parameter_server.dense_sync import CentralSlices
 

@@ -1,6 +1,7 @@
-"""Adding a strategy is one file (tests/strategies/reverse_sync.py) and a registration: the task
-matrix then runs it on every task, and it equals its sequential twin (``sync`` replaying its
-recorded computation order) bit for bit."""
+"""Adding a strategy with a setting is one file (tests/strategies/reverse_sync.py: a schedule, its
+config section, its contract's settings) and a registration: the task matrix's checks then run it on
+every task, in the settings it declares, and it equals its sequential twin (``sync`` replaying its
+recorded computation order) bit for bit; its setting is read, checked and refused as any other."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from cadence import api
 from cadence.errors import ConfigError
 from tests.conftest import make_config
 from tests.strategies import reverse_sync
-from tests.test_task_matrix import TASK_NAMES, assert_same_model
+from tests.test_task_matrix import TASK_NAMES, assert_same_model, check_trains, check_twin_equals_sync
 
 
 @pytest.fixture
@@ -20,6 +21,29 @@ def registered():
     reverse_sync.register()
     yield reverse_sync.NAME
     reverse_sync.unregister()
+
+
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_the_contract_matrix_runs_it_in_the_settings_it_declares(task: str, registered: str, task_data,
+                                                                 tmp_path: Path) -> None:
+    check_trains(task_data, tmp_path / "trains", task, registered)
+    check_twin_equals_sync(task_data, tmp_path / "twin", task, registered)
+
+
+def test_its_setting_is_read_checked_and_written_with_the_run(registered: str, task_data, tmp_path: Path) -> None:
+    result = api.train(make_config(tmp_path / "two", *task_data["mf"], f"strategy={registered}", "reverse.every=2"))
+    assert "reverse:\n  every: 2\n" in (result.run_dir / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"^--set reverse.every=-1: reverse.every must not be negative, got -1$"):
+        make_config(tmp_path / "bad", *task_data["mf"], f"strategy={registered}", "reverse.every=-1")
+    with pytest.raises(ConfigError, match="reverse.every"):  # (read by reverse-sync alone)
+        api.train(make_config(tmp_path / "other", *task_data["mf"], "strategy=sync", "reverse.every=2"))
+
+
+def test_its_section_leaves_with_it(tmp_path: Path) -> None:
+    reverse_sync.register()
+    reverse_sync.unregister()
+    with pytest.raises(ConfigError, match="unknown key 'reverse'"):
+        make_config(tmp_path / "gone", "reverse.every=2")
 
 
 @pytest.mark.parametrize("task", TASK_NAMES)
@@ -51,7 +75,7 @@ def test_every_setting_of_the_strategies_sections_is_declared_by_a_strategy_that
     """A key no strategy declares (``Strategy.reads``) would pass every run silently: the refusal of
     keys nothing reads (``api.prepare_config``) is only as good as these declarations."""
     from cadence.config import Config, flatten
-    from cadence.strategies import STRATEGIES
+    from cadence.strategies.catalog import STRATEGIES
 
     keys = [key for key in flatten(Config().to_dict())
             if key.split(".")[0] in ("shadow", "pdasgd", "adapm", "pipeline")

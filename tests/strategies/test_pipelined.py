@@ -166,10 +166,10 @@ def test_mft_advances_only_over_contiguous_finished_batches(tmp_path: Path) -> N
         control.begin(batch)
         batch.timestamp = index
         batches.append(batch)
-    assert batches[-1].finished_before == -1
+    assert control.outstanding[(0, 6)] == -1  # (the MFT when it read: nothing written yet)
     for batch in batches:
         control.validate(batch)
-    assert batches[-1].safe_to_evict == -1 and not control.outstanding
+    assert control.safe_to_evict == -1 and not control.outstanding
     for index in (0, 1, 2, 5, 6):
         control.finish(batches[index])
     assert control.finished_upto == 2
@@ -219,7 +219,7 @@ def test_oac_keeps_a_cache_entry_exactly_while_a_batch_read_before_its_write_is_
     run.compute(second)  # began before it and read row 0 stale: repaired from entry 0, then kept no more
     assert run.control.repaired_rows == 1 and run.cached() == [0, 1]  # (row 0: now second's entry)
     run.compute(third)
-    assert run.cached() == [0, 1, 2] and third.safe_to_evict == 0
+    assert run.cached() == [0, 1, 2] and run.control.safe_to_evict == 0
 
 
 def test_a_landed_batch_keeps_only_the_rows_a_batch_already_read_reads() -> None:

@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from cadence import api
+from cadence.strategies.catalog import STRATEGIES
 from cadence.errors import ConfigError
 from cadence import auto
 from tests.conftest import make_config
@@ -46,8 +47,17 @@ def test_no_candidate_that_ran_is_an_error_naming_each() -> None:
 
 
 def test_the_candidates_are_the_strategies_that_keep_syncs_model(tiny_graph: Path) -> None:
-    assert auto.candidates(make_config(None, f"data.dataset={tiny_graph}")) == ["sync", "oac"]
-    assert auto.candidates(make_config(None, f"data.dataset={tiny_graph}", "ps.workers=4")) == ["sync", "gba"]
+    assert api.candidates(make_config(None, f"data.dataset={tiny_graph}")) == ["sync", "oac"]
+    assert api.candidates(make_config(None, f"data.dataset={tiny_graph}", "ps.workers=4")) == ["sync", "gba"]
+    # on Ray one worker is the parameter server's too: gba, not oac (which runs in one process only)
+    assert api.candidates(make_config(None, f"data.dataset={tiny_graph}", "ps.engine=ray")) == ["sync", "gba"]
+
+
+def test_the_candidates_follow_what_each_strategy_declares(tiny_graph: Path, monkeypatch) -> None:
+    monkeypatch.setattr(STRATEGIES.get("async"), "keeps_sync_model", True)
+    monkeypatch.setattr(STRATEGIES.get("gba"), "keeps_sync_model", False)
+    assert api.candidates(make_config(None, f"data.dataset={tiny_graph}")) == ["sync", "async", "oac"]
+    assert api.candidates(make_config(None, f"data.dataset={tiny_graph}", "ps.workers=4")) == ["sync", "async"]
 
 
 def test_choose_runs_every_candidate_with_the_runs_config_and_records_why(tiny_graph: Path) -> None:
@@ -60,8 +70,8 @@ def test_choose_runs_every_candidate_with_the_runs_config_and_records_why(tiny_g
         return auto.Trial(candidate.strategy, {"sync": 800.0, "gba": 2000.0}[candidate.strategy], 90, 1.0)
 
     probe = api.prepare_config(make_config(None, f"data.dataset={tiny_graph}"))
-    chosen, record = auto.choose(config, lambda: api.TASKS.get("kge")(probe), api.prepare_config, None,
-                                 api.for_contender, trial)
+    chosen, record = auto.choose(config, api.candidates(config), lambda: api.TASKS.get("kge")(probe),
+                                 api.prepare_config, None, api.for_contender, trial)
     assert seen == [("sync", 4, ["0:4"]), ("gba", 4, ["0:4"])]
     assert chosen.strategy == "gba" and config.strategy == "auto"  # (the caller's config untouched)
     assert record["chosen"] == "gba" and [t["strategy"] for t in record["trials"]] == ["sync", "gba"]
@@ -180,7 +190,7 @@ def test_a_mistake_every_trial_makes_is_the_runs_error(tmp_path: Path) -> None:
 
     config = make_config(tmp_path / "run", f"data.dataset={tmp_path / 'nowhere'}", "strategy=auto")
     with pytest.raises(Exception) as raised:
-        auto.choose_in_processes(config, cli.candidate_trial)
+        auto.choose_in_processes(config, cli.candidate_trial, cli.candidate_names)
     assert "nowhere" in str(raised.value) and "no candidate could train" not in str(raised.value)
 
 

@@ -23,7 +23,8 @@ from cadence.errors import CadenceError, CheckpointError, ConfigError
 from cadence.training import grow
 from cadence.training.run_directory import RunDirectory
 from tests.conftest import TINY_WORDS, make_config, random_triples, write_criteo, write_graph, write_images, write_ratings
-from tests.test_task_matrix import STRATEGY_SETTINGS
+from cadence.strategies.catalog import STRATEGIES
+from tests.test_task_matrix import STRATEGY_NAMES
 from tests.training.test_every_task_resumes import read_tsv
 
 TASKS = ("kge", "ctr", "mf", "w2v", "image")
@@ -157,11 +158,11 @@ def assert_frozen(before: dict, after: dict, fresh: dict, files: tuple[str, ...]
     assert moved, "no new row trained"
 
 
-@pytest.mark.parametrize("strategy", sorted(STRATEGY_SETTINGS))
+@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
 def test_freeze_known_trains_only_the_new_rows_under_every_strategy(strategy: str, grow_data, tmp_path: Path) -> None:
     old_data, new_data = grow_data["kge"]
     old = train(tmp_path, "old", *old_data)
-    settings = [f"strategy={strategy}", *STRATEGY_SETTINGS[strategy][0]]
+    settings = [f"strategy={strategy}", *STRATEGIES.get(strategy).contract.exercised]
     grown = train(tmp_path, "grown", *new_data, *settings, f"train.init_from={old.run_dir}", "train.freeze=known",
                   "train.epochs=2")
     scratch = train(tmp_path, "scratch", *new_data, *STILL, "train.epochs=1")

@@ -42,8 +42,6 @@ class Batch:
     rows: RowBlock | None = None  # the rows of ids: filled by the load stage, updated by compute
     loss: Tensor | None = None
     timestamp: int = -1  # position in the computation order (OAC's global counter), set at compute
-    finished_before: int = -1  # OAC's MFT: every batch with timestamp <= this had been written at read
-    safe_to_evict: int = -1  # OAC's STE: cache entries with timestamp <= this may be evicted
     # on an accelerator (pipeline/transfer.py): the ids on the host, and the events that order streams
     host_ids: Tensor | None = None
     uploaded: object | None = None  # torch.cuda.Event: rows, ids and inputs are on the device

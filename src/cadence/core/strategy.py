@@ -48,6 +48,19 @@ class RuntimeKind:
 
 
 @dataclass(frozen=True)
+class Contract:
+    """How a strategy is held to its guarantee, in ``key=value`` settings the contract tests train
+    every task with (``tests/test_task_matrix.py``): ``exercised``, a short run that shows how it
+    differs from sync (several workers, batches in flight); ``twin``, the setting under which it
+    computes exactly what sync computes (its degenerate setting: one worker, a staleness bound of 1),
+    its model then equal to sync's bit for bit; None: it declares none (a strategy without one fails
+    the meta-test)."""
+
+    exercised: tuple[str, ...] = ()
+    twin: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
 class BuildContext:
     """What the API resolved for a run before its runtime is built."""
 
@@ -63,6 +76,10 @@ class Strategy(ABC):
     # the config keys (or sections) of the strategies' sections this strategy reads: a key another
     # strategy declares and this one does not is an error naming who reads it (api.prepare_config)
     reads: tuple[str, ...] = ()
+    contract: Contract = Contract()
+    # whether its guarantee is sync's model (sync, OAC's validated order, GBA's global batch): a
+    # candidate of ``strategy: auto`` where its runtime is the one sync takes for the config
+    keeps_sync_model: bool = False
 
     def reads_for(self, config: Config) -> tuple[str, ...]:
         """The keys this config's run of the strategy reads (a name over several families: the entry's)."""

@@ -1,100 +1,18 @@
-"""Training strategies: *how* batches flow and when updates are applied; the one strategy registry.
+"""Training strategies: *how* batches flow and when updates are applied, one package per family
+(``pipelined``, ``parameter_server``, ``adapm``), each owning its runtime (``<family>.strategy``:
+its entries in the one registry, ``catalog.STRATEGIES``) and its settings (``<family>.settings``:
+its config sections, registered with ``cadence.settings.SECTIONS``).
 
-One package per family, each owning the runtime it builds (``cadence.core.strategy``):
-
-| family                | strategies                                              | runtime                    |
-|-----------------------|---------------------------------------------------------|----------------------------|
-| ``pipelined``         | ``sync``, ``async``, ``oac``, ``pdasgd``, ``pdasgd-bu`` | the one-process pipeline   |
-| ``parameter_server``  | ``sync``, ``async``, ``bsp``, ``gba``, ``hop_bs``, ``hop_bw``; ``shadow-*``, ``fr-*``, ``hogwild`` | the parameter server (threads or Ray actors) |
-| ``adapm``             | ``adapm``                                               | AdaPM's nodes (threads or Ray actors) |
-
-``STRATEGIES`` holds one entry per name. A name two families define (``sync``, ``async``) is one
-entry that takes the first family whose runtime fits the config: the pipeline with ``ps.workers: 1``
-on threads, the parameter server otherwise (the same math with one worker: tested bit for bit).
-A strategy defined elsewhere registers the same way: ``STRATEGIES.register(name)(entry)``.
+Importing this package imports only the families' settings, no training code: a config is read
+(``cadence.config``) before torch is imported (``cadence train --strategy auto`` runs its trials
+first, docs/auto.md); ``cadence`` imports it, so every section is known wherever a config is.
 """
 
 from __future__ import annotations
 
-from cadence.config import Config
-from cadence.core.runtime import Runtime
-from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
-from cadence.errors import ConfigError
-from cadence.registry import Registry
-from cadence.strategies import adapm, parameter_server, pipelined
+# (in this order: the sections' order in config.yaml, after the root sections)
+from cadence.strategies.parameter_server import settings as parameter_server_settings
+from cadence.strategies.pipelined import settings as pipelined_settings
+from cadence.strategies.adapm import settings as adapm_settings  # noqa: I001
 
-STRATEGIES: Registry[Strategy] = Registry("strategy", "strategy")
-
-
-class FirstThatFits(Strategy):
-    """One name over several families' entries (in order of preference): the first whose runtime
-    fits the config runs it."""
-
-    def __init__(self, entries: list[Strategy]):
-        self.entries = entries
-        self.name = entries[0].name
-        self.description = "; ".join(f"{kind.name}: {entry.description}" for entry in entries
-                                     for kind in entry.runtimes)
-
-    @property
-    def runtimes(self) -> tuple[RuntimeKind, ...]:
-        return tuple(kind for entry in self.entries for kind in entry.runtimes)
-
-    @property
-    def reads(self) -> tuple[str, ...]:  # type: ignore[override]
-        return tuple(key for entry in self.entries for key in entry.reads)
-
-    def reads_for(self, config: Config) -> tuple[str, ...]:
-        return self._entry(config).reads_for(config)
-
-    def _entry(self, config: Config) -> Strategy:
-        for entry in self.entries[:-1]:
-            try:
-                entry.runtime(config)
-            except ConfigError:
-                continue
-            return entry
-        return self.entries[-1]
-
-    def runtime(self, config: Config) -> RuntimeKind:
-        return self._entry(config).runtime(config)
-
-    def check(self, config: Config) -> None:
-        self._entry(config).check(config)
-
-    def in_place(self, config: Config) -> bool:
-        return self._entry(config).in_place(config)
-
-    def node_parts(self, config: Config) -> tuple[int, int]:
-        return self._entry(config).node_parts(config)
-
-    def build(self, config: Config, task, context: BuildContext) -> Runtime:
-        return self._entry(config).build(config, task, context)
-
-
-def _register_families() -> None:
-    by_name: dict[str, list[Strategy]] = {}
-    for family in (pipelined, parameter_server, adapm):  # order of preference for a shared name
-        for entry in family.STRATEGIES:
-            by_name.setdefault(entry.name, []).append(entry)
-    for name, entries in sorted(by_name.items()):
-        STRATEGIES.register(name)(entries[0] if len(entries) == 1 else FirstThatFits(entries))
-
-
-_register_families()
-
-
-def strategy_names() -> list[str]:
-    return STRATEGIES.names()
-
-
-def runtime_kinds() -> list[RuntimeKind]:
-    """Every runtime a registered strategy can build (each once)."""
-    kinds: dict[str, RuntimeKind] = {}
-    for name in STRATEGIES.names():
-        for kind in STRATEGIES.get(name).runtimes:
-            kinds.setdefault(kind.name, kind)
-    return list(kinds.values())
-
-
-__all__ = ["STRATEGIES", "FirstThatFits", "runtime_kinds", "strategy_names"]
+FAMILY_SETTINGS = (parameter_server_settings, pipelined_settings, adapm_settings)

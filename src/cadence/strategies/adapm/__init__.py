@@ -2,51 +2,8 @@
 decided on each key's owner, replica synchronisation with versions, Algorithm 1's action timing
 (``docs/strategies/adapm.md``). ``node``: one node and the protocol; ``timing``: Algorithm 1;
 ``engine``: the node role and the driver's side, on any placement (``engines.placement``: threads
-of this process, or Ray actors, imported only with ``--engine ray``)."""
+of this process, or Ray actors, imported only with ``--engine ray``).
 
-
-from __future__ import annotations
-
-from cadence.config import Config
-from cadence.core.runtime import Runtime
-from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
-from cadence.engines import PLACEMENTS
-from cadence.errors import ConfigError
-from cadence.strategies.adapm.runtime import AdaPMRuntime
-
-ADAPM = RuntimeKind(
-    "adapm", keys=("adapm", "ps.ray_address", "ps.ray_idle_processes"), owns_message="strategy adapm", runs_on="AdaPM's nodes",
-    foreign_message="{key} does not apply to strategy adapm (its nodes hold the rows: ps.workers sets the number "
-                    "of nodes, adapm.* the rest)",
-    engine=True)
-
-
-class AdaPMStrategy(Strategy):
-    """``adapm``: ``ps.workers`` nodes (threads of this process, or Ray actors)."""
-
-    name = "adapm"
-    description = ("AdaPM: nodes relocate or replicate each row just in time from the workers' intent signals "
-                   "(Algorithm 1)")
-    runtimes = (ADAPM,)
-
-    def runtime(self, config: Config) -> RuntimeKind:
-        return ADAPM
-
-    def check(self, config: Config) -> None:
-        PLACEMENTS.get(config.ps.engine)
-        if config.device.startswith("cuda"):
-            # (``auto`` trains on the CPU here and evaluates on the GPU, where there is one)
-            raise ConfigError(f"device: {config.device!r}: adapm's nodes compute on the CPU, each holding its "
-                              "share of the rows in host memory (as the paper's nodes do); use device: cpu or auto")
-
-    def node_parts(self, config: Config) -> tuple[int, int]:
-        """Each node trains its own part with the rows it holds (the paper's App. C partitioning on MF)."""
-        return config.ps.workers, config.adapm.threads
-
-    def build(self, config: Config, task, context: BuildContext) -> Runtime:
-        runtime = AdaPMRuntime(config, task)
-        runtime.strategy = self.name
-        return runtime
-
-
-STRATEGIES = (AdaPMStrategy(),)
+The family's strategies are in ``strategy`` (imported by ``cadence.strategies.catalog``); its
+settings in ``settings`` (imported by ``cadence.strategies``, so a config reads them without torch).
+"""

@@ -29,7 +29,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from cadence.config import AdapmConfig, OptimizerConfig
+from cadence.config import OptimizerConfig
+from cadence.strategies.adapm.settings import AdapmConfig
 from cadence.optim import module_optimizer, set_lr
 from cadence.core.batch import Batch, BatchPlan, finished_batch
 from cadence.core.runtime import WorkerFailed, serialized

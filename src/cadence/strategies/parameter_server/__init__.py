@@ -5,57 +5,8 @@ compute and push; a mode (``modes``) is a few choices over that runtime: GBA and
 ``server``: the shard and the data list; ``worker``: the worker loop and the router;
 ``aggregation`` and ``gates``: the modes' rules; ``engines``: the thread engine; ``ray_engine``: the
 same roles as Ray actors (imported only with ``--engine ray``); ``runtime``: the runtime the trainer
-drives."""
+drives.
 
-from __future__ import annotations
-
-from cadence.config import Config
-from cadence.engines import cgroups
-from cadence.errors import ConfigError
-from cadence.core.runtime import Runtime
-from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
-from cadence.strategies.parameter_server import shadow  # noqa: F401  (registers ShadowSync's modes)
-from cadence.strategies.parameter_server.engines import ENGINES
-from cadence.strategies.parameter_server.modes import PS_MODES, ParameterServerMode
-from cadence.strategies.parameter_server.runtime import ParameterServerRuntime
-from cadence.strategies.parameter_server.worker import Faults
-
-PARAMETER_SERVER = RuntimeKind(
-    "parameter_server",
-    keys=("ps.shards", "ps.stragglers", "ps.straggler_cause", "ps.straggler_quota", "ps.kill_workers",
-          "ps.emulated_latency", "ps.ray_address", "ps.ray_idle_processes", "ps.dense"),
-    owns_message="the parameter-server runtime", runs_on="the parameter server", engine=True)
-
-
-class ServerStrategy(Strategy):
-    """A parameter-server mode as a registered strategy."""
-
-    runtimes = (PARAMETER_SERVER,)
-
-    def __init__(self, mode: ParameterServerMode):
-        self.mode = mode
-        self.name, self.description = mode.name, mode.description
-        self.reads = mode.reads
-
-    def runtime(self, config: Config) -> RuntimeKind:
-        return PARAMETER_SERVER
-
-    def check(self, config: Config) -> None:
-        ENGINES.get(config.ps.engine)
-        Faults.parse(config.ps.stragglers, config.ps.kill_workers, config.ps.workers)
-        if config.ps.straggler_cause == "cpu_quota":
-            if config.ps.engine != "ray":
-                raise ConfigError("ps.straggler_cause: cpu_quota slows a worker's process: it needs ps.engine: ray "
-                                  "(on threads a straggler sleeps: ps.straggler_cause: sleep)")
-            why = cgroups.unavailable()
-            if why is not None:
-                raise ConfigError(f"ps.straggler_cause: cpu_quota: {why}")
-        self.mode.check(config.shadow)
-
-    def build(self, config: Config, task, context: BuildContext) -> Runtime:
-        runtime = ParameterServerRuntime(config, task, self.mode)
-        runtime.strategy = self.name
-        return runtime
-
-
-STRATEGIES = tuple(ServerStrategy(PS_MODES.get(name)) for name in PS_MODES.names())
+The family's strategies are in ``strategy`` (imported by ``cadence.strategies.catalog``); its
+settings in ``settings`` (imported by ``cadence.strategies``, so a config reads them without torch).
+"""

@@ -14,7 +14,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from cadence.config import Config, OptimizerConfig, ParameterServerConfig, ShadowConfig
+from cadence.config import Config, OptimizerConfig
+from cadence.strategies.parameter_server.settings import ParameterServerConfig, ShadowConfig
 from cadence.core.batch import finished_batch
 from cadence.core.runtime import OnBatch, WorkerFailed, serialized
 from cadence.engines.placement import finish

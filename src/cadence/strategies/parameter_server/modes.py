@@ -12,8 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cadence.config import ParameterServerConfig, ShadowConfig
+from cadence.strategies.parameter_server.settings import ParameterServerConfig, ShadowConfig
 from cadence.core.runtime import OnBatch
+from cadence.core.strategy import Contract
 from cadence.registry import Registry
 from cadence.strategies.parameter_server.aggregation import Aggregation, ApplyEach, Buffered, Hogwild, PerStep
 from cadence.strategies.parameter_server.gates import BoundedStaleness, NoGate, StepBarrier
@@ -36,6 +37,8 @@ class ParameterServerMode:
     per_worker_batches: bool = False  # each worker computes exactly one local batch per step
     fresh_tokens: bool = False  # a batch's token is the current step when it is taken (backup workers)
     own_keys: tuple[str, ...] = ()  # the keys of the modes' settings (ps.*, shadow.*) this mode reads
+    contract: Contract = Contract()  # its contract tests' settings (``Strategy.contract``)
+    keeps_sync_model: bool = False  # (``Strategy.keeps_sync_model``)
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -96,9 +99,10 @@ PS_MODES: Registry[ParameterServerMode] = Registry("parameter-server strategy")
 
 
 def _register(name: str, aggregation, gate, tokens_per_step, description: str, per_worker: bool = False,
-              fresh_tokens: bool = False, reads: tuple[str, ...] = ()) -> None:
+              fresh_tokens: bool = False, reads: tuple[str, ...] = (), contract: Contract = Contract(),
+              keeps_sync_model: bool = False) -> None:
     PS_MODES.register(name)(ParameterServerMode(name, aggregation, gate, tokens_per_step, description, per_worker,
-                                                fresh_tokens, reads))
+                                                fresh_tokens, reads, contract, keeps_sync_model))
 
 
 # shared by the modes here and ShadowSync's (``shadow``)
@@ -111,17 +115,19 @@ _buffer = lambda config: config.buffer or config.workers  # noqa: E731  global b
 
 _register("sync", lambda c: PerStep(), lambda c, shards: StepBarrier(shards), _workers,
           "a barrier per global step: each worker computes one batch per step, on the same parameters",
-          per_worker=True)
+          per_worker=True, keeps_sync_model=True)
 _register("async", apply_each, no_gate, one_batch, "apply every gradient at once")
 _register("bsp", lambda c: Buffered(c.buffer or c.workers, math.inf, c.decay, c.normalizer), no_gate, _buffer,
-          "aggregate M gradients whatever their staleness", reads=("ps.buffer", "ps.decay", "ps.normalizer"))
+          "aggregate M gradients whatever their staleness", reads=("ps.buffer", "ps.decay", "ps.normalizer"),
+          contract=Contract(("ps.workers=2",), ("ps.workers=1", "ps.buffer=1")))
 _register("gba", lambda c: Buffered(c.buffer or c.workers, c.tolerance, c.decay, c.normalizer), no_gate, _buffer,
           "aggregate M gradients, dropping those staler than the tolerance iota",
-          reads=("ps.buffer", "ps.tolerance", "ps.decay", "ps.normalizer"))
+          reads=("ps.buffer", "ps.tolerance", "ps.decay", "ps.normalizer"),
+          contract=Contract(("ps.workers=2", "ps.tolerance=1"), ("ps.workers=1", "ps.buffer=1")), keeps_sync_model=True)
 _register("hop_bs", apply_each, lambda c, shards: BoundedStaleness(c.workers, c.staleness), one_batch,
           "apply each gradient; no worker runs more than `staleness` batches ahead of the slowest",
-          reads=("ps.staleness",))
+          reads=("ps.staleness",), contract=Contract(("ps.workers=2",), ("ps.workers=1",)))
 _register("hop_bw", lambda c: PerStep(quorum=max(1, c.workers - c.backup_workers)), no_gate, _workers,
           "backup workers: per step, apply the first workers - backup_workers gradients and do not wait for "
           "the rest (dropped as late); a late worker's next batch belongs to the current step",
-          fresh_tokens=True, reads=("ps.backup_workers",))
+          fresh_tokens=True, reads=("ps.backup_workers",), contract=Contract(("ps.workers=3",), ("ps.workers=1",)))

@@ -17,7 +17,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from cadence.config import OptimizerConfig, ParameterServerConfig
+from cadence.config import OptimizerConfig
+from cadence.strategies.parameter_server.settings import ParameterServerConfig
 from cadence.core.rows import TableSpec
 from cadence.optim import EntityOptimizer, set_lr, module_optimizer
 from cadence.strategies.parameter_server.aggregation import Aggregation, Gradient

@@ -37,9 +37,11 @@ from torch import Tensor, nn
 from dataclasses import dataclass
 from typing import Any
 
-from cadence.config import OptimizerConfig, ParameterServerConfig, ShadowConfig
+from cadence.config import OptimizerConfig
+from cadence.strategies.parameter_server.settings import ParameterServerConfig, ShadowConfig
 from cadence.core.batch import on_device
 from cadence.core.runtime import OnBatch, WorkerFailed
+from cadence.core.strategy import Contract
 from cadence.errors import ConfigError
 from cadence.engines.threads import intra_op_share
 from cadence.optim import module_optimizer
@@ -458,15 +460,22 @@ _RULE_TEXT = {
     "ma": "model averaging over an all-reduce of the trainers",
     "bmuf": "BMUF: an all-reduce, then a block update with block momentum",
 }
+# 2 trainers x 2 Hogwild threads; one trainer of one thread (with alpha 0: EASGD's pull towards the
+# central copy off) computes what sync does
+_TRAINERS = ("ps.workers=2", "shadow.threads=2")
+_ONE_TRAINER = ("ps.workers=1", "shadow.threads=1")
 for _rule, _text in _RULE_TEXT.items():
     PS_MODES.register(f"shadow-{_rule}")(ShadowSyncMode(
         f"shadow-{_rule}", hogwild_rows, no_gate, one_batch,
-        f"ShadowSync: {_text}, on a shadow thread in the background; embeddings Hogwild", dense_sync=_rule))
+        f"ShadowSync: {_text}, on a shadow thread in the background; embeddings Hogwild",
+        contract=Contract(_TRAINERS, (*_ONE_TRAINER, "shadow.alpha=0")), dense_sync=_rule))
     PS_MODES.register(f"fr-{_rule}")(ShadowSyncMode(
         f"fr-{_rule}", hogwild_rows, no_gate, one_batch,
         f"{_text} in the foreground every shadow.every iterations (of each worker thread, or of the trainer: "
         "shadow.fr_sync); embeddings Hogwild",
+        contract=Contract((*_TRAINERS, "shadow.every=2"), (*_ONE_TRAINER, "shadow.alpha=0")),
         dense_sync=_rule, foreground=True))
 PS_MODES.register("hogwild")(ShadowSyncMode(
     "hogwild", hogwild_rows, no_gate, one_batch,
-    "trainers' dense replicas never synced (averaged at the end of each epoch); embeddings Hogwild"))
+    "trainers' dense replicas never synced (averaged at the end of each epoch); embeddings Hogwild",
+    contract=Contract(_TRAINERS, _ONE_TRAINER)))

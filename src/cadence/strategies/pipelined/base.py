@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar
 
 from cadence.core.batch import Batch, BatchPlan
+from cadence.core.strategy import Contract
 from cadence.pipeline.stages import Stages
 from cadence.registry import Registry
 
@@ -31,6 +32,9 @@ class Schedule(ABC):
     # whether it may run a task that updates its rows in place (``Task.updates_in_place``): true where
     # the compute stage takes one batch at a time, in order (nothing else reads or writes rows then)
     in_place: ClassVar[bool] = False
+    # its contract tests' settings and whether it keeps sync's model (``Strategy.contract``, ``keeps_sync_model``)
+    contract: ClassVar[Contract] = Contract()
+    keeps_sync_model: ClassVar[bool] = False
 
     def __init__(self, settings: Any = None):
         self.settings = settings

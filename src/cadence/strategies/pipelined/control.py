@@ -37,6 +37,7 @@ from torch import Tensor
 
 from cadence.config import PipelineConfig
 from cadence.core.batch import Batch
+from cadence.core.strategy import Contract
 from cadence.pipeline.runner import ConcurrencyControl, PipelineRunner
 from cadence.pipeline.transfer import accelerated
 from cadence.strategies.pipelined.validation_cache import ValidationCache
@@ -92,9 +93,11 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
         self.meta_lock = threading.Lock()  # guards the MFT and the outstanding-batches map
         self.finished_upto = first_timestamp - 1  # MFT: every batch stamped <= this has been written
         self.finished_ahead: set[int] = set()  # written batches beyond the MFT
-        # batches read but not yet validated, (epoch, index) -> its MFT at creation: the only ones
-        # that can still need a cache entry (the paper keeps a batch here until it is written)
+        # batches read but not yet validated, (epoch, index) -> its MFT at creation (every batch stamped
+        # <= it had been written when it read): the only ones that can still need a cache entry (the
+        # paper keeps a batch here until it is written)
         self.outstanding: dict[tuple[int, int], int] = {}
+        self.safe_to_evict = first_timestamp - 1  # STE at the last validation: entries stamped <= it went
         self.repaired_rows = 0
         self.skipped_writes = 0
         self.write_lock_wait = 0.0  # seconds writers waited for the store's lock
@@ -107,7 +110,6 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
 
     def begin(self, batch: Batch) -> None:
         with self.meta_lock:
-            batch.finished_before = self.finished_upto
             self.outstanding[(batch.plan.epoch, batch.plan.index)] = self.finished_upto
             self._count_readers(batch.ids, 1)
 
@@ -116,10 +118,10 @@ class OptimisticAsynchronyControl(ConcurrencyControl):
         dropped: once repaired, a batch never reads the cache again), then repair the batch."""
         began = time.perf_counter()
         with self.meta_lock:
-            batch.safe_to_evict = min(self.outstanding.values())
+            self.safe_to_evict = min(self.outstanding.values())
             del self.outstanding[(batch.plan.epoch, batch.plan.index)]
             landed = self.finished_upto
-        self.cache.evict_upto(batch.safe_to_evict)
+        self.cache.evict_upto(self.safe_to_evict)
         if self.readers is not None:
             # a batch whose write has landed (<= the MFT) is needed only by the batches already read,
             # and only for the rows they read (this one's among them, until its repair below)
@@ -187,6 +189,8 @@ class PipelinedStrategy(Schedule):
     section = "pipeline"  # PipelineConfig
     reads = ("pipeline.staleness_bound", "pipeline.loader_threads", "pipeline.writer_threads", "pipeline.queue_size",
              "pipeline.stall_timeout", "pipeline.overlap")
+    # batches in flight; a bound of one is one batch end to end at a time: sync's computation
+    contract = Contract(("pipeline.staleness_bound=4",), ("pipeline.staleness_bound=1",))
 
     # overlap: auto: the share of compute time that reads and writes must reach for an epoch to run in
     # the threads (a pipelined epoch below INLINE_BELOW makes the next inline; an inline one above
@@ -278,6 +282,7 @@ class AsyncStrategy(PipelinedStrategy):
 @SCHEDULES.register("oac")
 class OacStrategy(PipelinedStrategy):
     reads = (*PipelinedStrategy.reads, "pipeline.coalesce_writes")
+    keeps_sync_model = True  # (the sync run of its computation order, bit for bit)
     counters = ("repaired_rows", "skipped_writes", "coalesced_writes", "peak_cache_rows", "evicted_rows",
                 "write_lock_wait_seconds", "write_lock_held_seconds", "validation_seconds")
 

@@ -50,8 +50,9 @@ from torch import Tensor, nn
 
 from cadence.engines.threads import ThreadGroup, intra_op_threads
 from cadence.optim import InPlaceDense, row_gradient
-from cadence.config import PdasgdConfig
+from cadence.strategies.pipelined.settings import PdasgdConfig
 from cadence.core.batch import Batch, BatchPlan
+from cadence.core.strategy import Contract
 from cadence.pipeline.stages import ComputeStage, Stages
 from cadence.core.rows import RowBlock
 from cadence.strategies.pipelined.base import SCHEDULES, Schedule
@@ -122,6 +123,8 @@ class Pdasgd(Schedule):
     section = "pdasgd"  # PdasgdConfig
     reads = ("pdasgd",)
     governed = False  # each forward and backward thread pins its own intra-op threads (pdasgd.intra_op_threads)
+    # K backward threads; one backward thread with a barrier after each batch is sync
+    contract = Contract(("pdasgd.backward_threads=2",), ("pdasgd.backward_threads=1", "pdasgd.barrier=true"))
 
     def __init__(self, settings: PdasgdConfig):
         super().__init__(settings)

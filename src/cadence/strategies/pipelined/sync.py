@@ -5,12 +5,15 @@ The reference every asynchronous strategy is tested against (its "sequential twi
 
 from __future__ import annotations
 
+from cadence.core.strategy import Contract
 from cadence.strategies.pipelined.base import SCHEDULES, Schedule
 
 
 @SCHEDULES.register("sync")
 class SyncStrategy(Schedule):
     in_place = True
+    contract = Contract((), ())  # (itself)
+    keeps_sync_model = True
 
     def __init__(self, settings=None):
         super().__init__(settings)
