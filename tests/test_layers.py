@@ -222,3 +222,21 @@ def test_the_rule_catches_an_upward_import(source, broken):
     trees[source] = ast.parse(ast.unparse(TREES[source]) + "\n" + broken)
     found = [(s, t) for s, t, _, _, _ in edges(trees) if s == source and layer_of(t) > layer_of(s)]
     assert found
+
+
+# test directories that are not a package of src/cadence, and why
+TEST_DIRS_OF_THEIR_OWN = {
+    "benchmarks": "the scripts in benchmarks/ (their results' checks and helpers)",
+    "reliability": "properties of the whole library under generated inputs (tests/reliability/harness.py)",
+}
+
+
+def test_the_tests_mirror_the_packages():
+    """``tests/<path>/`` tests ``src/cadence/<path>/``: a directory of tests for a package that does
+    not exist (a package renamed or split, its tests left behind) is an error."""
+    tests = SRC.parents[1] / "tests"
+    stray = [str(path.relative_to(tests)) for path in sorted(tests.rglob("*")) if path.is_dir()
+             and path.name != "__pycache__" and any(path.glob("test_*.py"))
+             and not (SRC / path.relative_to(tests)).is_dir()
+             and path.relative_to(tests).parts[0] not in TEST_DIRS_OF_THEIR_OWN]
+    assert stray == []

@@ -17,7 +17,7 @@ from cadence.core.runtime import WorkerFailed
 from cadence.strategies.parameter_server.modes import PS_MODES
 
 from tests.conftest import foreground
-from tests.runtime.ctr_helpers import BATCH, make_trainer
+from tests.strategies.parameter_server.ctr_helpers import BATCH, make_trainer
 
 SYNCED = [f"{kind}-{rule}" for kind in ("shadow", "fr") for rule in ("easgd", "ma", "bmuf")]
 

@@ -18,7 +18,7 @@ from cadence.strategies.parameter_server.modes import PS_MODES
 from cadence.tasks.ctr import CtrTask
 from cadence.training.run_directory import RunDirectory
 
-from tests.runtime.ctr_helpers import BATCH, final_state, make_trainer, small_data
+from tests.strategies.parameter_server.ctr_helpers import BATCH, final_state, make_trainer, small_data
 
 trainer_for = make_trainer
 

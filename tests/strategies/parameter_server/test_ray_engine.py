@@ -25,7 +25,7 @@ ray = pytest.importorskip("ray")
 from cadence.cli import main  # noqa: E402
 from cadence.strategies.parameter_server import ray_engine  # noqa: E402
 from tests.conftest import foreground  # noqa: E402
-from tests.runtime.ctr_helpers import BATCH, final_state, make_trainer  # noqa: E402
+from tests.strategies.parameter_server.ctr_helpers import BATCH, final_state, make_trainer  # noqa: E402
 from tests.training.test_grow import STILL, assert_frozen, exported, grow_data, train  # noqa: E402,F401  (grow_data: a fixture)
 
 # one worker of a parallel run (make test: --dist loadgroup) runs the module: one cluster, and the
@@ -135,7 +135,7 @@ def test_nondeterministic_modes_count_steps_and_examples_exactly(tmp_path: Path,
 def test_hop_bs_on_ray_keeps_every_worker_within_the_staleness_bound(tmp_path: Path, local_cluster) -> None:
     """The bounded-staleness gate lives in the coordinator actor and the workers reach it over their
     channels (wait, and done sent one-way): a fast worker still waits for a slow one, as on threads
-    (tests/runtime/test_ctr_training.py)."""
+    (tests/strategies/parameter_server/test_ctr_training.py)."""
     trainer = trainer_for(tmp_path, "strategy=hop_bs", "ps.workers=2", "ps.staleness=1", 'ps.stragglers=["0:8"]',
                           "train.epochs=1", "ps.engine=ray")
     fit(trainer)

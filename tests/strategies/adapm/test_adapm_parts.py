@@ -1,4 +1,4 @@
-"""The parts of an AdaPM node, each on its own (tests/runtime/test_adapm.py tests them together):
+"""The parts of an AdaPM node, each on its own (tests/strategies/adapm/test_adapm.py tests them together):
 ``Routing`` (home records, the location cache, hints) against a dictionary doing the same by hand,
 ``Holdings`` (entries made, freed, written) against what they must leave behind, and ``Management``'s
 owner-side decision against the paper's rule, with no ``Node`` around them."""
