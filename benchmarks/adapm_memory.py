@@ -218,14 +218,14 @@ def train(overrides: list[str], name: str) -> dict[str, Any]:
             return record
         summary = json.loads(summary_path.read_text())
     record.update({key: summary[key] for key in SUMMARY if key in summary})
-    record["rmse"], record["mrr"], record["train_loss"] = summary.get("rmse"), summary.get("mrr"), summary.get("train_loss")
+    record.update({key: summary.get(key) for key in ("rmse", "mrr", "auc", "train_loss")})
     return record
 
 
 def quality(record: dict[str, Any], task: str) -> float | None:
     """MF: test RMSE; KG: filtered test MRR over the holdout (the entity table ranked a block at a
-    time, read from the nodes: the driver never holds it)."""
-    return record.get("rmse") if task == "mf" else record.get("mrr")
+    time, read from the nodes: the driver never holds it); CTR: test AUC."""
+    return record.get({"mf": "rmse", "ctr": "auc"}.get(task, "mrr"))
 
 
 def part(task: str, limit: int, quick: bool, contenders: list[str]) -> dict[str, Any]:

@@ -25,24 +25,21 @@ benchmarks/results/adapm_scaling.json (``--out`` elsewhere).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shlex
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from adapm_memory import NodeCgroups, quality, train  # same folder: a `cadence train` process a run
+from adapm_memory import quality, train  # same folder: a `cadence train` process a run
 from kge_throughput import machine_info
 from peer_stats import write_report
 from provenance import add_flag, check
+from scaling import measure, ray_unavailable
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-CPU_ROOT = Path("/sys/fs/cgroup/cpu")
-PERIOD_US = 10_000
 
 
 def task_overrides(task: str, nodes: int, full: bool) -> list[str]:
@@ -56,23 +53,6 @@ def task_overrides(task: str, nodes: int, full: bool) -> list[str]:
     return ["task=kge", "data.dataset=synthetic", f"data.synthetic.num_entities={edges // 10}", "model.dim=64",
             "data.synthetic.num_relations=20", f"data.synthetic.num_edges={edges}", "data.synthetic.holdout=200",
             "model.name=distmult", "train.batch_size=500", "optimizer.lr=0.1", *common]
-
-
-class CpuCgroups(NodeCgroups):
-    """One cpu cgroup per node, each held to ``cores`` cores' worth of time per period."""
-
-    def __init__(self, count: int, cores: float):
-        super().__init__(CPU_ROOT, "cadence-adapm-scaling", count)
-        for path in self.paths:
-            (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            (path / "cpu.cfs_quota_us").write_text(str(max(1000, int(cores * PERIOD_US))))
-
-    def throttled_seconds(self) -> float:
-        total = 0
-        for path in self.paths:
-            stat = dict(line.split() for line in (path / "cpu.stat").read_text().splitlines())
-            total += int(stat.get("throttled_time", 0))
-        return total / 1e9
 
 
 def run(task: str, nodes: int, full: bool, engine: str, address: str | None = None,
@@ -104,50 +84,18 @@ def main() -> None:
     args = parser.parse_args()
     found = check(args, "adapm_scaling")
     engines = [e for e in args.engines.split(",") if e]
-    cores = os.cpu_count() or 1
-    if "ray" in engines and (os.geteuid() != 0 or not (CPU_ROOT / "cpu.cfs_quota_us").exists()):
-        print("adapm_scaling: ray skipped: needs root and cgroup v1's cpu controller at /sys/fs/cgroup/cpu")
+    if "ray" in engines and ray_unavailable():
+        print(f"adapm_scaling: ray skipped: {ray_unavailable()}")
         engines.remove("ray")
     started = time.perf_counter()
     report: dict[str, Any] = {
         "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/adapm_scaling.py", *sys.argv[1:]]),
         "machine": machine_info(), "measured_from": {"commit": found["commit"], "dirty": found["dirty"]},
-        "cores": cores, "tasks": {}}
-    for task in args.tasks.split(","):
-        for nodes in [int(n) for n in args.nodes.split(",")]:
-            runs: dict[str, list[dict[str, Any]]] = {"single": [], **{engine: [] for engine in engines}}
-            with contextlib.ExitStack() as stack:
-                cgroups = address = None
-                if "ray" in engines:
-                    from ray_cluster import nodes as ray_nodes
-
-                    cgroups = CpuCgroups(nodes, cores / nodes)
-                    stack.callback(cgroups.remove)
-                    address = stack.enter_context(ray_nodes(cgroups.prefixes(), cpus_per_node=1, head_cpus=0,
-                                                            extra=("--object-store-memory=78643200",)))
-                for rep in range(args.reps):
-                    order = ["single", *engines] if rep % 2 == 0 else [*engines, "single"]
-                    for engine in order:
-                        before = cgroups.throttled_seconds() if engine == "ray" else 0.0
-                        record = run(task, nodes, args.full, engine, address, tuple(args.set))
-                        if engine == "ray":
-                            record["throttled_seconds"] = round(cgroups.throttled_seconds() - before, 2)
-                        runs[engine].append(record)
-                        print(f"{task} N={nodes} rep {rep} {engine:<7} " + (
-                            "ERROR " + record["error"] if "error" in record else
-                            f"{record.get('examples_per_second', 0):,.0f} examples/s, quality {record['quality']}, "
-                            f"remote {record.get('remote_access_share') or 0:.4%} (load {record['load_before']})"),
-                            flush=True)
-            single = statistics.median(r["examples_per_second"] for r in runs["single"] if "examples_per_second" in r)
-            efficiency = {}
-            for engine in engines:
-                rates = [r["examples_per_second"] for r in runs[engine] if "examples_per_second" in r]
-                if rates:
-                    efficiency[engine] = round(statistics.median(rates) / single, 4)
-            print(f"{task} N={nodes}: parallel efficiency {efficiency}", flush=True)
-            report["tasks"].setdefault(task, {})[str(nodes)] = {"overrides": [*task_overrides(task, nodes, args.full),
-                                                                              *args.set],
-                                                               "runs": runs, "parallel_efficiency": efficiency}
+        "cores": os.cpu_count() or 1}
+    report["tasks"] = measure(
+        args.tasks.split(","), [int(n) for n in args.nodes.split(",")], args.reps, engines,
+        lambda task, nodes, engine, address: run(task, nodes, args.full, engine, address, tuple(args.set)),
+        lambda task, nodes: [*task_overrides(task, nodes, args.full), *args.set], "adapm")
     print(write_report(report, Path(args.out), started, 0.0))
 
 
