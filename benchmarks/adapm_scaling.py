@@ -25,18 +25,13 @@ benchmarks/results/adapm_scaling.json (``--out`` elsewhere).
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from adapm_memory import quality, train  # same folder: a `cadence train` process a run
-from kge_throughput import machine_info
 from peer_stats import write_report
 from provenance import add_flag, check
-from scaling import measure, ray_unavailable
+from scaling import header, measure, trained, usable_engines  # same folder
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -63,11 +58,7 @@ def run(task: str, nodes: int, full: bool, engine: str, address: str | None = No
         adapm += ["ps.engine=ray", f"ps.ray_address={address}"]
     elif engine == "threads":
         adapm += ["ps.engine=threads"]
-    load = os.getloadavg()[0]
-    record = train([*overrides, *adapm], engine)
-    record["load_before"] = round(load, 2)
-    record["quality"] = quality(record, task)
-    return record
+    return trained([*overrides, *adapm], engine, task)
 
 
 def main() -> None:
@@ -83,15 +74,9 @@ def main() -> None:
     add_flag(parser)
     args = parser.parse_args()
     found = check(args, "adapm_scaling")
-    engines = [e for e in args.engines.split(",") if e]
-    if "ray" in engines and ray_unavailable():
-        print(f"adapm_scaling: ray skipped: {ray_unavailable()}")
-        engines.remove("ray")
+    engines = usable_engines(args.engines, "adapm_scaling")
     started = time.perf_counter()
-    report: dict[str, Any] = {
-        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/adapm_scaling.py", *sys.argv[1:]]),
-        "machine": machine_info(), "measured_from": {"commit": found["commit"], "dirty": found["dirty"]},
-        "cores": os.cpu_count() or 1}
+    report: dict[str, Any] = header("adapm_scaling", found)
     report["tasks"] = measure(
         args.tasks.split(","), [int(n) for n in args.nodes.split(",")], args.reps, engines,
         lambda task, nodes, engine, address: run(task, nodes, args.full, engine, address, tuple(args.set)),

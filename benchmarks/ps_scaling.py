@@ -24,18 +24,13 @@ benchmarks/results/ps_scaling.json (``--out`` elsewhere).
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from adapm_memory import quality, train  # same folder: a `cadence train` process a run
-from kge_throughput import machine_info
 from peer_stats import write_report
 from provenance import add_flag, check
-from scaling import SINGLE, measure, ray_unavailable
+from scaling import SINGLE, header, measure, trained, usable_engines  # same folder
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 STRATEGIES = "async,gba,sync,shadow-easgd,shadow-ma,shadow-bmuf"
@@ -54,11 +49,7 @@ def run(examples: int, workers: int, contender: str, address: str | None, extra:
         chosen = [f"strategy={strategy}", f"ps.workers={workers}", f"ps.engine={engine}"]
         if engine == "ray":
             chosen.append(f"ps.ray_address={address}")
-    load = os.getloadavg()[0]
-    record = train([*task_overrides(examples), *extra, *chosen], contender)
-    record["load_before"] = round(load, 2)
-    record["quality"] = quality(record, "ctr")
-    return record
+    return trained([*task_overrides(examples), *extra, *chosen], contender, "ctr")
 
 
 def main() -> None:
@@ -74,16 +65,10 @@ def main() -> None:
     add_flag(parser)
     args = parser.parse_args()
     found = check(args, "ps_scaling")
-    engines = [e for e in args.engines.split(",") if e]
-    if "ray" in engines and ray_unavailable():
-        print(f"ps_scaling: ray skipped: {ray_unavailable()}")
-        engines.remove("ray")
+    engines = usable_engines(args.engines, "ps_scaling")
     contenders = [f"{strategy}@{engine}" for strategy in args.strategies.split(",") for engine in engines]
     started = time.perf_counter()
-    report: dict[str, Any] = {
-        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/ps_scaling.py", *sys.argv[1:]]),
-        "machine": machine_info(), "measured_from": {"commit": found["commit"], "dirty": found["dirty"]},
-        "cores": os.cpu_count() or 1}
+    report: dict[str, Any] = header("ps_scaling", found)
     report["tasks"] = measure(
         ["ctr"], [int(n) for n in args.workers.split(",")], args.reps, contenders,
         lambda task, workers, contender, address: run(args.examples, workers, contender, address, tuple(args.set)),

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import statistics
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from adapm_memory import NodeCgroups  # same folder
+from adapm_memory import NodeCgroups, quality, train  # same folder
+from kge_throughput import machine_info
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 10_000
@@ -47,6 +50,34 @@ def ray_unavailable() -> str | None:
     if os.geteuid() != 0 or not (CPU_ROOT / "cpu.cfs_quota_us").exists():
         return "needs root and cgroup v1's cpu controller at /sys/fs/cgroup/cpu"
     return None
+
+
+def trained(overrides: list[str], name: str, task: str) -> dict[str, Any]:
+    """One ``cadence train`` process (``adapm_memory.train``): its record, with the 1-minute load
+    average before it and its quality (MF: test RMSE; KG: MRR; CTR: AUC)."""
+    load = os.getloadavg()[0]
+    record = train(overrides, name)
+    record["load_before"] = round(load, 2)
+    record["quality"] = quality(record, task)
+    return record
+
+
+def usable_engines(given: str, script: str) -> list[str]:
+    """The engines of ``given`` (comma-separated) that run here: ray is dropped, saying why, without
+    root and cgroup v1's cpu controller."""
+    engines = [engine for engine in given.split(",") if engine]
+    why = ray_unavailable()
+    if "ray" in engines and why:
+        print(f"{script}: ray skipped: {why}")
+        engines.remove("ray")
+    return engines
+
+
+def header(script: str, found: dict[str, Any]) -> dict[str, Any]:
+    """A result file's first fields: the command, the machine, the commit measured, the cores."""
+    return {"command": " ".join(shlex.quote(a) for a in [".venv/bin/python", f"benchmarks/{script}.py", *sys.argv[1:]]),
+            "machine": machine_info(), "measured_from": {"commit": found["commit"], "dirty": found["dirty"]},
+            "cores": os.cpu_count() or 1}
 
 
 def on_ray(contender: str) -> bool:
