@@ -2,6 +2,7 @@
 definition, the single-worker sync run against a naive single-process reference, fault injection."""
 
 import math
+import threading
 from pathlib import Path
 
 import pytest
@@ -343,3 +344,35 @@ def test_dense_on_the_workers_survives_a_killed_worker_and_a_resume(tmp_path: Pa
     again.run = trainer.run
     assert again.resume()  # the dense state and its optimizer come back from the checkpoint
     assert all(torch.equal(before[k], v) for k, v in again.runtime.dense().state_dict().items())
+
+
+def test_syncs_barrier_is_answered_in_the_pull_not_in_a_call_of_its_own(tmp_path: Path, monkeypatch) -> None:
+    """A sync worker's batch asks each shard once: the pull carries the step it waits for (``after``:
+    on Ray one round trip, not a barrier's wait and then the pull), and the pulled parameters are
+    those of the batch's own step."""
+    from cadence.strategies.parameter_server.server import ServerShard
+
+    inside, calls = threading.local(), []
+    real_wait, real_pull = ServerShard.wait_for_step, ServerShard.pull_with_dense
+
+    def wait_for_step(self, step):
+        if not getattr(inside, "pull", False) and threading.current_thread().name.startswith("cadence-worker"):
+            calls.append(("wait", step))
+        return real_wait(self, step)
+
+    def pull_with_dense(self, keys, after=None):
+        inside.pull = True
+        try:
+            rows, (dense, step) = real_pull(self, keys, after)
+        finally:
+            inside.pull = False
+        calls.append(("pull", after, step))
+        return rows, (dense, step)
+
+    monkeypatch.setattr(ServerShard, "wait_for_step", wait_for_step)
+    monkeypatch.setattr(ServerShard, "pull_with_dense", pull_with_dense)
+    trainer, _, _ = make_trainer(tmp_path, "strategy=sync", "ps.workers=2", "train.epochs=1", "eval.every=0")
+    trainer.fit()
+    assert [call for call in calls if call[0] == "wait"] == []
+    pulls = [call for call in calls if call[0] == "pull"]
+    assert len(pulls) == 12 and all(after is not None and step == after for _, after, step in pulls)

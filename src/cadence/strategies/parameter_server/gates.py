@@ -1,8 +1,9 @@
 """Worker-side gates: what a worker waits for before it pulls parameters for its next batch.
 
 - ``NoGate``: never waits (async, bsp, gba, hop_bw).
-- ``StepBarrier``: waits until the server has applied every step before the batch's token, so the
-  batch is computed on exactly the parameters of its global step (sync: staleness 0).
+- ``StepBarrier``: the batch's pull waits until the server has applied every step before the batch's
+  token (``pull_after``: the shards wait, then read, in the pull's one round trip), so the batch is
+  computed on exactly the parameters of its global step (sync: staleness 0).
 - ``BoundedStaleness``: a worker may be at most ``bound`` batches ahead of the slowest live worker
   (Hop-BS / SSP). Workers that died or ran out of data stop counting as the slowest.
 """
@@ -21,6 +22,11 @@ class NoGate:
 
     def wait(self, worker: int, token: int) -> None: ...
 
+    def pull_after(self, token: int) -> int | None:
+        """The global steps the shards must have applied before the pull of a batch of ``token``
+        reads (``ServerShard.pull_rows``'s ``after``); None: read at once."""
+        return None
+
     def done(self, worker: int) -> None: ...
 
     def leave(self, worker: int) -> None: ...
@@ -30,9 +36,8 @@ class StepBarrier(NoGate):
     def __init__(self, shards: list[ServerShard]):
         self.shards = shards  # every shard: rows and dense parameters must all belong to the step
 
-    def wait(self, worker, token):
-        for shard in self.shards:
-            shard.wait_for_step(token)
+    def pull_after(self, token):
+        return token  # (each shard waits in the pull: every shard's part is pulled, empty or not)
 
 
 class BoundedStaleness(NoGate):

@@ -88,25 +88,30 @@ class ServerShard:
         ``submit`` returns at once, and calls to several shards overlap: ``ShardRouter``)."""
         return Done(getattr(self, verb_of(ServerShard, verb))(*args))
 
-    def pull_rows(self, keys: Tensor) -> Tensor:
-        if self.lock_free:
+    # A pull's ``after``: the rows (and dense parameters) of this shard once it has applied that many
+    # global steps (``wait_for_step``, then the read, under one hold of the lock): a step's barrier
+    # (``gates.StepBarrier``) answered with the pull, in its one round trip. None: read now.
+    def pull_rows(self, keys: Tensor, after: int | None = None) -> Tensor:
+        if self.lock_free and after is None:
             return self.table.pull(keys).values
         with self.changed:
+            if after is not None:
+                self.wait_for_step(after)
             return self.table.pull(keys).values
 
-    def pull_with_dense(self, keys: Tensor) -> tuple[Tensor, tuple[dict[str, Tensor], int]]:
+    def pull_with_dense(self, keys: Tensor, after: int | None = None) -> tuple[Tensor, tuple[dict[str, Tensor], int]]:
         """``pull_rows`` and ``pull_dense`` in one call (one round trip to a remote shard 0)."""
         with self.changed:
-            return self.pull_rows(keys), self.pull_dense()
+            return self.pull_rows(keys, after), self.pull_dense()
 
-    def push_then_pull(self, gradient: Gradient, keys: Tensor, with_dense: bool):
+    def push_then_pull(self, gradient: Gradient, keys: Tensor, with_dense: bool, after: int | None = None):
         """A worker's deferred push and its next pull, in that order, in one call."""
-        if self.lock_free:
+        if self.lock_free and after is None:
             self.push(gradient)
             return self.pull_with_dense(keys) if with_dense else self.pull_rows(keys)
         with self.changed:
             self.push(gradient)
-            return self.pull_with_dense(keys) if with_dense else self.pull_rows(keys)
+            return self.pull_with_dense(keys, after) if with_dense else self.pull_rows(keys, after)
 
     def peek_rows(self, keys: Tensor) -> Tensor:
         if self.lock_free:

@@ -42,9 +42,10 @@ class ShardRouter:
     def owner(self, keys: Tensor) -> Tensor:
         return keys.remainder(len(self.shards))
 
-    def pull(self, keys: Tensor, create: bool = True, dense: bool = False):
+    def pull(self, keys: Tensor, create: bool = True, dense: bool = False, after: int | None = None):
         """Rows of ``keys`` (unseen keys are added unless ``create`` is False: evaluation), and with
-        ``dense`` also shard 0's dense parameters and global step, in the same round trip."""
+        ``dense`` also shard 0's dense parameters and global step, in the same round trip; with
+        ``after``, each shard's once it has applied that many global steps (a step's barrier)."""
         verb = ServerShard.pull_rows if create else ServerShard.peek_rows
         parts, self.deferred = self.deferred, None
         single = len(self.shards) == 1
@@ -55,9 +56,11 @@ class ShardRouter:
             with_dense = dense and index == 0  # the dense parameters ride along with shard 0's rows
             part = parts[index] if parts is not None else None
             if part is not None:
-                calls.append((mine, shard.submit(ServerShard.push_then_pull, part, keys[mine], with_dense)))
+                calls.append((mine, shard.submit(ServerShard.push_then_pull, part, keys[mine], with_dense, after)))
             elif with_dense:
-                calls.append((mine, shard.submit(ServerShard.pull_with_dense, keys[mine])))
+                calls.append((mine, shard.submit(ServerShard.pull_with_dense, keys[mine], after)))
+            elif after is not None:  # (every shard: the barrier is every shard's)
+                calls.append((mine, shard.submit(verb, keys[mine], after)))
             elif single or mine.numel():
                 calls.append((mine, shard.submit(verb, keys[mine])))
         if single:
@@ -177,8 +180,10 @@ class Worker:
         self.died = False
         self.on_batch: Callable[[Batch], None] | None = None  # called for each finished batch (threads)
         self.finished: list[tuple[int, float]] = []  # (plan index, loss) of each finished batch, without on_batch
+        self.pull_after: Callable[[int], int | None] = NoGate().pull_after  # the gate's (``run``): a pull's barrier
 
     def run(self, data: DataList, gate: NoGate) -> None:
+        self.pull_after = gate.pull_after  # (what a pull of a batch of a token waits for: a step's barrier)
         if self.reducer is not None:
             return self._run_with_dense_here(data, gate)
         try:
@@ -242,15 +247,17 @@ class Worker:
         return self.kill_after is not None and self.pushed >= self.kill_after
 
     def step(self, position: int, plan: BatchPlan, token: int) -> dict[str, Tensor] | None:
-        """One batch: pull, compute, push the rows' gradient (and the dense one, unless the dense
+        """One batch: pull (once the shards have applied the global steps the gate asks for:
+        ``pull_after``), compute, push the rows' gradient (and the dense one, unless the dense
         parameters live here: then they are returned for the all-reduce)."""
         started = time.perf_counter()
+        after = self.pull_after(token)
         batch = self.task.training_batch(plan)
         if self.reducer is None:
-            rows, (dense_state, pulled_step) = self.router.pull(batch.ids, dense=True)
+            rows, (dense_state, pulled_step) = self.router.pull(batch.ids, dense=True, after=after)
             self.model.load_state_dict(dense_state)
         else:
-            rows, dense_state, pulled_step = self.router.pull(batch.ids), None, None
+            rows, dense_state, pulled_step = self.router.pull(batch.ids, after=after), None, None
         ids = batch.ids  # pushed from the host
         rows = on_device(batch, rows, self.device)
         rows.requires_grad_(True)
