@@ -240,3 +240,13 @@ def test_the_tests_mirror_the_packages():
              and not (SRC / path.relative_to(tests)).is_dir()
              and path.relative_to(tests).parts[0] not in TEST_DIRS_OF_THEIR_OWN]
     assert stray == []
+
+
+def test_only_the_engines_call_ray_actors_directly():
+    """Outside ``cadence.engines`` a role is called by its method (``Hosted.call``/``start``,
+    ``placement.Handle``), never as ``actor.verb.remote(...)``: a renamed verb fails where it is
+    written, and how a call crosses a process is the engines' alone."""
+    raw = [f"{name}:{node.lineno}" for name, tree in TREES.items() if not name.startswith("cadence.engines")
+           for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+           and node.func.attr == "remote"]
+    assert raw == []

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("ray")
 
-from cadence.engines.ray import Host, StaleCall  # noqa: E402
+from cadence.engines.ray import Host, Hosted, StaleCall  # noqa: E402
 
 
 class Drawer:
@@ -113,3 +113,25 @@ def test_a_process_with_a_call_still_running_is_not_offered_again_and_its_role_i
     running.join(5)
     host.build(2, Gate)
     assert host.release() is True  # idle: may take another role
+
+
+class RecordingHost:
+    """What ``Hosted`` sends to its process's ``Host``: ``invoke.remote(generation, verb, *args)``."""
+
+    def __init__(self):
+        self.sent = []
+        self.invoke = self
+
+    def remote(self, *args):
+        self.sent.append(args)
+        return args
+
+
+def test_a_hosted_role_is_called_by_its_method_and_a_wrong_verb_fails_where_it_is_written() -> None:
+    host = RecordingHost()
+    hosted = Hosted(host, 3, Drawer)
+    assert hosted.start(Drawer.report, 7) == (3, "report", 7)
+    for wrong in ("report", Gate.hold, Drawer.__init__):  # a string, another role's method, not a public one
+        with pytest.raises(TypeError, match="is not a verb of Drawer"):
+            hosted.start(wrong)
+    assert host.sent == [(3, "report", 7)]  # (nothing sent for a wrong one)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cadence.engines.placement import Handle, Pending, Placement
+from cadence.engines.placement import Handle, Pending, Placement, verb_of
 from cadence.errors import ConfigError
 
 try:
@@ -230,11 +230,23 @@ class Host(Actor):
 
 
 class Hosted:
-    """A role built in a ``Host``, called as a Ray actor handle is (``hosted.verb.remote(*args)``);
-    picklable, so roles hold their peers' handles. ``host``: the process's actor handle."""
+    """A role (an object of the class ``kind``) built in a ``Host``; picklable, so roles hold their
+    peers' handles. ``host``: the process's actor handle. A verb is named by the role's method
+    itself (``hosted.call(Coordinator.take, worker)``, ``hosted.start(...)``: checked by
+    ``placement.verb_of``), as on a ``placement.Handle``; ``hosted.verb.remote(*args)``, as a Ray
+    actor handle is called, is this module's own (its ``RoleActor`` and ``Host`` plumbing)."""
 
-    def __init__(self, host: Any, generation: int, role: str, gpus: float = 0.0):
-        self.host, self.generation, self.role, self.gpus = host, generation, role, gpus
+    def __init__(self, host: Any, generation: int, kind: type, gpus: float = 0.0):
+        self.host, self.generation, self.kind, self.gpus = host, generation, kind, gpus
+        self.role = kind.__name__
+
+    def start(self, method: Callable, *args: Any) -> Any:
+        """Call the role's verb ``method`` without waiting: its Ray object reference."""
+        return self.host.invoke.remote(self.generation, verb_of(self.kind, method), *args)
+
+    def call(self, method: Callable, *args: Any) -> Any:
+        """Call the role's verb ``method`` and wait: its result (its error raised here)."""
+        return ray_get(self.start(method, *args))
 
     def __getattr__(self, name: str) -> "_HostedVerb":
         if name.startswith("_"):
@@ -285,7 +297,7 @@ class Hosts:
             kept = (host, 1)
         host, generation = kept
         host.build.remote(generation, role, *args)
-        return Hosted(host, generation, role.__name__, gpus)
+        return Hosted(host, generation, role, gpus)
 
     def _idle_on(self, node: str) -> tuple[Any, int] | None:
         while True:
@@ -409,7 +421,7 @@ class RayHandle(Handle):
         self.actor = actor
 
     def start(self, method, *args: Any) -> Pending:
-        return RayPending(self.actor.call.remote(self.verb(method), *pack(args)))
+        return RayPending(self.actor.start(RoleActor.call, self.verb(method), *pack(args)))
 
 
 class Shipped:
@@ -448,7 +460,7 @@ class RayPlacement(Placement):
     def ready(self) -> None:
         started = time.perf_counter()
         waiting = self.handles[len(self.hosts):]  # built (torch imported, data read) before training
-        self.hosts += ray_get([handle.actor.node.remote() for handle in waiting])
+        self.hosts += ray_get([handle.actor.start(Actor.node) for handle in waiting])
         self.start_seconds += time.perf_counter() - started
 
     def ship(self, task) -> Callable[[], Any]:
@@ -459,7 +471,7 @@ class RayPlacement(Placement):
 
     def each(self, handles: list[Handle], method, *args: Any) -> list[Any]:
         shared = [ray.put(arg) if _large(arg) else arg for arg in pack(args)]  # a big one stored once
-        return unpack(ray_get([handle.actor.call.remote(handle.verb(method), *shared) for handle in handles]))
+        return unpack(ray_get([handle.actor.start(RoleActor.call, handle.verb(method), *shared) for handle in handles]))
 
     def as_completed(self, pendings: Iterable[Pending]) -> Iterator[Pending]:
         return completed(pendings)

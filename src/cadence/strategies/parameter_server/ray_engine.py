@@ -127,7 +127,7 @@ class RemoteShard:
             seq, self._seq = self._seq, self._seq + 1
             if self._channel is not None:
                 return _Call(self._channel.submit((self.caller, seq, method, packed)), self.index)
-            return _Call(self.handle.call.remote(self.caller, seq, method, *packed), self.index)
+            return _Call(self.handle.start(ShardServer.call, self.caller, seq, method, *packed), self.index)
 
     def submit(self, verb, *args: Any) -> _Call:
         """Call ``verb`` (a method of ``ServerShard``, never a string) without waiting for it."""
@@ -317,7 +317,7 @@ class _RemoteData:
         return item[0], self.plans[item[0]], item[1]
 
     def abandon(self, worker: int) -> None:
-        ray_get(self.coordinator.abandon.remote(worker))
+        self.coordinator.call(CoordinatorActor.abandon, worker)
 
 
 class _RemoteReducer:
@@ -327,10 +327,10 @@ class _RemoteReducer:
         self.coordinator = coordinator
 
     def allreduce(self, worker: int, gradients):
-        return unpack(ray_get(self.coordinator.allreduce.remote(worker, pack(gradients))))
+        return unpack(self.coordinator.call(CoordinatorActor.allreduce, worker, pack(gradients)))
 
     def leave(self, worker: int) -> None:
-        ray_get(self.coordinator.leave_reducer.remote(worker))
+        self.coordinator.call(CoordinatorActor.leave_reducer, worker)
 
 
 class _RemoteGate(NoGate):
@@ -465,7 +465,7 @@ class TaskWorker(Actor):
             host, port, rank, size = rendezvous
             averager = _join_gloo(self.store if rank == 0 else _open_store(host, port, size), rank, size)
         def abandon_epoch(reason: str) -> None:
-            ray_get(self.coordinator.stop.remote(reason))
+            self.coordinator.call(CoordinatorActor.stop, reason)
 
         trainer = ShadowTrainer(self.index, self.settings.shadow, self.settings.ps.workers, self.settings.optimizer, self.mode,
                                 self.model, optimizer_state, central, averager, lambda: int(trainer.gate.training()),
@@ -586,18 +586,18 @@ class RayEngine(Engine):
         handles = [self._new(ShardServer, self.settings, self.spec, self.mode.name, index,
                              self.dense_blob if index == 0 else None, self.threads, self.secret)
                    for index in range(self.settings.ps.shards)]
-        addresses = ray_get([handle.endpoint.remote() for handle in handles])
+        addresses = ray_get([handle.start(ShardServer.endpoint) for handle in handles])
         self.shards = [RemoteShard(handle, index, self.spec.width, address, self.secret)
                        for index, (handle, address) in enumerate(zip(handles, addresses))]
         self.coordinator = self._new(CoordinatorActor, self.settings, self.mode.name, self.shards, self.secret)
-        self.coordinator_address = ray_get(self.coordinator.endpoint.remote())
+        self.coordinator_address = self.coordinator.call(CoordinatorActor.endpoint)
         self.workers = {index: self._worker(index) for index in range(self.settings.ps.workers)}
         # EASGD's sync servers: actors of their own (a process each: what a CPU quota or a slow link limits)
         self.sync_placement = RayPlacement(self.settings.ps.ray_address, self.threads)
         self.sync_servers = self.mode.sync_servers(self.settings.shadow, self.sync_placement)
         # every actor is built before training starts: setup, as the thread engine's is, not the
         # first epoch's time (the shards' and the coordinator's waits above included)
-        ray_get([actor.ping.remote() for actor in (self.coordinator, *self.workers.values())])
+        ray_get([actor.start(Actor.ping) for actor in (self.coordinator, *self.workers.values())])
         self.start_seconds += time.perf_counter() - started
 
     def _worker(self, index: int) -> Any:
@@ -609,7 +609,7 @@ class RayEngine(Engine):
     def _begin(self, plan: EpochPlan) -> tuple[tuple[str, ...] | None, Any, list[Tensor]]:
         """The coordinator's epoch; (its gate verbs, the run's dense state when the workers hold it,
         each worker's random state)."""
-        gate = ray_get(self.coordinator.open.remote(plan.batches, plan.first_token, plan.dead, plan.workers))
+        gate = self.coordinator.call(CoordinatorActor.open, plan.batches, plan.first_token, plan.dead, plan.workers)
         dense = None
         if self.mode.dense_on_workers(self.settings.ps):
             dense = pack((self.dense.state_dict(),
@@ -626,9 +626,9 @@ class RayEngine(Engine):
     def start_workers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
         """GBA's family: each live worker actor runs the ``Worker`` loop for the epoch."""
         gate, dense, states = self._begin(plan)
-        return {RayPending(self.workers[index].run_worker.remote(
-                    plan.epoch, plan.faults.slowdown_in(index, plan.epoch), plan.kill_after.get(index), gate, state,
-                    dense)): index
+        return {RayPending(self.workers[index].start(
+                    TaskWorker.run_worker, plan.epoch, plan.faults.slowdown_in(index, plan.epoch), plan.kill_after.get(index),
+                    gate, state, dense)): index
                 for index, state in zip(plan.workers, states)}
 
     def start_trainers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
@@ -638,10 +638,10 @@ class RayEngine(Engine):
         _, dense, states = self._begin(plan)
         reset_central(self.sync_servers, self.dense)
         collective = self.mode.collective and any(True for _ in self.dense.parameters())
-        host, port = ray_get(self.workers[plan.workers[0]].rendezvous.remote()) if collective else (None, None)
-        return {RayPending(self.workers[index].run_trainer.remote(
-                    plan, state, dense, (host, port, rank, len(plan.workers)) if collective else None,
-                    self.sync_servers)): index
+        host, port = self.workers[plan.workers[0]].call(TaskWorker.rendezvous) if collective else (None, None)
+        return {RayPending(self.workers[index].start(
+                    TaskWorker.run_trainer, plan, state, dense,
+                    (host, port, rank, len(plan.workers)) if collective else None, self.sync_servers)): index
                 for rank, (index, state) in enumerate(zip(plan.workers, states))}
 
     def as_completed(self, pendings: list) -> Iterator:
@@ -651,7 +651,7 @@ class RayEngine(Engine):
         return isinstance(err, ray.exceptions.RayActorError)
 
     def release(self, index: int) -> None:
-        ray_get(self.coordinator.release.remote(index))
+        self.coordinator.call(CoordinatorActor.release, index)
 
     def failure(self, index: int, err: BaseException) -> BaseException:
         if isinstance(err, ShardLost) or not self._shards_alive():
@@ -659,7 +659,7 @@ class RayEngine(Engine):
         return super().failure(index, err)
 
     def settle(self) -> None:
-        ray_get(self.coordinator.settle.remote())  # the data list's drops and closes are applied
+        self.coordinator.call(CoordinatorActor.settle)  # the data list's drops and closes are applied
 
     def after_epoch(self, plan: EpochPlan, reports: list[WorkerReport]) -> None:
         for report in reports:
@@ -672,7 +672,7 @@ class RayEngine(Engine):
 
     def abandon(self, reason: str) -> None:
         try:
-            ray_get(self.coordinator.stop.remote(reason))
+            self.coordinator.call(CoordinatorActor.stop, reason)
         except Exception:  # noqa: BLE001 - a dead shard cannot be told; its callers fail anyway
             for shard in self.shards:
                 try:
@@ -682,7 +682,7 @@ class RayEngine(Engine):
 
     def _shards_alive(self) -> bool:
         try:
-            ray_get([shard.handle.ping.remote() for shard in self.shards])
+            ray_get([shard.handle.start(Actor.ping) for shard in self.shards])
             return True
         except ray.exceptions.RayActorError:
             return False
@@ -699,7 +699,7 @@ class RayEngine(Engine):
 
     def sync_server_pids(self) -> list[int]:
         """The process ids of the sync servers' actors (a benchmark puts them under a CPU quota)."""
-        return ray_get([server.actor.pid.remote() for server in self.sync_servers])
+        return ray_get([server.actor.start(Actor.pid) for server in self.sync_servers])
 
     def _release(self) -> None:
         """Every role of the run released; its processes kept for the next run, or killed."""
