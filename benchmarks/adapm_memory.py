@@ -245,16 +245,19 @@ def part(task: str, limit: int, quick: bool, contenders: list[str]) -> dict[str,
     runs["threads"] = train([*overrides, *adapm, "ps.engine=threads"], "threads")
     cgroups = Cgroups(4, limit)
     try:
-        with nodes(cgroups.prefixes(), cpus_per_node=1, head_cpus=0, extra=("--object-store-memory=78643200",)) as address:
-            for technique in contenders:
-                print(f"  {technique} (4 Ray nodes, {limit / 2**30:.2f} GiB each) ...", flush=True)
-                cgroups.reset()
+        for technique in contenders:
+            # a cluster of its own: a contender whose node the cap killed (replication-only) leaves
+            # the next one nothing to run on ("the actor never ran")
+            print(f"  {technique} (4 Ray nodes, {limit / 2**30:.2f} GiB each) ...", flush=True)
+            cgroups.reset()
+            with nodes(cgroups.prefixes(), cpus_per_node=1, head_cpus=0,
+                       extra=("--object-store-memory=78643200",)) as address:
                 with ActorSampler(cgroups) as sampler:
                     record = train([*overrides, *adapm, "ps.engine=ray", f"ps.ray_address={address}",
                                     f"adapm.technique={technique}"], technique)
                 record["nodes"] = [{"actor_peak_rss_bytes": peak, **cg} for peak, cg in zip(sampler.peak, cgroups.peaks())]
-                runs[technique] = record
-                time.sleep(2)  # (the killed actors' memory returns before the next contender starts)
+            runs[technique] = record
+            time.sleep(2)  # (the killed actors' memory returns before the next contender starts)
     finally:
         cgroups.remove()
     single = runs["single"]
