@@ -250,3 +250,13 @@ def test_only_the_engines_call_ray_actors_directly():
            for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
            and node.func.attr == "remote"]
     assert raw == []
+
+
+def test_ps_engine_is_resolved_by_one_registry():
+    """``ps.engine`` names where roles run for every strategy: one registry (``engines.PLACEMENTS``),
+    the parameter server's engine built on the placement it gives (a key that picks per task, such
+    as ``model.name``, has a registry per task instead)."""
+    where = [f"{name}:{node.lineno}" for name, tree in TREES.items() for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Registry" and len(node.args) > 1
+             and isinstance(node.args[1], ast.Constant) and node.args[1].value == "ps.engine"]
+    assert where == ["cadence.engines:12"]

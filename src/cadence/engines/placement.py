@@ -78,6 +78,8 @@ class Placement(ABC):
     """Starts a protocol's roles somewhere (module docstring); built once per run."""
 
     start_seconds: float = 0.0  # spent starting the roles' processes
+    # whether each role runs in a process of its own (nothing shared by reference: ``share`` is None)
+    separate_processes: bool = False
 
     @abstractmethod
     def place(self, role: type, index: int, *args: Any) -> Handle:

@@ -440,6 +440,7 @@ class RayPlacement(Placement):
     ``CONCURRENCY`` calls at once, so a role answers its peers while its own verbs run."""
 
     CONCURRENCY = 16
+    separate_processes = True
 
     def __init__(self, address: str | None, threads: int):
         if not ray.is_initialized():
@@ -481,5 +482,6 @@ class RayPlacement(Placement):
                 "node_hosts": len(set(self.hosts))}
 
     def close(self) -> None:
+        """Every role placed so far given back (``Hosts``); the placement may place roles again."""
         hosts().give_back(handle.actor for handle in self.handles)
-        self.handles = []
+        self.handles, self.hosts = [], []

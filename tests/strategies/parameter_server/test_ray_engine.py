@@ -258,11 +258,11 @@ def test_an_unreachable_ray_address_fails_fast_and_leaves_no_run_directory(tmp_p
 
 
 def test_import_cadence_does_not_import_ray_and_a_missing_ray_is_a_config_error() -> None:
-    code = ("import sys, cadence, cadence.api, cadence.tasks, cadence.strategies.parameter_server.engines as e; make = e.ENGINES.get('ray'); "
+    code = ("import sys, cadence, cadence.api, cadence.tasks, cadence.engines as e; make = e.PLACEMENTS.get('ray'); "
             "assert 'ray' not in sys.modules, 'ray imported'\n"
             "sys.modules['ray'] = None  # as if it were not installed\n"
             "from cadence.errors import ConfigError\n"
-            "try:\n    make(None, None, None, None)\nexcept ConfigError as err:\n    assert 'cadence[ray]' in str(err), err\n"
+            "try:\n    make(None, 0)\nexcept ConfigError as err:\n    assert 'cadence[ray]' in str(err), err\n"
             "else:\n    raise AssertionError('no error without ray')")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -1,6 +1,7 @@
 """Engines host the parameter server's shards and run its workers, one epoch at a time.
 
-An engine is built once per run (``ENGINES.get(name)(settings, task, mode, dense)``) and owns the
+An engine is built once per run on the run's placement (``build_engine``: ``engines.PLACEMENTS``
+by ``ps.engine``, the one registry of where roles run) and owns the
 shards for the whole run: ``engine.shards`` are handles with the ``ServerShard`` verbs (the shard
 itself in a thread, or a proxy of the Ray actor that holds it), so the runtime drives checkpoints,
 evaluation and flushing the same way on every engine. ``run_workers(epoch, plans, on_batch)`` runs one
@@ -17,15 +18,14 @@ from __future__ import annotations
 
 import copy
 import functools
-from typing import Any, Iterator
+from typing import Iterator
 
 from torch import nn
 
 from cadence.device import resolve_device
 from cadence.core.batch import BatchPlan
 from cadence.core.runtime import OnBatch
-from cadence.engines.placement import InProcess
-from cadence.registry import Registry
+from cadence.engines.placement import InProcess, Placement
 from cadence.optim import module_optimizer
 from cadence.strategies.parameter_server.coordinator import Coordinator
 from cadence.strategies.parameter_server.server import build_shard
@@ -33,12 +33,19 @@ from cadence.strategies.parameter_server.shadow import start_trainers_here
 from cadence.strategies.parameter_server.worker import ShardRouter, Worker
 from cadence.strategies.parameter_server.epoch import Engine, EpochPlan, ServerSettings, WorkerReport
 
-ENGINES: Registry[Any] = Registry("engine", "ps.engine")
+def build_engine(placement: Placement, settings: ServerSettings, task, mode, dense: nn.Module) -> Engine:
+    """The parameter server's engine on ``placement``: its roles objects and threads of this process,
+    or (a placement whose roles run in processes of their own: Ray) each an actor; Ray's engine is
+    imported here, when it is used, never by ``import cadence``."""
+    if not placement.separate_processes:
+        return ThreadEngine(settings, task, mode, dense, placement)
+    from cadence.strategies.parameter_server.ray_engine import RayEngine
+
+    return RayEngine(settings, task, mode, dense, placement)
 
 
-@ENGINES.register("threads")
 class ThreadEngine(Engine):
-    def __init__(self, settings: ServerSettings, task, mode, dense: nn.Module):
+    def __init__(self, settings: ServerSettings, task, mode, dense: nn.Module, placement: InProcess):
         self.settings, self.task, self.mode = settings, task, mode
         spec = task.table()
         on_server = None if mode.dense_on_workers(settings.ps) else dense
@@ -52,7 +59,7 @@ class ThreadEngine(Engine):
         # ps.dense: workers: the run's copy of the dense optimizer (checkpoints); replicas start from it
         self.dense_optimizer = module_optimizer(settings.optimizer, dense) if mode.dense_on_workers(settings.ps) else None
         self.syncs = 0  # dense syncs of every trainer's replica (ShadowSync)
-        self.threads = InProcess()  # the workers' (or trainers') threads
+        self.threads = placement  # the workers' (or trainers') threads
         self.sync_servers = mode.sync_servers(settings.shadow, self.threads)  # (EASGD's: objects of this process)
 
     # ---- one epoch: the protocol is ``Engine.run_workers``; here, how the roles start ----------------
@@ -96,12 +103,3 @@ class ThreadEngine(Engine):
 
     def close(self) -> None:
         pass
-
-
-@ENGINES.register("ray")
-def ray_engine(settings: ServerSettings, task, mode, dense: nn.Module):
-    """Shards, coordinator and workers as Ray actors (``pip install cadence[ray]``); Ray is imported
-    here, when the engine is used, never by ``import cadence``."""
-    from cadence.strategies.parameter_server.ray_engine import RayEngine
-
-    return RayEngine(settings, task, mode, dense)

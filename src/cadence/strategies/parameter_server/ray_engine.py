@@ -545,9 +545,10 @@ _ENGINES: "set[RayEngine]" = set()
 
 
 class RayEngine(Engine):
-    """``ENGINES.get("ray")(settings, task, mode, dense)``: the actors of one run (module docstring)."""
+    """``engines.build_engine(placement, settings, task, mode, dense)`` on a Ray placement: the actors of
+    one run (module docstring); the placement places EASGD's sync servers."""
 
-    def __init__(self, settings: ServerSettings, task, mode, dense: nn.Module):
+    def __init__(self, settings: ServerSettings, task, mode, dense: nn.Module, placement: RayPlacement):
         if not ray.is_initialized():
             connect(settings.ps.ray_address, settings.threads)
         self.settings, self.mode = settings, mode
@@ -557,6 +558,7 @@ class RayEngine(Engine):
         # shard 0 starts from the driver's initial dense module, unless the workers hold it (ps.dense)
         self.dense_blob = None if mode.dense_on_workers(settings.ps) else pickle.dumps(dense)
         self.dense_optimizer = module_optimizer(settings.optimizer, dense) if mode.dense_on_workers(settings.ps) else None
+        self.sync_placement = placement
         self.recipe = [ray.put(task.recipe())]  # in a list: fetched by each worker when it starts
         self.concurrency = max(32, 3 * settings.ps.workers + 8)
         self.placed = 0
@@ -593,7 +595,6 @@ class RayEngine(Engine):
         self.coordinator_address = self.coordinator.call(CoordinatorActor.endpoint)
         self.workers = {index: self._worker(index) for index in range(self.settings.ps.workers)}
         # EASGD's sync servers: actors of their own (a process each: what a CPU quota or a slow link limits)
-        self.sync_placement = RayPlacement(self.settings.ps.ray_address, self.threads)
         self.sync_servers = self.mode.sync_servers(self.settings.shadow, self.sync_placement)
         # every actor is built before training starts: setup, as the thread engine's is, not the
         # first epoch's time (the shards' and the coordinator's waits above included)

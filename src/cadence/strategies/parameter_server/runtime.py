@@ -16,7 +16,8 @@ from cadence.core import checkpoint as ckpt
 from cadence.core.batch import BatchPlan
 from cadence.core.runtime import OnBatch, Runtime
 from cadence.optim import set_lr
-from cadence.strategies.parameter_server.engines import ENGINES, EpochPlan, ServerSettings
+from cadence.engines import PLACEMENTS
+from cadence.strategies.parameter_server.engines import EpochPlan, ServerSettings, build_engine
 from cadence.strategies.parameter_server.server import ServerShard
 from cadence.strategies.parameter_server.worker import Faults, ShardRouter
 from cadence.tasks.base import Task
@@ -34,7 +35,8 @@ class ParameterServerRuntime(Runtime):
         self.faults = Faults.parse(ps.stragglers, ps.kill_workers, ps.workers)
         self.model = task.dense_module()  # shard 0's dense module (threads), or the driver's copy of it (ray)
         self.settings = ServerSettings.of(config, self.entity_optimizer_class)  # the sections its engine, mode and actors read
-        self.engine = ENGINES.get(ps.engine)(self.settings, task, mode, self.model)
+        placement = PLACEMENTS.get(ps.engine)(ps.ray_address, self.settings.threads)  # (ps.engine's one registry)
+        self.engine = build_engine(placement, self.settings, task, mode, self.model)
         self.router = ShardRouter(self.engine.shards)
         self.dead: set[int] = set()
         self.replaced = 0  # worker processes that died unexpectedly and were replaced

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from cadence.config import Config
-from cadence.engines import cgroups
+from cadence.engines import PLACEMENTS, cgroups
 from cadence.errors import ConfigError
 from cadence.core.runtime import Runtime
 from cadence.core.strategy import BuildContext, RuntimeKind, Strategy
 from cadence.strategies.parameter_server import shadow  # noqa: F401  (registers ShadowSync's modes)
-from cadence.strategies.parameter_server.engines import ENGINES
 from cadence.strategies.parameter_server.modes import PS_MODES, ParameterServerMode
 from cadence.strategies.parameter_server.runtime import ParameterServerRuntime
 from cadence.strategies.parameter_server.worker import Faults
@@ -35,7 +34,7 @@ class ServerStrategy(Strategy):
         return PARAMETER_SERVER
 
     def check(self, config: Config) -> None:
-        ENGINES.get(config.ps.engine)
+        PLACEMENTS.get(config.ps.engine)
         Faults.parse(config.ps.stragglers, config.ps.kill_workers, config.ps.workers)
         if config.ps.straggler_cause == "cpu_quota":
             if config.ps.engine != "ray":
