@@ -67,6 +67,12 @@ def test_a_count_of_threads_past_the_limit_is_refused_and_so_is_the_product_a_wo
         load_config(None, [f"ps.workers={workers}", f"adapm.threads={threads}"])
 
 
+@pytest.mark.parametrize("key", ["record_order", "out", "store.path", "data.dataset"])
+def test_a_path_or_name_with_a_nul_character_is_refused_naming_the_flag(key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^--flag: {key} contains a NUL character; give a path or name$"):
+        load_config(None, values=[(key, "runs/a\x00b", "--flag")])
+
+
 def test_a_file_line_names_the_setting(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("train:\n  epochs: 3\nshadow:\n  alpha: 2\n")

@@ -52,7 +52,7 @@ def setting(default: Any = MISSING, *, factory: Callable[[], Any] | None = None,
     ``between``: (lowest, highest, what the setting is), checked unless None (or 0 with
     ``off_at_zero``: a setting whose 0 means off); ``threads``: a count of threads (or processes)
     of its own, at most ``resources.thread_limit()``; ``not_empty``: a path or name that an empty
-    string would silently turn into the current directory (or nothing)."""
+    string would silently turn into the current directory (or nothing), and none may hold a NUL."""
     checks = {"positive": positive, "non_negative": non_negative, "between": between, "off_at_zero": off_at_zero,
               "threads": threads, "not_empty": not_empty}
     if factory is not None:
@@ -189,6 +189,8 @@ def check(section: Any, prefix: str, where: dict[str, str], root: Any) -> None:
             raise ConfigError(f"{locate(key, where)}{key} must not be negative, got {value}")
         if rules.get("not_empty") and value is not None and not str(value).strip():
             raise ConfigError(f"{locate(key, where)}{key} is empty; give a path or name (or leave it out)")
+        if rules.get("not_empty") and value is not None and "\0" in str(value):  # (no file name holds one)
+            raise ConfigError(f"{locate(key, where)}{key} contains a NUL character; give a path or name")
         bounds = rules.get("between")
         if bounds is not None and number and not (rules.get("off_at_zero") and value == 0):
             low, high, what = bounds
