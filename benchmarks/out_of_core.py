@@ -150,10 +150,11 @@ def sample_anon(group: Path, stop: threading.Event, into: list[int], every: floa
     """Append the cgroup's anonymous memory (``total_rss`` of memory.stat, MiB) every ``every`` s."""
     while not stop.wait(every):
         try:
-            stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+            stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines() if line.strip())
         except OSError:
             return
-        into.append(int(stat["total_rss"]) >> 20)
+        if "total_rss" in stat:  # (a file caught half written has none: the next sample reads it whole)
+            into.append(int(stat["total_rss"]) >> 20)
 
 
 def run(group: Path, out: Path, overrides: list[str]) -> dict:

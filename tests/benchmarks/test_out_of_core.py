@@ -4,6 +4,7 @@ runs (what OAC holds beside async out of core, issue 46)."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from tests.benchmarks import benchmark_script
@@ -17,10 +18,11 @@ def test_the_sampler_reads_the_cgroups_anonymous_memory_until_stopped(tmp_path: 
     stop, seen = threading.Event(), []
     sampler = threading.Thread(target=bench.sample_anon, args=(tmp_path, stop, seen, 0.01))
     sampler.start()
-    while len(seen) < 3:
+    deadline = time.monotonic() + 30  # (a sampler that died fails the test here, never hangs it)
+    while len(seen) < 3 and time.monotonic() < deadline:
         stop.wait(0.01)
-    stat.write_text("total_cache 0\ntotal_rss 31457280\n")
-    while 30 not in seen:
+    stat.write_text("total_cache 0\ntotal_rss 31457280\n")  # (a sample may catch it half written)
+    while 30 not in seen and time.monotonic() < deadline:
         stop.wait(0.01)
     stop.set()
     sampler.join(5)
