@@ -84,7 +84,7 @@ def test_the_engine_names_the_placement() -> None:
 
 
 def test_a_shard_takes_its_verbs_as_methods_not_strings() -> None:
-    from cadence.strategies.parameter_server.server import ServerShard
+    from cadence.ps.server import ServerShard
 
     shard = ServerShard.__new__(ServerShard)  # (no table needed: the verb is refused before any call)
     with pytest.raises(TypeError, match="is not a verb of ServerShard"):

@@ -2,7 +2,7 @@
 of this process: each role starts from the state a fresh process has, a call for a released role
 fails instead of reaching the next one, a call for the next one waits for its build, a failed build
 is each call's error, and a process with a call still running is not offered for reuse. (The pool
-of such processes on a real cluster: ``tests/strategies/parameter_server/test_ray_engine.py``.)"""
+of such processes on a real cluster: ``tests/ps/test_ray_engine.py``.)"""
 
 import random
 import threading

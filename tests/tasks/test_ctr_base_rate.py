@@ -10,7 +10,7 @@ from cadence.data.synthetic_ctr import StreamCtrDataset
 from cadence.tasks import ctr as ctr_task
 from cadence.tasks.ctr import CtrTask
 
-from tests.strategies.parameter_server.ctr_helpers import small_data
+from tests.ps.ctr_helpers import small_data
 
 
 def config():

@@ -1,7 +1,7 @@
 """``Runtime.run_epoch`` means the same on every runtime: ``on_batch`` (the trainer's
 ``on_batch_end`` hooks, its progress bar) fires exactly once per finished batch, one call at a time,
 before the epoch returns, with the batch's plan and loss; on the threads of this process it fires
-while the epoch runs. (The Ray engines' cases are in tests/strategies/parameter_server/test_ray_engine.py.)"""
+while the epoch runs. (The Ray engines' cases are in tests/ps/test_ray_engine.py.)"""
 
 from __future__ import annotations
 

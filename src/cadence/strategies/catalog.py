@@ -5,7 +5,8 @@ One package per family, each owning the runtime it builds (``cadence.core.strate
 | family                | strategies                                              | runtime                    |
 |-----------------------|---------------------------------------------------------|----------------------------|
 | ``pipelined``         | ``sync``, ``async``, ``oac``, ``pdasgd``, ``pdasgd-bu`` | the one-process pipeline   |
-| ``parameter_server``  | ``sync``, ``async``, ``bsp``, ``gba``, ``hop_bs``, ``hop_bw``; ``shadow-*``, ``fr-*``, ``hogwild`` | the parameter server (threads or Ray actors) |
+| ``parameter_server``  | ``sync``, ``async``, ``bsp``, ``gba``, ``hop_bs``, ``hop_bw`` | the parameter server (threads or Ray actors) |
+| ``shadowsync``        | ``shadow-*``, ``fr-*``, ``hogwild``                     | the parameter server's roles, trainers with dense replicas |
 | ``adapm``             | ``adapm``                                               | AdaPM's nodes (threads or Ray actors) |
 
 ``STRATEGIES`` holds one entry per name. A name two families define (``sync``, ``async``) is one
@@ -24,6 +25,7 @@ from cadence.registry import Registry
 from cadence.strategies.adapm import strategy as adapm
 from cadence.strategies.parameter_server import strategy as parameter_server
 from cadence.strategies.pipelined import strategy as pipelined
+from cadence.strategies.shadowsync import strategy as shadowsync
 
 STRATEGIES: Registry[Strategy] = Registry("strategy", "strategy")
 
@@ -79,7 +81,7 @@ class FirstThatFits(Strategy):
 
 def _register_families() -> None:
     by_name: dict[str, list[Strategy]] = {}
-    for family in (pipelined, parameter_server, adapm):  # order of preference for a shared name
+    for family in (pipelined, parameter_server, shadowsync, adapm):  # order of preference for a shared name
         for entry in family.STRATEGIES:
             by_name.setdefault(entry.name, []).append(entry)
     for name, entries in sorted(by_name.items()):

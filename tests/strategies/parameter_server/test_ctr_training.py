@@ -15,11 +15,11 @@ from cadence.config import load_config
 from cadence.models.ctr import CTR_MODELS
 from cadence.core.initial import hashed_normal
 from cadence.seeding import derive_seed
-from cadence.strategies.parameter_server.modes import PS_MODES
+from cadence.ps.modes import PS_MODES
 from cadence.tasks.ctr import CtrTask
 from cadence.training.run_directory import RunDirectory
 
-from tests.strategies.parameter_server.ctr_helpers import BATCH, final_state, make_trainer, small_data
+from tests.ps.ctr_helpers import BATCH, final_state, make_trainer, small_data
 
 trainer_for = make_trainer
 
@@ -238,7 +238,7 @@ def test_a_worker_that_raises_fails_the_run_without_hanging(tmp_path: Path, mode
     import threading
     import time
 
-    from cadence.strategies.parameter_server import worker as worker_module
+    from cadence.ps import worker as worker_module
     from cadence.core.runtime import WorkerFailed
 
     original = worker_module.Worker.step
@@ -284,7 +284,7 @@ def test_logistic_regression_rows_are_one_weight_and_dim_changes_nothing(tmp_pat
 
 def test_a_transient_straggler_is_slow_only_in_its_window() -> None:
     from cadence.errors import ConfigError
-    from cadence.strategies.parameter_server.worker import Faults
+    from cadence.ps.worker import Faults
 
     faults = Faults.parse(["0:4@2-3", "1:2"], [], 3)
     assert [faults.slowdown_in(0, epoch) for epoch in range(4)] == [1.0, 4.0, 4.0, 1.0]
@@ -350,7 +350,7 @@ def test_syncs_barrier_is_answered_in_the_pull_not_in_a_call_of_its_own(tmp_path
     """A sync worker's batch asks each shard once: the pull carries the step it waits for (``after``:
     on Ray one round trip, not a barrier's wait and then the pull), and the pulled parameters are
     those of the batch's own step."""
-    from cadence.strategies.parameter_server.server import ServerShard
+    from cadence.ps.server import ServerShard
 
     inside, calls = threading.local(), []
     real_wait, real_pull = ServerShard.wait_for_step, ServerShard.pull_with_dense

@@ -38,7 +38,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from cadence.strategies.parameter_server.settings import ShadowConfig
+from cadence.strategies.shadowsync.settings import ShadowConfig
 from cadence.optim import InPlaceDense
 from cadence.registry import Registry
 

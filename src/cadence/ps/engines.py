@@ -9,7 +9,7 @@ epoch's workers and returns what each did.
 
 - ``threads`` (the default): the shards are objects of this process and each worker is a thread;
   torch releases the GIL inside its kernels, so workers overlap their compute.
-- ``ray`` (``cadence.strategies.parameter_server.ray_engine``): each shard is a long-lived Ray actor holding its table
+- ``ray`` (``cadence.ps.ray_engine``): each shard is a long-lived Ray actor holding its table
   and optimizer state for the whole run, each worker an actor that builds the task (reading its
   data) itself; the coordinator hands out batch positions and tokens only.
 """
@@ -27,11 +27,10 @@ from cadence.core.batch import BatchPlan
 from cadence.core.runtime import OnBatch
 from cadence.engines.placement import InProcess, Placement
 from cadence.optim import module_optimizer
-from cadence.strategies.parameter_server.coordinator import Coordinator
-from cadence.strategies.parameter_server.server import build_shard
-from cadence.strategies.parameter_server.shadow import start_trainers_here
-from cadence.strategies.parameter_server.worker import ShardRouter, Worker
-from cadence.strategies.parameter_server.epoch import Engine, EpochPlan, ServerSettings, WorkerReport
+from cadence.ps.coordinator import Coordinator
+from cadence.ps.server import build_shard
+from cadence.ps.worker import ShardRouter, Worker
+from cadence.ps.epoch import Engine, EpochPlan, Launcher, ServerSettings, WorkerReport
 
 def build_engine(placement: Placement, settings: ServerSettings, task, mode, dense: nn.Module) -> Engine:
     """The parameter server's engine on ``placement``: its roles objects and threads of this process,
@@ -39,7 +38,7 @@ def build_engine(placement: Placement, settings: ServerSettings, task, mode, den
     imported here, when it is used, never by ``import cadence``."""
     if not placement.separate_processes:
         return ThreadEngine(settings, task, mode, dense, placement)
-    from cadence.strategies.parameter_server.ray_engine import RayEngine
+    from cadence.ps.ray_engine import RayEngine
 
     return RayEngine(settings, task, mode, dense, placement)
 
@@ -60,7 +59,7 @@ class ThreadEngine(Engine):
         self.dense_optimizer = module_optimizer(settings.optimizer, dense) if mode.dense_on_workers(settings.ps) else None
         self.syncs = 0  # dense syncs of every trainer's replica (ShadowSync)
         self.threads = placement  # the workers' (or trainers') threads
-        self.sync_servers = mode.sync_servers(settings.shadow, self.threads)  # (EASGD's: objects of this process)
+        self.sync_servers = mode.sync_servers(settings.own, self.threads)  # (EASGD's: objects of this process)
 
     # ---- one epoch: the protocol is ``Engine.run_workers``; here, how the roles start ----------------
     def start_workers(self, plan: EpochPlan, plans: list[BatchPlan], on_batch: OnBatch) -> dict:
@@ -89,8 +88,8 @@ class ThreadEngine(Engine):
         return WorkerReport(worker.index, worker.loss_total, worker.examples_done, worker.pushed, worker.died,
                             bytes_moved=worker.bytes_moved, batches=worker.finished, replica=replica)
 
-    def start_trainers(self, plan: EpochPlan, plans: list[BatchPlan], on_batch: OnBatch) -> dict:
-        return start_trainers_here(self, plan, plans, on_batch)
+    def launch(self, launcher: Launcher, plan: EpochPlan, plans: list[BatchPlan], on_batch: OnBatch) -> dict:
+        return launcher.in_process(self, plan, plans, on_batch)
 
     def as_completed(self, pendings: list) -> Iterator:
         return self.threads.as_completed(pendings)

@@ -21,9 +21,9 @@ from torch import Tensor, nn
 from cadence.errors import ConfigError
 from cadence.optim import row_gradient
 from cadence.core.batch import Batch, BatchPlan, on_device
-from cadence.strategies.parameter_server.aggregation import Gradient
-from cadence.strategies.parameter_server.gates import NoGate
-from cadence.strategies.parameter_server.server import Aborted, DataList, ServerShard
+from cadence.ps.aggregation import Gradient
+from cadence.ps.gates import NoGate
+from cadence.ps.server import Aborted, DataList, ServerShard
 
 
 class ShardRouter:

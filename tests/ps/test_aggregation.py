@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from cadence.strategies.parameter_server.aggregation import ApplyEach, Buffered, Gradient, PerStep
+from cadence.ps.aggregation import ApplyEach, Buffered, Gradient, PerStep
 
 
 class RecordingShard:

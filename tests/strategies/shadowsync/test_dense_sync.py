@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from cadence.strategies.parameter_server.dense_sync import (Bmuf, CentralCopy, Easgd, ForegroundGate, ModelAverage, ShadowThread,
+from cadence.strategies.shadowsync.dense_sync import (Bmuf, CentralCopy, Easgd, ForegroundGate, ModelAverage, ShadowThread,
                                         ThreadAverager, elastic)
 
 
@@ -258,7 +258,7 @@ def test_an_error_in_a_round_reaches_the_trainer() -> None:
 def test_one_hogwild_thread_takes_exactly_the_torch_optimizer_step(kind: str, extra: dict) -> None:
     from cadence.config import OptimizerConfig
     from cadence.optim import dense_optimizer
-    from cadence.strategies.parameter_server.dense_sync import HogwildReplica
+    from cadence.strategies.shadowsync.dense_sync import HogwildReplica
 
     torch.manual_seed(0)
     reference = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
@@ -279,7 +279,7 @@ def test_one_hogwild_thread_takes_exactly_the_torch_optimizer_step(kind: str, ex
 
 
 def test_hogwild_threads_train_one_replica_without_touching_its_grad_fields() -> None:
-    from cadence.strategies.parameter_server.dense_sync import HogwildReplica
+    from cadence.strategies.shadowsync.dense_sync import HogwildReplica
 
     torch.manual_seed(1)
     target = torch.randn(4, 1)
@@ -336,7 +336,7 @@ def test_no_batch_waits_for_a_round_once_the_sync_thread_is_gone() -> None:
 
 
 def test_a_foreground_round_runs_every_k_batches_with_no_batch_in_flight() -> None:
-    from cadence.strategies.parameter_server.dense_sync import DenseSync, ForegroundGate
+    from cadence.strategies.shadowsync.dense_sync import DenseSync, ForegroundGate
 
     gate = ForegroundGate(every=3)
     seen: list[tuple[int, int]] = []  # (batches done, batches in flight) at each round

@@ -9,9 +9,9 @@ from __future__ import annotations
 import collections
 from typing import Any, Sequence
 
-from cadence.strategies.parameter_server.epoch import ServerSettings, abandon
-from cadence.strategies.parameter_server.gates import NoGate
-from cadence.strategies.parameter_server.server import DataList, DenseReducer
+from cadence.ps.epoch import ServerSettings, abandon
+from cadence.ps.gates import NoGate
+from cadence.ps.server import DataList, DenseReducer
 
 GATE_VERBS = (NoGate.wait, NoGate.done, NoGate.leave)
 

@@ -23,9 +23,9 @@ import torch
 ray = pytest.importorskip("ray")
 
 from cadence.cli import main  # noqa: E402
-from cadence.strategies.parameter_server import ray_engine  # noqa: E402
+from cadence.ps import ray_engine  # noqa: E402
 from tests.conftest import foreground  # noqa: E402
-from tests.strategies.parameter_server.ctr_helpers import BATCH, final_state, make_trainer  # noqa: E402
+from tests.ps.ctr_helpers import BATCH, final_state, make_trainer  # noqa: E402
 from tests.training.test_grow import STILL, assert_frozen, exported, grow_data, train  # noqa: E402,F401  (grow_data: a fixture)
 
 # one worker of a parallel run (make test: --dist loadgroup) runs the module: one cluster, and the
@@ -548,7 +548,7 @@ def test_the_coordinators_shard_calls_take_a_handle_per_thread_and_settle_waits_
         def close_channel(self):
             pass
 
-    monkeypatch.setattr(ray_engine, "_own_copy", lambda shard: Handle())
+    monkeypatch.setattr(ray_engine, "own_copy", lambda shard: Handle())
     shard = ray_engine._PerThreadShard(object())
 
     def work(token):

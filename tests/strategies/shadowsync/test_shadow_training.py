@@ -10,14 +10,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cadence.strategies.parameter_server.dense_sync import (Bmuf, CentralCopy, Easgd, HogwildReplica, ModelAverage, ShadowThread,
+from cadence.strategies.shadowsync.dense_sync import (Bmuf, CentralCopy, Easgd, HogwildReplica, ModelAverage, ShadowThread,
                                         ThreadAverager)
 
 from cadence.core.runtime import WorkerFailed
-from cadence.strategies.parameter_server.modes import PS_MODES
+from cadence.ps.modes import PS_MODES
 
 from tests.conftest import foreground
-from tests.strategies.parameter_server.ctr_helpers import BATCH, make_trainer
+from tests.ps.ctr_helpers import BATCH, make_trainer
 
 SYNCED = [f"{kind}-{rule}" for kind in ("shadow", "fr") for rule in ("easgd", "ma", "bmuf")]
 
@@ -193,10 +193,10 @@ def test_alpha_zero_equals_independent_trainers(rule: str) -> None:
 def test_each_epoch_the_central_copy_on_the_sync_servers_starts_from_the_runs_dense_parameters(servers: int) -> None:
     """EASGD's central copy is reset on every sync server at each epoch's start; a server that kept
     the old slice would start epoch 2 from epoch 1's central copy."""
-    from cadence.strategies.parameter_server.settings import ShadowConfig
+    from cadence.strategies.shadowsync.settings import ShadowConfig
     from cadence.engines.placement import InProcess
-    from cadence.strategies.parameter_server.dense_sync import CentralSlices
-    from cadence.strategies.parameter_server.shadow import reset_central
+    from cadence.strategies.shadowsync.dense_sync import CentralSlices
+    from cadence.strategies.shadowsync.trainer import reset_central
 
     sync_servers = PS_MODES.get("shadow-easgd").sync_servers(ShadowConfig(sync_servers=servers), InProcess())
     assert len(sync_servers) == servers
@@ -214,14 +214,14 @@ def test_the_central_copy_sliced_over_sync_servers_exchanges_as_one_copy(servers
     """Slices of the flat vector on several sync servers give exactly one central copy's exchanges
     (the reference: ``CentralCopy`` whole), for parameters of several shapes and a vector that does
     not divide evenly; each server holds only its slice."""
-    from cadence.strategies.parameter_server.settings import ShadowConfig
+    from cadence.strategies.shadowsync.settings import ShadowConfig
     from cadence.engines.placement import InProcess
-    from cadence.strategies.parameter_server.dense_sync import CentralSlices
+    from cadence.strategies.shadowsync.dense_sync import CentralSlices
 
     generator = torch.Generator().manual_seed(servers)
     initial = [torch.randn(5, 3, generator=generator), torch.randn(4, generator=generator)]
     sync_servers = PS_MODES.get("fr-easgd").sync_servers(ShadowConfig(sync_servers=servers), InProcess())
-    from cadence.strategies.parameter_server.dense_sync import reset_sync_servers
+    from cadence.strategies.shadowsync.dense_sync import reset_sync_servers
 
     reset_sync_servers(sync_servers, initial)
     sliced, whole = CentralSlices(sync_servers), CentralCopy(initial)
@@ -249,8 +249,8 @@ def test_a_shadow_round_runs_while_its_trainers_batches_are_in_flight(tmp_path: 
     do (it pauses the trainer's threads and drains their batches first)."""
     import time
 
-    from cadence.strategies.parameter_server import dense_sync
-    from cadence.strategies.parameter_server.shadow import HogwildWorker
+    from cadence.strategies.shadowsync import dense_sync
+    from cadence.strategies.shadowsync.trainer import HogwildWorker
 
     steps: list[tuple[int, float, float]] = []
     rounds: list[tuple[int, float, float]] = []
@@ -335,8 +335,8 @@ def test_the_foreground_baseline_syncs_in_each_threads_own_loop_every_k_of_its_i
     own iterations, so the sync traffic grows with the threads. Each thread's events in time order:
     k batches begun, its own round, k more, ... ; no round from any other thread (no shadow thread,
     no trainer-wide round)."""
-    from cadence.strategies.parameter_server import dense_sync
-    from cadence.strategies.parameter_server.shadow import HogwildWorker
+    from cadence.strategies.shadowsync import dense_sync
+    from cadence.strategies.shadowsync.trainer import HogwildWorker
 
     every = 3
     events: list[tuple[str, str]] = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from cadence.strategies.parameter_server.server import ServerShard
+from cadence.ps.server import ServerShard
 
 
 class NoGate:

@@ -6,9 +6,9 @@ from torch import nn
 
 from cadence.config import OptimizerConfig
 from cadence.optim import RowwiseAdagrad
-from cadence.strategies.parameter_server.aggregation import Buffered, Gradient, PerStep
+from cadence.ps.aggregation import Buffered, Gradient, PerStep
 from cadence.store.embedding_table import DynamicEmbeddingTable
-from cadence.strategies.parameter_server.server import DataList, ServerShard
+from cadence.ps.server import DataList, ServerShard
 
 
 def make_shard(aggregation, dense=None):

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from cadence.strategies.parameter_server.dense_sync import GlooAverager, ModelAverage, PeerLost, ShadowThread
+from cadence.strategies.shadowsync.dense_sync import GlooAverager, ModelAverage, PeerLost, ShadowThread
 
 
 def _trainer(rank: int, store: str, out: str, die_after: int | None) -> None:

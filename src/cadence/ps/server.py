@@ -18,10 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from cadence.config import OptimizerConfig
-from cadence.strategies.parameter_server.settings import ParameterServerConfig
+from cadence.ps.settings import ParameterServerConfig
 from cadence.core.rows import TableSpec
 from cadence.optim import EntityOptimizer, set_lr, module_optimizer
-from cadence.strategies.parameter_server.aggregation import Aggregation, Gradient
+from cadence.ps.aggregation import Aggregation, Gradient
 from cadence.store.embedding_table import DynamicEmbeddingTable, FixedTable
 from cadence.core import checkpoint as ckpt
 from cadence.engines.placement import verb_of

@@ -1,7 +1,8 @@
 """One epoch of a parameter-server mode, written once for both engines: the plan of the epoch, each
 worker's report, and ``Engine.run_workers``, the driver's side of the epoch. An engine only says
-how its roles start (worker threads or actors: ``start_workers``, ``start_trainers``) and how its
-processes fail; collecting the reports, abandoning the epoch on the first error, reporting each
+how its roles start (worker threads or actors: ``start_workers``; a mode's roles of its own, such as
+ShadowSync's trainers, through ``launch``: a ``Launcher`` the mode brings, so no engine knows a
+mode) and how its processes fail; collecting the reports, abandoning the epoch on the first error, reporting each
 batch, and keeping the replicas are the same code on every engine."""
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import torch
 from torch import nn
 
 from cadence.config import Config, OptimizerConfig
-from cadence.strategies.parameter_server.settings import ParameterServerConfig, ShadowConfig
+from cadence.ps.settings import ParameterServerConfig
 from cadence.core.batch import finished_batch
 from cadence.core.runtime import OnBatch, WorkerFailed, serialized
 from cadence.engines.placement import finish
 from cadence.engines.threads import run_threads
-from cadence.strategies.parameter_server.server import DataList
-from cadence.strategies.parameter_server.worker import Faults
+from cadence.ps.server import DataList
+from cadence.ps.worker import Faults
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class ServerSettings:
     (an actor is pickled with these sections only)."""
 
     ps: ParameterServerConfig
-    shadow: ShadowConfig
+    own: Any  # the mode's own section (``mode.section``: ShadowSync's ``shadow``), or None
     optimizer: OptimizerConfig
     batch_size: int  # train.batch_size
     device: str
@@ -39,8 +40,9 @@ class ServerSettings:
     entity: type  # the entity optimizer's class (``optimizer.entity``, resolved once)
 
     @classmethod
-    def of(cls, config: Config, entity: type) -> "ServerSettings":
-        return cls(config.ps, config.shadow, config.optimizer, config.train.batch_size, config.device, config.threads,
+    def of(cls, config: Config, entity: type, mode) -> "ServerSettings":
+        own = getattr(config, mode.section) if mode.section else None
+        return cls(config.ps, own, config.optimizer, config.train.batch_size, config.device, config.threads,
                    entity)
 
 
@@ -130,8 +132,8 @@ class Engine(ABC):
         """GBA's family: start each live worker's epoch; {pending: worker index}."""
 
     @abstractmethod
-    def start_trainers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
-        """ShadowSync: start each live trainer's epoch; {pending: trainer index}."""
+    def launch(self, launcher: "Launcher", plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
+        """A mode's own roles for the epoch: the ``launcher``'s way for this engine; {pending: index}."""
 
     @abstractmethod
     def as_completed(self, pendings: list) -> Iterator:
@@ -169,6 +171,20 @@ class Engine(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release the engine's threads or processes."""
+
+
+class Launcher(ABC):
+    """How a mode starts roles of its own for an epoch (ShadowSync's trainers), one way per engine:
+    ``Engine.launch`` calls the one for its kind, so the mode knows the engines and no engine knows
+    the mode. Each returns {pending: worker index}, as ``Engine.start_workers`` does."""
+
+    @abstractmethod
+    def in_process(self, engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
+        """On the thread engine (``ps.engines.ThreadEngine``): threads of this process."""
+
+    @abstractmethod
+    def on_actors(self, engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
+        """On the Ray engine (``ps.ray_engine.RayEngine``): in its worker actors (``TaskWorker.run_job``)."""
 
 
 def run_guarded(workers: list, run, on_error) -> list:

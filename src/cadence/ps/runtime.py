@@ -17,9 +17,9 @@ from cadence.core.batch import BatchPlan
 from cadence.core.runtime import OnBatch, Runtime
 from cadence.optim import set_lr
 from cadence.engines import PLACEMENTS
-from cadence.strategies.parameter_server.engines import EpochPlan, ServerSettings, build_engine
-from cadence.strategies.parameter_server.server import ServerShard
-from cadence.strategies.parameter_server.worker import Faults, ShardRouter
+from cadence.ps.engines import EpochPlan, ServerSettings, build_engine
+from cadence.ps.server import ServerShard
+from cadence.ps.worker import Faults, ShardRouter
 from cadence.tasks.base import Task
 
 log = logging.getLogger("cadence")
@@ -34,7 +34,7 @@ class ParameterServerRuntime(Runtime):
         ps = config.ps
         self.faults = Faults.parse(ps.stragglers, ps.kill_workers, ps.workers)
         self.model = task.dense_module()  # shard 0's dense module (threads), or the driver's copy of it (ray)
-        self.settings = ServerSettings.of(config, self.entity_optimizer_class)  # the sections its engine, mode and actors read
+        self.settings = ServerSettings.of(config, self.entity_optimizer_class, mode)  # the sections its engine, mode and actors read
         placement = PLACEMENTS.get(ps.engine)(ps.ray_address, self.settings.threads)  # (ps.engine's one registry)
         self.engine = build_engine(placement, self.settings, task, mode, self.model)
         self.router = ShardRouter(self.engine.shards)

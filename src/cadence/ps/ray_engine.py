@@ -31,8 +31,6 @@ process kept idle for the driver's next run, or killed: ``Hosts.give_back``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import datetime
 import functools
 import os
 import pickle
@@ -40,7 +38,7 @@ import secrets
 import threading
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -54,14 +52,11 @@ from cadence.engines.cgroups import STRAGGLER_QUOTAS, CpuQuota
 from cadence.engines.placement import verb_of
 from cadence.engines.channel import Channel, ChannelClosed, ChannelServer, Reply
 from cadence.optim import module_optimizer
-from cadence.strategies.parameter_server.epoch import Engine, EpochPlan, ServerSettings, WorkerReport
-from cadence.strategies.parameter_server.dense_sync import CentralSlices, GlooAverager
-from cadence.strategies.parameter_server.gates import NoGate
-from cadence.strategies.parameter_server.coordinator import GATE_VERBS, Coordinator
-from cadence.strategies.parameter_server.modes import PS_MODES
-from cadence.strategies.parameter_server.server import ServerShard, build_shard
-from cadence.strategies.parameter_server.shadow import ShadowTrainer, reset_central
-from cadence.strategies.parameter_server.worker import ShardRouter, Worker
+from cadence.ps.epoch import Engine, EpochPlan, Launcher, ServerSettings, WorkerReport
+from cadence.ps.gates import NoGate
+from cadence.ps.coordinator import GATE_VERBS, Coordinator
+from cadence.ps.server import ServerShard, build_shard
+from cadence.ps.worker import ShardRouter, Worker
 
 def shutdown() -> None:
     """Kill the actors of every engine of this process, and the processes it kept (the Ray
@@ -176,12 +171,12 @@ DIRECT_VERBS = (Coordinator.take.__name__, *(verb.__name__ for verb in GATE_VERB
 class ShardServer(Actor):
     """Holds server shard ``index`` for the whole run."""
 
-    def __init__(self, settings: ServerSettings, spec, mode_name: str, index: int, dense_blob: bytes | None, threads: int,
+    def __init__(self, settings: ServerSettings, spec, mode, index: int, dense_blob: bytes | None, threads: int,
                  secret: bytes):
 
         torch.set_num_threads(threads)
         dense = pickle.loads(dense_blob) if dense_blob is not None else None
-        self.shard = build_shard(settings.optimizer, settings.ps, settings.entity, spec, PS_MODES.get(mode_name), index,
+        self.shard = build_shard(settings.optimizer, settings.ps, settings.entity, spec, mode, index,
                                  dense)
 
         self.turns = threading.Condition()
@@ -224,7 +219,7 @@ class ShardServer(Actor):
 
 class _PerThreadShard:
     """A shard as the coordinator's threads see it: each thread calls through a handle of its own
-    (``_own_copy``) over a channel of its own. A channel serves one request at a time, so a take that
+    (``own_copy``) over a channel of its own. A channel serves one request at a time, so a take that
     waits on a shard for its step (backup workers' fresh tokens) holds up only its own worker's
     channel; and a take's shard calls cost a channel's round trip, not a Ray call's (0.5-1 ms of CPU
     on each side). Each thread's calls reach the shard in its program order; calls of different
@@ -240,7 +235,7 @@ class _PerThreadShard:
     def _mine(self) -> RemoteShard:
         copy = getattr(self.local, "copy", None)
         if copy is None:
-            copy = self.local.copy = _own_copy(self.shard)
+            copy = self.local.copy = own_copy(self.shard)
             copy.direct()
             with self.lock:
                 self.copies.append(copy)
@@ -269,8 +264,8 @@ class CoordinatorActor(Coordinator, Actor):
     served on the workers' channels (the rest are Ray calls); its own calls to the shards over a
     channel per thread (``_PerThreadShard``)."""
 
-    def __init__(self, settings: ServerSettings, mode_name: str, shards: list[RemoteShard], secret: bytes):
-        super().__init__(settings, PS_MODES.get(mode_name), [_PerThreadShard(shard) for shard in shards])
+    def __init__(self, settings: ServerSettings, mode, shards: list[RemoteShard], secret: bytes):
+        super().__init__(settings, mode, [_PerThreadShard(shard) for shard in shards])
         self.channel = ChannelServer(self._direct, node_host(), secret)
 
     def endpoint(self) -> tuple:
@@ -297,7 +292,7 @@ class CoordinatorActor(Coordinator, Actor):
         return pack(super().allreduce(worker, unpack(gradients)))
 
 
-class _RemoteData:
+class RemoteData:
     """What a worker actor sees of the coordinator's data list: positions become its own plans.
     Takes go over the worker's channel to the coordinator. With ``prefetch`` the next position is
     asked for as soon as one arrives, so the round trip overlaps the batch's computation (not with
@@ -364,13 +359,13 @@ class _RemoteGate(NoGate):
 class TaskWorker(Actor):
     """Worker ``index``: builds the task (and reads its data) itself, keeps it for the run."""
 
-    def __init__(self, index: int, settings: ServerSettings, mode_name: str, recipe_box: list, shards: list[RemoteShard],
+    def __init__(self, index: int, settings: ServerSettings, mode, recipe_box: list, shards: list[RemoteShard],
                  coordinator: Any, coordinator_address: tuple, threads: int, secret: bytes):
 
         torch.set_num_threads(threads)
         self.index, self.settings, self.coordinator, self.threads = index, settings, coordinator, threads
         self.last_quota: CpuQuota | None = None  # a straggler's last quota (its measured CPU rate is reused)
-        self.mode = PS_MODES.get(mode_name)
+        self.mode = mode  # (the mode itself travels: its family's module need not be imported here)
         self.task = ray.get(recipe_box[0])()
         for shard in shards:  # this worker's per-batch calls take the channels
             shard.direct()
@@ -380,22 +375,22 @@ class TaskWorker(Actor):
         self.device = resolve_device(settings.device)  # the GPU Ray gave this actor, when it asked for one
         self.model = self.task.dense_module().to(self.device)
         self.plans: tuple[int, list] | None = None
-        self.store: Any = None  # rank 0 of a ShadowSync epoch: the gloo rendezvous it opened (``rendezvous``)
+        self.kept: dict[str, Any] = {}  # what a job keeps here between its calls (``run_job``)
+        self.at_close: list[Callable[[], None]] = []  # a job's clean-up when the run ends (``close``)
 
     def run_worker(self, epoch: int, slowdown: float, kill_after: int | None, gate: tuple[str, ...] | None,
                   rng_state: Tensor, dense: Any = None) -> Any:
         """``dense``: with ``ps.dense: workers``, the run's dense state and optimizer state to start
         from; the replica's are returned with the worker's counters."""
         torch.set_rng_state(rng_state)
-        if self.plans is None or self.plans[0] != epoch:
-            self.plans = (epoch, self.task.plan(epoch))
+        plans = self.plans_for(epoch)
         reducer, optimizer = None, None
         if dense is not None:
             model_state, optimizer_state = unpack(dense)
             self.model.load_state_dict(model_state)
             optimizer = module_optimizer(self.settings.optimizer, self.model, optimizer_state)
             reducer = _RemoteReducer(self.coordinator)
-        quota = self._straggling(slowdown)
+        quota = self.straggling(slowdown)
         worker = Worker(self.index, self.router, self.model, self.task, 1.0 if quota else slowdown, kill_after,
                         self.settings.ps.emulated_latency, reducer, optimizer, self.device)
         local_gate = self.mode.gate(self.settings.ps, self.router.shards) if gate is None else None
@@ -406,7 +401,7 @@ class TaskWorker(Actor):
         self.router.deferred = None
         try:
             with quota or contextlib.nullcontext():
-                worker.run(_RemoteData(self.coordinator, self.channel, self.plans[1], prefetch),
+                worker.run(RemoteData(self.coordinator, self.channel, plans, prefetch),
                            local_gate or _RemoteGate(self.channel, gate))
         finally:
             for shard in self.router.shards:
@@ -419,7 +414,7 @@ class TaskWorker(Actor):
                                  rng_state=torch.get_rng_state(),
                                  throttled_seconds=quota.throttled["throttled_seconds"] if quota else 0.0))
 
-    def _straggling(self, slowdown: float) -> CpuQuota | None:
+    def straggling(self, slowdown: float) -> CpuQuota | None:
         """``ps.straggler_cause: cpu_quota``: the quota that makes this process ``slowdown`` times
         slower for the epoch (``ps.straggler_quota``: its own measured CPU rate, or its torch threads'
         cores, over the slowdown), or None (no straggler, or one that sleeps)."""
@@ -430,113 +425,32 @@ class TaskWorker(Actor):
         self.last_quota = quota(f"{os.getpid()}-worker-{self.index}", self.threads, slowdown, known)
         return self.last_quota
 
+    def run_job(self, job: Callable[..., Any], *args: Any) -> Any:
+        """``job(self, *args)`` in this worker's process: a mode's roles of its own (ShadowSync's
+        trainer), a function of the mode's module (shipped by reference), with this worker's task,
+        model, channels and plans; what it leaves to undo when the run ends goes in ``at_close``."""
+        return job(self, *args)
+
+    def plans_for(self, epoch: int) -> list:
+        """Epoch ``epoch``'s batch plans (a pure function of the seed and the epoch: computed here)."""
+        if self.plans is None or self.plans[0] != epoch:
+            self.plans = (epoch, self.task.plan(epoch))
+        return self.plans[1]
+
     def close(self) -> None:
-        """The run is over: this worker's channels closed, and its gloo group left."""
+        """The run is over: this worker's channels closed, and what its jobs left undone (``at_close``)."""
         self.channel.close()
-        self.store = None
+        self.kept.clear()
         for shard in self.router.shards:
             shard.close_channel()
-        _leave_gloo()
-
-    # ---- ShadowSync: this actor is a trainer ---------------------------------------------------
-    def rendezvous(self) -> tuple[str, int]:
-        """Open the trainers' gloo rendezvous on this actor's node (this trainer is rank 0 and holds its
-        store): the store listens on a port the OS picks as it binds. (A port probed free and bound
-        later can be taken meanwhile: EADDRINUSE, seen once under ``benchmarks/ps_cluster.py``.)"""
-        self.store = _open_store(node_host())
-        return node_host(), self.store.port
-
-    def run_trainer(self, plan: EpochPlan, rng_state: Tensor, dense: Any, rendezvous: tuple | None,
-                    sync_servers: list) -> Any:
-        """One epoch of this trainer (``cadence.strategies.parameter_server.shadow``): its dense replica starts from
-        ``dense`` (the run's state and optimizer state), ``shadow.threads`` worker threads train it,
-        each with its own channels to the shards and the coordinator, and its shadow thread syncs it:
-        EASGD with the central copy on the sync servers (``sync_servers``: their handles, actors of
-        their own), MA and BMUF over a gloo group of the trainers
-        (``rendezvous``: host, port, rank, size), made for the epoch and destroyed after it."""
-        torch.set_rng_state(rng_state)
-        if self.plans is None or self.plans[0] != plan.epoch:
-            self.plans = (plan.epoch, self.task.plan(plan.epoch))
-        model_state, optimizer_state = unpack(dense)
-        self.model.load_state_dict(model_state)
-        central = CentralSlices(sync_servers) if self.mode.central else None
-        averager = None
-        if rendezvous is not None:
-            host, port, rank, size = rendezvous
-            averager = _join_gloo(self.store if rank == 0 else _open_store(host, port, size), rank, size)
-        def abandon_epoch(reason: str) -> None:
-            self.coordinator.call(CoordinatorActor.stop, reason)
-
-        trainer = ShadowTrainer(self.index, self.settings.shadow, self.settings.ps.workers, self.settings.optimizer, self.mode,
-                                self.model, optimizer_state, central, averager, lambda: int(trainer.gate.training()),
-                                self.device,
-                                on_error=lambda err: abandon_epoch(f"trainer {self.index}'s shadow thread failed: "
-                                                                   f"{err!r}"))
-
-        def router_of(thread: int) -> ShardRouter:
-            shards = [_own_copy(shard) for shard in self.router.shards]
-            for shard in shards:
-                shard.direct()
-            return ShardRouter(shards)
-
-        def run_worker(worker: Worker) -> None:
-            data = _RemoteData(self.coordinator, Channel(self.coordinator_address, self.secret), self.plans[1],
-                               prefetch=plan.kill_after.get(self.index) is None)
-            try:
-                worker.run(data, trainer.gate)
-            finally:
-                data.channel.close()
-                for shard in worker.router.shards:
-                    shard.settle()
-
-        quota = self._straggling(plan.faults.slowdown_in(self.index, plan.epoch))
-        if quota is not None:  # the process is slowed for real: its threads do not also sleep
-            plan = dataclasses.replace(plan, faults=dataclasses.replace(plan.faults, slowdown={}))
-        trainer.add_threads(router_of, self.task, plan, self.device, self.settings.ps.emulated_latency)
-        try:
-            with quota or contextlib.nullcontext():
-                report = trainer.run(run_worker, abandon_epoch)
-        finally:
-            if averager is not None:
-                _leave_gloo()
-        report.rng_state = torch.get_rng_state()
-        report.throttled_seconds = quota.throttled["throttled_seconds"] if quota else 0.0
-        return pack(report)
+        undo, self.at_close = self.at_close, []
+        for step in undo:
+            step()
 
 
-def _own_copy(shard: RemoteShard) -> RemoteShard:
+def own_copy(shard: RemoteShard) -> RemoteShard:
     """A handle of the same shard with a caller of its own (its own sequence, its own channel)."""
     return RemoteShard(shard.handle, shard.index, shard.width, shard.address, shard.secret)
-
-
-GLOO_TIMEOUT = datetime.timedelta(seconds=60)
-
-
-def _open_store(host: str, port: int = 0, size: int | None = None) -> Any:
-    """The gloo rendezvous's store: with ``port`` 0 the master's, listening on a port the OS picks;
-    else a client of the master at ``host:port``."""
-    import torch.distributed as dist
-
-    if port == 0:
-        return dist.TCPStore(host, 0, size, True, GLOO_TIMEOUT, wait_for_workers=False)
-    return dist.TCPStore(host, port, size, False, GLOO_TIMEOUT)
-
-
-def _join_gloo(store: Any, rank: int, size: int):
-    """This trainer's place in the epoch's gloo group (met at ``store``), and the shadow thread's
-    group within it."""
-    import torch.distributed as dist
-
-    _leave_gloo()
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=GLOO_TIMEOUT)
-    return GlooAverager(dist.new_group(backend="gloo", timeout=GLOO_TIMEOUT))  # (the shadow thread's own group)
-
-
-def _leave_gloo() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 # ---- the engine (driver side) -----------------------------------------------------------------------------
@@ -585,17 +499,17 @@ class RayEngine(Engine):
     def _start(self) -> None:
         started = time.perf_counter()  # every role built (torch imported, the task and its data read)
         self.placed = 0
-        handles = [self._new(ShardServer, self.settings, self.spec, self.mode.name, index,
+        handles = [self._new(ShardServer, self.settings, self.spec, self.mode, index,
                              self.dense_blob if index == 0 else None, self.threads, self.secret)
                    for index in range(self.settings.ps.shards)]
         addresses = ray_get([handle.start(ShardServer.endpoint) for handle in handles])
         self.shards = [RemoteShard(handle, index, self.spec.width, address, self.secret)
                        for index, (handle, address) in enumerate(zip(handles, addresses))]
-        self.coordinator = self._new(CoordinatorActor, self.settings, self.mode.name, self.shards, self.secret)
+        self.coordinator = self._new(CoordinatorActor, self.settings, self.mode, self.shards, self.secret)
         self.coordinator_address = self.coordinator.call(CoordinatorActor.endpoint)
         self.workers = {index: self._worker(index) for index in range(self.settings.ps.workers)}
         # EASGD's sync servers: actors of their own (a process each: what a CPU quota or a slow link limits)
-        self.sync_servers = self.mode.sync_servers(self.settings.shadow, self.sync_placement)
+        self.sync_servers = self.mode.sync_servers(self.settings.own, self.sync_placement)
         # every actor is built before training starts: setup, as the thread engine's is, not the
         # first epoch's time (the shards' and the coordinator's waits above included)
         ray_get([actor.start(Actor.ping) for actor in (self.coordinator, *self.workers.values())])
@@ -603,11 +517,11 @@ class RayEngine(Engine):
 
     def _worker(self, index: int) -> Any:
         gpus = 1.0 / self.settings.ps.workers if resolve_device(self.settings.device).type == "cuda" else 0.0
-        return self._new(TaskWorker, index, self.settings, self.mode.name, self.recipe, self.shards, self.coordinator,
+        return self._new(TaskWorker, index, self.settings, self.mode, self.recipe, self.shards, self.coordinator,
                          self.coordinator_address, self.threads, self.secret, gpus=gpus)
 
     # ---- one epoch: the protocol is ``Engine.run_workers``; here, how the actors start and fail ------
-    def _begin(self, plan: EpochPlan) -> tuple[tuple[str, ...] | None, Any, list[Tensor]]:
+    def begin(self, plan: EpochPlan) -> tuple[tuple[str, ...] | None, Any, list[Tensor]]:
         """The coordinator's epoch; (its gate verbs, the run's dense state when the workers hold it,
         each worker's random state)."""
         gate = self.coordinator.call(CoordinatorActor.open, plan.batches, plan.first_token, plan.dead, plan.workers)
@@ -626,24 +540,14 @@ class RayEngine(Engine):
 
     def start_workers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
         """GBA's family: each live worker actor runs the ``Worker`` loop for the epoch."""
-        gate, dense, states = self._begin(plan)
+        gate, dense, states = self.begin(plan)
         return {RayPending(self.workers[index].start(
                     TaskWorker.run_worker, plan.epoch, plan.faults.slowdown_in(index, plan.epoch), plan.kill_after.get(index),
                     gate, state, dense)): index
                 for index, state in zip(plan.workers, states)}
 
-    def start_trainers(self, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
-        """ShadowSync: each live worker actor runs one trainer's epoch; EASGD's central copy on the
-        sync servers starts from the run's dense parameters, MA and BMUF meet at a gloo rendezvous on
-        the first trainer's node."""
-        _, dense, states = self._begin(plan)
-        reset_central(self.sync_servers, self.dense)
-        collective = self.mode.collective and any(True for _ in self.dense.parameters())
-        host, port = self.workers[plan.workers[0]].call(TaskWorker.rendezvous) if collective else (None, None)
-        return {RayPending(self.workers[index].start(
-                    TaskWorker.run_trainer, plan, state, dense,
-                    (host, port, rank, len(plan.workers)) if collective else None, self.sync_servers)): index
-                for rank, (index, state) in enumerate(zip(plan.workers, states))}
+    def launch(self, launcher: Launcher, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
+        return launcher.on_actors(self, plan, plans, on_batch)
 
     def as_completed(self, pendings: list) -> Iterator:
         return completed(pendings)

@@ -20,7 +20,8 @@ ends with the run's dense parameters set to the mean of the replicas (the model 
 and checkpointed) and its optimizer state to trainer 0's; so a checkpoint resumes exactly what an
 unbroken run does at an epoch boundary. ``ShadowTrainer`` is one trainer, the unit a process of
 its own holds, the same code on both engines (``ShadowTrainer.run``: a thread of this process per
-trainer, ``start_trainers_here``, or a Ray actor per trainer).
+trainer, ``start_trainers_here``, or a Ray actor per trainer, ``on_ray``). The modes are in
+``modes``.
 """
 
 from __future__ import annotations
@@ -34,26 +35,21 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from dataclasses import dataclass
-from typing import Any
-
 from cadence.config import OptimizerConfig
-from cadence.strategies.parameter_server.settings import ParameterServerConfig, ShadowConfig
+from cadence.ps.settings import ParameterServerConfig
+from cadence.strategies.shadowsync.settings import ShadowConfig
 from cadence.core.batch import on_device
 from cadence.core.runtime import OnBatch, WorkerFailed
-from cadence.core.strategy import Contract
-from cadence.errors import ConfigError
 from cadence.engines.threads import intra_op_share
 from cadence.optim import module_optimizer
-from cadence.strategies.parameter_server.aggregation import Gradient
-from cadence.strategies.parameter_server.dense_sync import (RULES, Averager, CentralSlices, DenseSync, ForegroundGate,
-                                                            HogwildReplica, ShadowThread, SyncServer, ThreadAverager,
+from cadence.ps.aggregation import Gradient
+from cadence.strategies.shadowsync.dense_sync import (RULES, Averager, CentralSlices, DenseSync, ForegroundGate,
+                                                            HogwildReplica, ShadowThread, ThreadAverager,
                                                             reset_sync_servers, sync_layout)
-from cadence.strategies.parameter_server.epoch import EpochPlan, ServerSettings, WorkerReport, run_guarded
-from cadence.strategies.parameter_server.modes import PS_MODES, ParameterServerMode, hogwild_rows, no_gate, one_batch
-from cadence.strategies.parameter_server.gates import NoGate
-from cadence.strategies.parameter_server.server import DataList, DenseReducer
-from cadence.strategies.parameter_server.worker import Worker, nbytes
+from cadence.ps.epoch import EpochPlan, WorkerReport, run_guarded
+from cadence.ps.gates import NoGate
+from cadence.ps.server import DataList
+from cadence.ps.worker import Worker, nbytes
 
 
 def shadow_alpha(shadow: ShadowConfig, trainers: int) -> float:
@@ -349,7 +345,7 @@ def start_trainers_here(engine, plan: EpochPlan, plans: list, on_batch: OnBatch)
     settings, coordinator = engine.settings, engine.coordinator
     coordinator.begin(plans, plan.first_token, plan.dead, plan.workers)  # (the trainers gate their own threads)
     data = coordinator.data
-    group = TrainerGroup(settings.shadow, settings.ps, settings.optimizer, engine.mode, engine.dense,
+    group = TrainerGroup(settings.own, settings.ps, settings.optimizer, engine.mode, engine.dense,
                          engine.dense_optimizer, plan.workers, engine.sync_servers, engine.device,
                          on_error=lambda err: coordinator.stop(f"a shadow thread failed: {err!r}"))
     for worker in group.workers(engine.router, engine.task, plan, engine.device):
@@ -361,121 +357,3 @@ def start_trainers_here(engine, plan: EpochPlan, plans: list, on_batch: OnBatch)
     with intra_op_share(len(group.trainers)):  # (each trainer's threads share its part again)
         return {engine.threads.run(functools.partial(run, trainer), f"cadence-trainer-{trainer.index}"): trainer.index
                 for trainer in group.trainers}
-
-
-# ---- the modes (SPEC section 5) ------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ShadowSyncMode(ParameterServerMode):
-    """ShadowSync and its baselines: each of ``ps.workers`` trainers holds a dense replica trained
-    Hogwild by ``shadow.threads`` worker threads, rows applied on arrival; ``dense_sync`` (a rule of
-    ``RULES``; None: never synced) keeps the replicas in step on a shadow thread, or with
-    ``foreground`` every ``shadow.every`` iterations: in each worker thread's own loop
-    (``shadow.fr_sync: thread``) or for the trainer with its threads paused. Its hooks: the dense
-    parameters on the trainers, one data list for every trainer's threads, trainers for an epoch,
-    the mean of the replicas kept at its end, ShadowSync's metrics."""
-
-    dense_sync: str | None = None
-    foreground: bool = False
-
-    @property
-    def reads(self) -> tuple[str, ...]:
-        """``shadow.threads``; a synced mode's ``alpha`` and its rule's keys; the foreground's
-        ``every`` and ``fr_sync``, the shadow thread's rate settings."""
-        if self.dense_sync is None:
-            return ("shadow.threads",)
-        timing = (("shadow.every", "shadow.fr_sync") if self.foreground
-                  else ("shadow.max_syncs_per_second", "shadow.wait_for_update"))
-        return ("shadow.threads", "shadow.alpha", *RULES.get(self.dense_sync).reads, *timing)
-
-    @property
-    def central(self) -> bool:
-        """Whether the rule syncs with a central copy (EASGD's, on the sync servers)."""
-        return self.dense_sync is not None and RULES.get(self.dense_sync).central
-
-    @property
-    def collective(self) -> bool:
-        """Whether the rule's rounds are a collective of the trainers (an all-reduce: MA, BMUF)."""
-        return self.dense_sync is not None and RULES.get(self.dense_sync).collective
-
-    def sync_servers(self, shadow: ShadowConfig, placement) -> list:
-        """EASGD's sync servers, ``shadow.sync_servers`` of them (none for MA, BMUF and hogwild)."""
-        if not self.central:
-            return []
-        servers = [placement.place(SyncServer, index) for index in range(shadow.sync_servers)]
-        placement.ready()
-        return servers
-
-    def check(self, shadow: ShadowConfig) -> None:
-        if shadow.sync_servers < 1:
-            raise ConfigError(f"shadow.sync_servers must be at least 1; got {shadow.sync_servers}")
-        if self.foreground and shadow.fr_sync == "thread" and self.collective:
-            raise ConfigError(f"shadow.fr_sync: thread: {self.name}'s all-reduce needs one member per trainer, "
-                              "not per worker thread; use shadow.fr_sync: trainer (the default for it)")
-
-    def dense_on_workers(self, ps: ParameterServerConfig) -> bool:
-        return True  # a replica per trainer
-
-    def reducer(self, settings: ServerSettings, live: list[int]) -> DenseReducer | None:
-        return None  # the replicas meet through the sync rule, not a gradient all-reduce
-
-    def epoch_data(self, settings: ServerSettings, batches, first_token: int, shards: list,
-                   dead: list[int]) -> tuple[DataList, NoGate]:
-        # every worker thread of every trainer takes from one list; the trainers gate their own threads
-        data = shadow_data_list(settings.shadow.threads, settings.ps.workers, batches, first_token, shards, dead)
-        return data, self.gate(settings.ps, shards)
-
-    def takers(self, settings: ServerSettings, worker: int) -> list[int]:
-        return list(thread_indices(settings.shadow.threads, worker))
-
-    def start_epoch(self, engine, plan: EpochPlan, plans: list, on_batch: OnBatch) -> dict:
-        return engine.start_trainers(plan, plans, on_batch)  # (each trainer gates its own threads)
-
-    def keep(self, engine, replicas: list[tuple[dict[str, Tensor], dict | None]], syncs: int) -> None:
-        """The run's dense parameters become the mean of the replicas (state dicts, trainer order), its
-        dense optimizer state the first trainer's; the syncs are counted."""
-        if replicas:
-            engine.dense.load_state_dict(mean_state([state for state, _ in replicas]))
-            if engine.dense_optimizer is not None and replicas[0][1] is not None:
-                engine.dense_optimizer.load_state_dict(replicas[0][1])
-        engine.syncs += syncs
-
-    def summary_fields(self, settings: ServerSettings, seconds: float, examples: int, syncs: int) -> dict[str, Any]:
-        """ShadowSync's metrics (SPEC section 5): syncs per second over the training time, the sync gap
-        (the seed's equation: EPS / batch size / syncs per second, i.e. batches of a trainer between
-        two syncs of its replica; null when nothing synced: hogwild) and the examples in flight,
-        ELP = batch x Hogwild threads x trainers."""
-        batch = settings.batch_size
-        per_second = syncs / seconds if seconds > 0 else 0.0
-        eps = examples / seconds if seconds > 0 else 0.0
-        return {
-            "dense_syncs": syncs,
-            "syncs_per_second": round(per_second, 6),
-            "sync_gap": round(eps / batch / per_second, 6) if per_second > 0 else None,
-            "examples_in_flight": batch * settings.shadow.threads * settings.ps.workers,
-        }
-
-
-_RULE_TEXT = {
-    "easgd": "EASGD with a central copy on the sync parameter server",
-    "ma": "model averaging over an all-reduce of the trainers",
-    "bmuf": "BMUF: an all-reduce, then a block update with block momentum",
-}
-# 2 trainers x 2 Hogwild threads; one trainer of one thread (with alpha 0: EASGD's pull towards the
-# central copy off) computes what sync does
-_TRAINERS = ("ps.workers=2", "shadow.threads=2")
-_ONE_TRAINER = ("ps.workers=1", "shadow.threads=1")
-for _rule, _text in _RULE_TEXT.items():
-    PS_MODES.register(f"shadow-{_rule}")(ShadowSyncMode(
-        f"shadow-{_rule}", hogwild_rows, no_gate, one_batch,
-        f"ShadowSync: {_text}, on a shadow thread in the background; embeddings Hogwild",
-        contract=Contract(_TRAINERS, (*_ONE_TRAINER, "shadow.alpha=0")), dense_sync=_rule))
-    PS_MODES.register(f"fr-{_rule}")(ShadowSyncMode(
-        f"fr-{_rule}", hogwild_rows, no_gate, one_batch,
-        f"{_text} in the foreground every shadow.every iterations (of each worker thread, or of the trainer: "
-        "shadow.fr_sync); embeddings Hogwild",
-        contract=Contract((*_TRAINERS, "shadow.every=2"), (*_ONE_TRAINER, "shadow.alpha=0")),
-        dense_sync=_rule, foreground=True))
-PS_MODES.register("hogwild")(ShadowSyncMode(
-    "hogwild", hogwild_rows, no_gate, one_batch,
-    "trainers' dense replicas never synced (averaged at the end of each epoch); embeddings Hogwild",
-    contract=Contract(_TRAINERS, _ONE_TRAINER)))
