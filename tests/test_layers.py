@@ -290,6 +290,16 @@ def test_only_the_engines_call_ray_actors_directly():
     assert raw == []
 
 
+def test_only_the_engines_turn_a_verbs_name_back_into_a_call():
+    """Outside ``cadence.engines`` a role's verb is called by its method, never looked up by a name
+    made at run time (``getattr(role, name)(...)``): a request that names a verb is dispatched by the
+    engines' transport alone (``engines.remote``, ``engines.ray``, ``engines.placement``)."""
+    by_name = [f"{name}:{node.lineno}" for name, tree in TREES.items() if not name.startswith("cadence.engines")
+               for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Call)
+               and getattr(node.func.func, "id", "") == "getattr" and not isinstance(node.func.args[1], ast.Constant)]
+    assert by_name == []
+
+
 def test_ps_engine_is_resolved_by_one_registry():
     """``ps.engine`` names where roles run for every strategy: one registry (``engines.PLACEMENTS``),
     the parameter server's engine built on the placement it gives (a key that picks per task, such

@@ -525,48 +525,6 @@ def test_the_next_run_builds_its_roles_in_the_processes_the_last_run_left(tmp_pa
     assert not set(ray.get([host.pid.remote() for host in kept])) & set(second_pids)
 
 
-def test_the_coordinators_shard_calls_take_a_handle_per_thread_and_settle_waits_for_every_threads(
-        monkeypatch) -> None:
-    """``_PerThreadShard``: each thread of the coordinator calls through a handle (a channel) of its
-    own, made once per thread; ``settle`` waits for the one-way calls of every thread's handle."""
-    made = []
-
-    class Handle:
-        def __init__(self):
-            self.calls, self.settled, self.direct_calls = [], 0, 0
-            made.append(self)
-
-        def direct(self):
-            self.direct_calls += 1
-
-        def close_token(self, token, handed_out):
-            self.calls.append((threading.current_thread().name, token))
-
-        def settle(self):
-            self.settled += 1
-
-        def close_channel(self):
-            pass
-
-    monkeypatch.setattr(ray_engine, "own_copy", lambda shard: Handle())
-    shard = ray_engine._PerThreadShard(object())
-
-    def work(token):
-        shard.close_token(token, 1)
-        shard.close_token(token + 10, 1)
-
-    threads = [threading.Thread(target=work, args=(index,), name=f"t{index}") for index in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(made) == 3 and all(handle.direct_calls == 1 for handle in made)
-    assert sorted(tuple(handle.calls) for handle in made) == [
-        (("t0", 0), ("t0", 10)), (("t1", 1), ("t1", 11)), (("t2", 2), ("t2", 12))]  # a thread's calls on its own
-    shard.settle()
-    assert [handle.settled for handle in made] == [1, 1, 1]
-
-
 def test_a_grown_run_freezes_the_known_rows_on_ray(grow_data, tmp_path: Path, local_cluster) -> None:
     """``train.init_from`` with ``train.freeze: known`` on Ray: the workers, built from the task's recipe
     in their own processes, leave the known rows (and relations) as they were."""

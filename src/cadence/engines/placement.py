@@ -33,7 +33,7 @@ def verb_of(role: type, method: Callable) -> str:
     """The name of ``method``, checked to be a public method of ``role`` (a verb): what crosses a
     process boundary is this name, what the caller writes is the method itself."""
     name = getattr(method, "__name__", "")
-    if name.startswith("_") or getattr(role, name, None) is not method:
+    if not callable(method) or not name or name.startswith("_") or getattr(role, name, None) is not method:
         raise TypeError(f"{method!r} is not a verb of {role.__name__}")
     return name
 

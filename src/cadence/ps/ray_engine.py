@@ -13,13 +13,16 @@ node, or a new one):
 - ``TaskWorker`` i builds the task itself from the run's config (``task.recipe()``: it reads its
   own data; a task whose data was handed in as an object travels whole, once), computes each
   epoch's plans (a pure function of seed and epoch) and runs the very ``Worker`` loop of the thread
-  engine against proxies of the shards and the coordinator.
+  engine against proxies of the shards and the coordinator; a mode's own roles run in it as jobs
+  (``run_job``: ShadowSync's trainers, ``strategies.shadowsync.on_ray``).
 
 Per batch a worker makes one call to the coordinator (take), then pulls the rows of every shard
 and the dense parameters in parallel (``ShardRouter.pull``: one overlapped round trip), computes,
 and pushes to every shard without waiting (one-way; the next call to that shard first waits for
-it, so each worker's verbs reach each shard in program order, as a thread's do). Tensors cross
-as numpy arrays, which Ray moves zero-copy through its object store.
+it, so each worker's verbs reach each shard in program order, as a thread's do). How a call
+crosses is ``engines.remote``'s (``OrderedProxy`` and ``OrderedRole`` for the shards, a
+``VerbChannel`` to the coordinator): verbs named by their methods. Tensors cross as numpy arrays,
+which Ray moves zero-copy through its object store.
 
 Faults: a worker actor that dies has its batch's token released by the coordinator (the epoch
 goes on without it) and is replaced before the next epoch; a shard actor that dies fails the
@@ -31,13 +34,10 @@ process kept idle for the driver's next run, or killed: ``Hosts.give_back``).
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import pickle
 import secrets
-import threading
 import time
-import uuid
 from typing import Any, Callable, Iterator
 
 import torch
@@ -49,12 +49,12 @@ from cadence.engines import ray as ray_support
 from cadence.engines.ray import (RayPending, RayPlacement, completed, Actor, cluster_nodes, connect, hosts, kill,
                                 node_host, pack, ray, ray_get, unpack)
 from cadence.engines.cgroups import STRAGGLER_QUOTAS, CpuQuota
-from cadence.engines.placement import verb_of
-from cadence.engines.channel import Channel, ChannelClosed, ChannelServer, Reply
+from cadence.engines.channel import ChannelServer, Reply
+from cadence.engines.remote import OrderedProxy, OrderedRole, PerThread, VerbChannel, VerbServer
 from cadence.optim import module_optimizer
 from cadence.ps.epoch import Engine, EpochPlan, Launcher, ServerSettings, WorkerReport
 from cadence.ps.gates import NoGate
-from cadence.ps.coordinator import GATE_VERBS, Coordinator
+from cadence.ps.coordinator import Coordinator
 from cadence.ps.server import ServerShard, build_shard
 from cadence.ps.worker import ShardRouter, Worker
 
@@ -66,105 +66,28 @@ def shutdown() -> None:
     hosts().clear()
 
 
-class _Call:
-    """A remote call in flight (``result`` waits for it): a Ray object ref, or a channel's reply."""
+class RemoteShard(OrderedProxy):
+    """A server shard held by a ``ShardServer`` actor, with ``ServerShard``'s verbs, called in this
+    caller's program order (``engines.remote.OrderedProxy``): ``push``, ``drop`` and ``close_token``
+    are sent without waiting and still reach the shard before this handle's next call. A worker's
+    per-batch calls go over a channel to the actor after ``direct()``."""
 
-    def __init__(self, ref: Any, shard: int | None = None):
-        self.ref = ref
-        self.shard = shard
-
-    def result(self) -> Any:
-        try:
-            if isinstance(self.ref, Reply):
-                return unpack(self.ref.result())
-            return unpack(ray_get(self.ref))
-        except (ray.exceptions.RayActorError, ChannelClosed) as err:
-            if self.shard is None:
-                raise
-            raise ShardLost(f"server shard {self.shard}'s process died ({type(err).__name__})") from None
-
-
-class RemoteShard:
-    """A server shard held by a ``ShardServer`` actor, with ``ServerShard``'s verbs. Every call
-    carries this handle's sequence number and the actor starts one handle's calls in that order
-    (``ShardServer.call``), so ``push``, ``drop`` and ``close_token`` are sent without waiting and
-    still reach the shard before this handle's next call: program order, as in a thread, without a
-    round trip. ``settle`` waits until the one-way calls sent so far have been applied.
-
-    Calls are Ray actor calls, or after ``direct()`` requests on a channel to the actor (a worker's
-    per-batch verbs: ``channel`` module); the sequence numbers order both alike."""
-
-    ONE_WAY = tuple(verb.__name__ for verb in (ServerShard.push, ServerShard.drop, ServerShard.close_token))
+    ONE_WAY = (ServerShard.push, ServerShard.drop, ServerShard.close_token)
 
     def __init__(self, handle: Any, index: int, width: int, address: tuple | None = None, secret: bytes = b""):
-        self.handle = handle
+        super().__init__(handle, ShardServer.call, ServerShard, self.ONE_WAY, address, secret)
         self.index = index
         self.width = width
-        self.address = address  # the actor's channel
-        self.secret = secret  # the run's channel secret
-        self.caller = uuid.uuid4().hex  # each process's copy of a handle is a caller of its own
-        self._seq = 0
-        self._pending: list[_Call] = []
-        self._lock = threading.Lock()  # the coordinator's threads share its handles
-        self._channel: Channel | None = None
 
-    def direct(self) -> None:
-        """From now on this copy's calls go over a channel to the actor (one caller: a worker)."""
-        if self.address is not None and self._channel is None:
-            try:
-                self._channel = Channel(self.address, self.secret)
-            except ChannelClosed as err:
-                raise ShardLost(f"server shard {self.index}: {err}") from None
-
-    def _remote(self, method: str, args: tuple) -> _Call:
-        packed = pack(args)
-        with self._lock:  # sequence numbers in submission order
-            seq, self._seq = self._seq, self._seq + 1
-            if self._channel is not None:
-                return _Call(self._channel.submit((self.caller, seq, method, packed)), self.index)
-            return _Call(self.handle.start(ShardServer.call, self.caller, seq, method, *packed), self.index)
-
-    def submit(self, verb, *args: Any) -> _Call:
-        """Call ``verb`` (a method of ``ServerShard``, never a string) without waiting for it."""
-        return self._remote(verb_of(ServerShard, verb), args)
-
-    def settle(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for call in pending:
-            call.result()
-
-    def close_channel(self) -> None:
-        """This copy's channel closed (its calls go through Ray again)."""
-        channel, self._channel = self._channel, None
-        if channel is not None:
-            channel.close()
-
-    def __getattr__(self, method: str):
-        """``shard.verb(*args)`` as on a ``ServerShard``: only its verbs (another name fails here, as
-        it would on a shard of this process)."""
-        verb = getattr(ServerShard, method, None)
-        if method.startswith("_") or not callable(verb):
-            raise AttributeError(method)
-        if method in self.ONE_WAY:
-            return functools.partial(self._send, method)
-        return lambda *args: self.submit(verb, *args).result()
-
-    def _send(self, method: str, *args: Any) -> None:
-        call = self._remote(method, args)
-        with self._lock:
-            self._pending.append(call)
-            settled = self._pending[:128] if len(self._pending) >= 256 else []
-            del self._pending[:len(settled)]
-        for old in settled:  # long applied by now: collected, so errors surface and replies are read
-            old.result()
+    def lost(self, err: BaseException) -> BaseException:
+        return ShardLost(f"server shard {self.index}'s process died ({type(err).__name__})")
 
     def __reduce__(self):
         return RemoteShard, (self.handle, self.index, self.width, self.address, self.secret)
 
 
-TAKE = (Coordinator.take.__name__,)  # a worker's request on its channel to the coordinator
-DIRECT_VERBS = (Coordinator.take.__name__, *(verb.__name__ for verb in GATE_VERBS))  # what that channel serves
+# what a worker's channel to the coordinator serves: its takes, and the gate's verbs where the gate keeps state
+WORKER_VERBS = (Coordinator.take, Coordinator.wait, Coordinator.done, Coordinator.leave)
 
 
 # ---- the actors -------------------------------------------------------------------------------------------
@@ -179,9 +102,8 @@ class ShardServer(Actor):
         self.shard = build_shard(settings.optimizer, settings.ps, settings.entity, spec, mode, index,
                                  dense)
 
-        self.turns = threading.Condition()
-        self.next_seq: dict[str, int] = {}  # caller -> sequence number of its next call
-        self.channel = ChannelServer(lambda request: self.call(*request[:3], *request[3]), node_host(), secret)
+        self.calls = OrderedRole(self.shard, ServerShard, None if self.shard.lock_free else self.shard.changed)
+        self.channel = ChannelServer(self.calls.serve, node_host(), secret)
 
     def endpoint(self) -> tuple:
         return self.channel.address
@@ -191,82 +113,20 @@ class ShardServer(Actor):
         self.channel.close()
 
     def call(self, caller: str, seq: int, method: str, *args: Any) -> Any:
-        """Run a caller's calls in its order: each waits for its turn, takes the shard's lock, and
-        only then lets the caller's next call start (the lock is re-entrant, and a call that waits
-        on the shard's condition releases it). A lock-free shard (Hogwild rows) takes no lock: a
-        caller's next call starts when this one has finished, other callers' calls run beside it."""
-        verb = getattr(self.shard, verb_of(ServerShard, getattr(ServerShard, method, None)))
-        if self.shard.lock_free:
-            with self.turns:
-                self.turns.wait_for(lambda: self.next_seq.get(caller, 0) == seq)
-            try:
-                return pack(verb(*unpack(args)))
-            finally:
-                with self.turns:
-                    self.next_seq[caller] = seq + 1
-                    self.turns.notify_all()
-        lock = self.shard.changed
-        with self.turns:
-            self.turns.wait_for(lambda: self.next_seq.get(caller, 0) == seq)
-            lock.acquire()
-            self.next_seq[caller] = seq + 1
-            self.turns.notify_all()
-        try:
-            return pack(verb(*unpack(args)))
-        finally:
-            lock.release()
-
-
-class _PerThreadShard:
-    """A shard as the coordinator's threads see it: each thread calls through a handle of its own
-    (``own_copy``) over a channel of its own. A channel serves one request at a time, so a take that
-    waits on a shard for its step (backup workers' fresh tokens) holds up only its own worker's
-    channel; and a take's shard calls cost a channel's round trip, not a Ray call's (0.5-1 ms of CPU
-    on each side). Each thread's calls reach the shard in its program order; calls of different
-    threads are ordered by the shard's lock alone, as the thread engine's are by the data list's.
-    ``settle`` waits for every thread's one-way calls."""
-
-    def __init__(self, shard: RemoteShard):
-        self.shard = shard
-        self.local = threading.local()
-        self.copies: list[RemoteShard] = []
-        self.lock = threading.Lock()
-
-    def _mine(self) -> RemoteShard:
-        copy = getattr(self.local, "copy", None)
-        if copy is None:
-            copy = self.local.copy = own_copy(self.shard)
-            copy.direct()
-            with self.lock:
-                self.copies.append(copy)
-        return copy
-
-    def settle(self) -> None:
-        with self.lock:
-            copies = list(self.copies)
-        for copy in copies:
-            copy.settle()
-
-    def close_channels(self) -> None:
-        with self.lock:
-            copies, self.copies = self.copies, []
-        for copy in copies:  # (the run is over: replies still owed are not read)
-            copy.close_channel()
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._mine(), name)
+        """A ``RemoteShard``'s call through Ray, in its caller's order (``OrderedRole.call``): the
+        shard's lock taken in turn, none for a lock-free shard (Hogwild rows)."""
+        return self.calls.call(caller, seq, method, *args)
 
 
 class CoordinatorActor(Coordinator, Actor):
     """The coordinator role in an actor: ``begin`` over batch positions; ``take`` and the gate's verbs
-    served on the workers' channels (the rest are Ray calls); its own calls to the shards over a
-    channel per thread (``_PerThreadShard``)."""
+    served on the workers' channels (``WORKER_VERBS``; the rest are Ray calls); its own calls to the
+    shards over a channel per thread (``engines.remote.PerThread``: a take that waits on a shard for
+    its step, backup workers' fresh tokens, holds up only its own worker's channel)."""
 
     def __init__(self, settings: ServerSettings, mode, shards: list[RemoteShard], secret: bytes):
-        super().__init__(settings, mode, [_PerThreadShard(shard) for shard in shards])
-        self.channel = ChannelServer(self._direct, node_host(), secret)
+        super().__init__(settings, mode, [PerThread(shard) for shard in shards])
+        self.channel = VerbServer(self, Coordinator, WORKER_VERBS, node_host(), secret)
 
     def endpoint(self) -> tuple:
         return self.channel.address
@@ -275,13 +135,6 @@ class CoordinatorActor(Coordinator, Actor):
         self.channel.close()
         for shard in self.shards:
             shard.close_channels()
-
-    def _direct(self, request: tuple) -> Any:
-        """A worker's request on its channel: ``take`` or a verb of the gate (``GATE_VERBS``)."""
-        verb, *args = request
-        if verb not in DIRECT_VERBS:
-            raise ValueError(f"the coordinator's channel serves {', '.join(DIRECT_VERBS)}, not {verb!r}")
-        return getattr(self, verb)(*args)
 
     def open(self, batches: int, first_token: int, dead: list[int], live: list[int]) -> tuple[str, ...] | None:
         """``begin`` over positions 0 .. batches - 1; the gate verbs the workers call here."""
@@ -298,17 +151,17 @@ class RemoteData:
     asked for as soon as one arrives, so the round trip overlaps the batch's computation (not with
     fresh tokens, whose token is the step at the take)."""
 
-    def __init__(self, coordinator: Any, channel: Channel, plans: list, prefetch: bool):
+    def __init__(self, coordinator: Any, channel: VerbChannel, plans: list, prefetch: bool):
         self.coordinator, self.channel, self.plans, self.prefetch = coordinator, channel, plans, prefetch
         self.ahead: Reply | None = None
 
     def take(self, worker: int):
-        reply, self.ahead = self.ahead or self.channel.submit(TAKE + (worker,)), None
+        reply, self.ahead = self.ahead or self.channel.submit(Coordinator.take, worker), None
         item = reply.result()
         if item is None:
             return None
         if self.prefetch:
-            self.ahead = self.channel.submit(TAKE + (worker,))
+            self.ahead = self.channel.submit(Coordinator.take, worker)
         return item[0], self.plans[item[0]], item[1]
 
     def abandon(self, worker: int) -> None:
@@ -334,26 +187,26 @@ class _RemoteGate(NoGate):
     called remotely. ``done`` is sent without waiting: the next verb on the channel is served after
     it, and its reply (an error too) is read before the next ``wait`` or ``leave``."""
 
-    def __init__(self, channel: Channel, active: tuple[str, ...]):
-        self.channel, self.active = channel, active
+    def __init__(self, channel: VerbChannel, active: tuple[str, ...]):
+        self.channel, self.active = channel, active  # (active: the names ``Coordinator.remote_gate`` gave)
         self.sent: Reply | None = None  # the last one-way ``done``
 
-    def _call(self, verb: str, *args: Any) -> None:
+    def _call(self, verb, *args: Any) -> None:
         if self.sent is not None:
             sent, self.sent = self.sent, None
             sent.result()
-        if verb in self.active:
-            self.channel.submit((verb, *args)).result()
+        if verb.__name__ in self.active:
+            self.channel.submit(verb, *args).result()
 
     def wait(self, worker, token):
-        self._call(Coordinator.wait.__name__, worker, token)
+        self._call(Coordinator.wait, worker, token)
 
     def done(self, worker):
         if Coordinator.done.__name__ in self.active:
-            self.sent = self.channel.submit((Coordinator.done.__name__, worker))
+            self.sent = self.channel.submit(Coordinator.done, worker)
 
     def leave(self, worker):
-        self._call(Coordinator.leave.__name__, worker)
+        self._call(Coordinator.leave, worker)
 
 
 class TaskWorker(Actor):
@@ -369,7 +222,7 @@ class TaskWorker(Actor):
         self.task = ray.get(recipe_box[0])()
         for shard in shards:  # this worker's per-batch calls take the channels
             shard.direct()
-        self.channel = Channel(coordinator_address, secret)
+        self.channel = VerbChannel(coordinator_address, secret, Coordinator)
         self.coordinator_address, self.secret = coordinator_address, secret
         self.router = ShardRouter(shards)
         self.device = resolve_device(settings.device)  # the GPU Ray gave this actor, when it asked for one
@@ -446,11 +299,6 @@ class TaskWorker(Actor):
         undo, self.at_close = self.at_close, []
         for step in undo:
             step()
-
-
-def own_copy(shard: RemoteShard) -> RemoteShard:
-    """A handle of the same shard with a caller of its own (its own sequence, its own channel)."""
-    return RemoteShard(shard.handle, shard.index, shard.width, shard.address, shard.secret)
 
 
 # ---- the engine (driver side) -----------------------------------------------------------------------------

@@ -86,7 +86,8 @@ class ServerShard:
     def submit(self, verb: Callable, *args: Any) -> Done:
         """Call ``verb`` (a method of ``ServerShard``, never a string) now (a remote shard's
         ``submit`` returns at once, and calls to several shards overlap: ``ShardRouter``)."""
-        return Done(getattr(self, verb_of(ServerShard, verb))(*args))
+        verb_of(ServerShard, verb)  # (a string, a private method or another class's: TypeError here)
+        return Done(verb(self, *args))
 
     # A pull's ``after``: the rows (and dense parameters) of this shard once it has applied that many
     # global steps (``wait_for_step``, then the read, under one hold of the lock): a step's barrier

@@ -15,10 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cadence.engines.channel import Channel
+from cadence.engines.remote import VerbChannel
 from cadence.engines.ray import RayPending, node_host, pack, unpack
 from cadence.ps.epoch import EpochPlan
-from cadence.ps.ray_engine import CoordinatorActor, RemoteData, TaskWorker, own_copy
+from cadence.ps.coordinator import Coordinator
+from cadence.ps.ray_engine import CoordinatorActor, RemoteData, TaskWorker
 from cadence.ps.worker import ShardRouter, Worker
 from cadence.strategies.shadowsync.dense_sync import CentralSlices, GlooAverager
 from cadence.strategies.shadowsync.trainer import ShadowTrainer, reset_central
@@ -78,13 +79,13 @@ def run_trainer(worker: TaskWorker, plan: EpochPlan, rng_state: Tensor, dense: A
                             on_error=lambda err: abandon_epoch(f"trainer {index}'s shadow thread failed: {err!r}"))
 
     def router_of(thread: int) -> ShardRouter:
-        shards = [own_copy(shard) for shard in worker.router.shards]
+        shards = [shard.copy() for shard in worker.router.shards]
         for shard in shards:
             shard.direct()
         return ShardRouter(shards)
 
     def run_worker(thread: Worker) -> None:
-        data = RemoteData(worker.coordinator, Channel(worker.coordinator_address, worker.secret), plans,
+        data = RemoteData(worker.coordinator, VerbChannel(worker.coordinator_address, worker.secret, Coordinator), plans,
                           prefetch=plan.kill_after.get(index) is None)
         try:
             thread.run(data, trainer.gate)
