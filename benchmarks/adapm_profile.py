@@ -46,7 +46,7 @@ import cadence  # noqa: E402
 from provenance import add_flag, check  # noqa: E402  (same folder)
 from cadence.pipeline.stages import ComputeStage  # noqa: E402
 from cadence.strategies.adapm import engine as adapm_engine  # noqa: E402
-from cadence.strategies.adapm.node import Node  # noqa: E402
+from cadence.pm.node import Node  # noqa: E402
 from cadence.tasks.mf import MfTask  # noqa: E402
 
 CATEGORIES = {"round": (adapm_engine.NodeRunner, "round"), "pull": (Node, "pull"), "commit": (Node, "commit"),

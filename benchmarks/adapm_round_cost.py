@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What one AdaPM communication round costs as the model grows, at fixed activity (issue 25).
 
-Two bare nodes (``cadence.strategies.adapm.node.Node``, no threads) over N keys of width 8; each
+Two bare nodes (``cadence.pm.node.Node``, no threads) over N keys of width 8; each
 round node 0's worker signals intent for the same number of keys (``--active``, fresh ones each
 round, the clock advancing one step a round) and both nodes run a round: act on intents, build
 every request, the destination handles it, the sender installs the answer. The time per round is
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from cadence.strategies.adapm import node as node_module
-from cadence.strategies.adapm.node import KeySpace, Node
+from cadence.pm import node as node_module
+from cadence.pm.node import KeySpace, Node
 
 REPO = Path(__file__).resolve().parents[1]
 

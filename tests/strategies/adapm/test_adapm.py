@@ -15,7 +15,7 @@ import torch
 
 from cadence import api
 from cadence.errors import ConfigError
-from cadence.strategies.adapm.node import ABSENT, OWNER, REPLICA, KeySpace, Node, nbytes
+from cadence.pm.node import ABSENT, OWNER, REPLICA, KeySpace, Node, nbytes
 from cadence.strategies.adapm.timing import ActionTimer, RoundPace, poisson_quantile
 from tests.conftest import make_config
 
@@ -772,7 +772,7 @@ def test_an_epoch_ends_with_every_update_in_the_main_copies(task_data, tmp_path)
     checkpoints are the main copies."""
     from cadence.tasks import TASKS
     from cadence.strategies.adapm.runtime import AdaPMRuntime
-    from cadence.strategies.adapm.node import OWNER
+    from cadence.pm.node import OWNER
 
     config = api.prepare_config(make_config(tmp_path / "settle", "task=mf", "data.dataset=synthetic-zipf",
                                             "mf.synthetic.users=500", "mf.synthetic.items=200",
@@ -796,7 +796,7 @@ def test_an_epoch_ends_with_every_update_in_the_main_copies(task_data, tmp_path)
 def test_a_late_location_update_does_not_undo_a_newer_one_at_the_home() -> None:
     """Relocations are reported to the home node in the old owner's next round; two reports of one
     key can arrive out of order: the one with more relocations behind it wins."""
-    from cadence.strategies.adapm.node import Request
+    from cadence.pm.node import Request
 
     nodes, _ = cluster(3)
     key = torch.tensor([3])  # home: node 0

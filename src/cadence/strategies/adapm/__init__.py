@@ -1,6 +1,6 @@
 """AdaPM (SPEC section 2): nodes with node-local stores, intent signals, relocation or replication
 decided on each key's owner, replica synchronisation with versions, Algorithm 1's action timing
-(``docs/strategies/adapm.md``). ``node``: one node and the protocol; ``timing``: Algorithm 1;
+(``docs/strategies/adapm.md``). A node and its protocol are ``cadence.pm``'s; here ``timing``: Algorithm 1;
 ``engine``: the node role and the driver's side, on any placement (``engines.placement``: threads
 of this process, or Ray actors, imported only with ``--engine ray``).
 

@@ -38,10 +38,10 @@ from cadence.engines.placement import Handle, Placement, finish
 from cadence.engines.threads import ThreadGroup, run_threads
 from cadence.pipeline.stages import ComputeStage
 from cadence.core.initial import INIT_CHUNK_ROWS
-from cadence.strategies.adapm.holdings import KeySpace
-from cadence.strategies.adapm.management import DenseCopy
-from cadence.strategies.adapm.messages import OWNER, Counters, ProtocolError, nbytes
-from cadence.strategies.adapm.node import Node
+from cadence.pm.holdings import KeySpace
+from cadence.pm.management import DenseCopy
+from cadence.pm.messages import OWNER, Counters, ProtocolError, nbytes
+from cadence.pm.node import Node
 from cadence.strategies.adapm.timing import ActionTimer, RoundPace
 
 from cadence.core import checkpoint as ckpt

@@ -31,8 +31,8 @@ from collections import deque
 import torch
 from torch import Tensor, nn
 
-from cadence.strategies.adapm.holdings import Holdings
-from cadence.strategies.adapm.messages import (ABSENT, OWNER, REPLICA, Counters, ProtocolError, Request, Response,
+from cadence.pm.holdings import Holdings
+from cadence.pm.messages import (ABSENT, OWNER, REPLICA, Counters, ProtocolError, Request, Response,
                                                bit, by_destination, nbytes, unique_first)
 
 

@@ -21,9 +21,9 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor
 
-from cadence.strategies.adapm.entries import Column, Entries, Pool
-from cadence.strategies.adapm.messages import ABSENT, OWNER, REPLICA, kinds
-from cadence.strategies.adapm.routing import Routing
+from cadence.pm.entries import Column, Entries, Pool
+from cadence.pm.messages import ABSENT, OWNER, REPLICA, kinds
+from cadence.pm.routing import Routing
 
 
 @dataclass(frozen=True)

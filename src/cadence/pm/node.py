@@ -21,9 +21,9 @@ import time
 import torch
 from torch import Tensor
 
-from cadence.strategies.adapm.holdings import Holdings, KeySpace
-from cadence.strategies.adapm.management import DenseCopy, Management
-from cadence.strategies.adapm.messages import (ABSENT, OWNER, REPLICA, Counters, ProtocolError, Request, Response,
+from cadence.pm.holdings import Holdings, KeySpace
+from cadence.pm.management import DenseCopy, Management
+from cadence.pm.messages import (ABSENT, OWNER, REPLICA, Counters, ProtocolError, Request, Response,
                                                nbytes)
 
 TECHNIQUES = ("adaptive", "replication", "relocation", "static", "full")

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from cadence.strategies.adapm.entries import Column, Entries
-from cadence.strategies.adapm.messages import ABSENT, kinds, unique_first
+from cadence.pm.entries import Column, Entries
+from cadence.pm.messages import ABSENT, kinds, unique_first
 
 
 class Routing:

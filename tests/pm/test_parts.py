@@ -10,9 +10,9 @@ import threading
 import pytest
 import torch
 
-from cadence.strategies.adapm.holdings import Holdings, KeySpace
-from cadence.strategies.adapm.management import Management
-from cadence.strategies.adapm.messages import ABSENT, OWNER, REPLICA, Counters, Request, bit
+from cadence.pm.holdings import Holdings, KeySpace
+from cadence.pm.management import Management
+from cadence.pm.messages import ABSENT, OWNER, REPLICA, Counters, Request, bit
 
 KEYS, WIDTH = 24, 3
 
@@ -209,7 +209,7 @@ def test_a_rounds_messages_go_out_at_once_where_the_nodes_run_at_once(concurrent
 
 
 def test_by_destination_gives_each_node_its_positions_as_a_mask_would() -> None:
-    from cadence.strategies.adapm.messages import by_destination
+    from cadence.pm.messages import by_destination
 
     generator = torch.Generator().manual_seed(0)
     for size, nodes in ((0, 3), (1, 3), (50, 4), (200, 8)):
