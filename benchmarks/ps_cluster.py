@@ -113,8 +113,15 @@ def memory(work: Path) -> dict:
     return results
 
 
+def per_example(summary: dict) -> dict[str, float]:
+    """Where the workers' time went (``worker_seconds``), in microseconds per example trained."""
+    examples = max(1, summary.get("examples_seen", 0))
+    return {phase: round(seconds / examples * 1e6, 2) for phase, seconds in summary.get("worker_seconds", {}).items()}
+
+
 def throughput(work: Path, repeats: int, strategy: str = "gba", epochs: int = 6) -> dict:
     speeds: dict[str, list[float]] = {"threads": [], "ray": []}
+    phases: dict[str, list[dict[str, float]]] = {"threads": [], "ray": []}
     starts: list[float] = []
     for repeat in range(repeats):
         for engine in speeds:  # interleaved: machine noise hits both alike
@@ -123,6 +130,7 @@ def throughput(work: Path, repeats: int, strategy: str = "gba", epochs: int = 6)
                                           f"out={work / f'throughput-{engine}-{repeat}'}"])
             summary = api.train(config, overwrite=True).summary
             speeds[engine].append(summary["examples_per_second"])
+            phases[engine].append(per_example(summary))
             if engine == "ray":
                 starts.append(summary.get("engine_start_seconds"))
             say(f"throughput {strategy} {engine} repeat {repeat}: {summary['examples_per_second']:,.0f} examples/s "
@@ -131,7 +139,12 @@ def throughput(work: Path, repeats: int, strategy: str = "gba", epochs: int = 6)
     return {"config": f"configs/ml100k-deepfm.yaml, {strategy}, 2 workers, 1 shard, {epochs} epochs, threads=1",
             "examples_per_second": speeds, "median": median, "ray_over_threads": median["ray"] / median["threads"],
             "ray_over_threads_per_repeat": [r / t for r, t in zip(speeds["ray"], speeds["threads"])],
-            "ray_engine_start_seconds": starts, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "ray_engine_start_seconds": starts, "worker_us_per_example": phases,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def median_phases(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {phase: round(statistics.median(run[phase] for run in runs), 2) for phase in runs[0]} if runs else {}
 
 
 def both_engines() -> list[str]:
@@ -169,33 +182,47 @@ def main() -> None:
     parser.add_argument("--strategies", default=None,
                         help="throughput: these strategies (comma-separated, or all) instead of gba alone")
     parser.add_argument("--epochs", type=int, default=6, help="throughput: epochs per run (default 6)")
+    parser.add_argument("--out", default=None, help="the result file's name in benchmarks/results (default: "
+                        "ps_cluster.json; with --strategies all ps_cluster_strategies.json; with a list of "
+                        "strategies ps_cluster_strategies_<their names>.json, so a partial run never "
+                        "overwrites the full one)")
     add_flag(parser)
     args = parser.parse_args()
     check(args)
     strategies = both_engines() if args.strategies == "all" else (
         [name.strip() for name in args.strategies.split(",") if name.strip()] if args.strategies else None)
-    out = RESULTS / ("ps_cluster_strategies.json" if strategies else "ps_cluster.json")
+    name = args.out or ("ps_cluster.json" if not strategies else "ps_cluster_strategies.json"
+                        if args.strategies == "all" else f"ps_cluster_strategies_{'_'.join(strategies)}.json")
+    out = RESULTS / name
     results = json.loads(out.read_text()) if out.exists() and not strategies else {}
     with tempfile.TemporaryDirectory(prefix="cadence-ps-cluster-") as tmp:
         work = Path(tmp)
         if args.only in (None, "throughput") and strategies:
             by_strategy = {name: {"threads": [], "ray": []} for name in strategies}
+            phases = {name: {"threads": [], "ray": []} for name in strategies}
             for repeat in range(args.repeats):  # strategy by strategy within a repeat: noise spreads over all
                 for name in strategies:
                     one = throughput(work / f"{name}-{repeat}", 1, name, args.epochs)
                     for engine in ("threads", "ray"):
                         by_strategy[name][engine] += one["examples_per_second"][engine]
+                        phases[name][engine] += one["worker_us_per_example"][engine]
             results["throughput_by_strategy"] = {
                 "config": f"configs/ml100k-deepfm.yaml, 2 workers, 1 shard, {args.epochs} epochs, threads=1",
                 "command": " ".join([".venv/bin/python benchmarks/ps_cluster.py", *sys.argv[1:]]),
                 "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "strategies": {name: {"examples_per_second": speeds,
                                       "ray_over_threads": statistics.median(speeds["ray"]) / statistics.median(speeds["threads"]),
-                                      "ray_over_threads_per_repeat": [r / t for r, t in zip(speeds["ray"], speeds["threads"])]}
+                                      "ray_over_threads_per_repeat": [r / t for r, t in zip(speeds["ray"], speeds["threads"])],
+                                      # where the workers' time went, microseconds per example (summed over the
+                                      # workers; median over the repeats), by engine
+                                      "worker_us_per_example": {engine: median_phases(runs)
+                                                                for engine, runs in phases[name].items()}}
                                for name, speeds in by_strategy.items()}}
             for name, row in results["throughput_by_strategy"]["strategies"].items():
                 say(f"{name}: ray / threads {row['ray_over_threads']:.2f}  per repeat "
                     f"{[round(r, 2) for r in row['ray_over_threads_per_repeat']]}")
+                for engine, spent in row["worker_us_per_example"].items():
+                    say(f"    {engine:7s} us/example: " + "  ".join(f"{k} {v:.1f}" for k, v in spent.items() if v))
         elif args.only in (None, "throughput"):
             results["throughput"] = throughput(work, args.repeats)
             results["throughput"]["command"] = " ".join([".venv/bin/python benchmarks/ps_cluster.py", *sys.argv[1:]])

@@ -86,7 +86,8 @@ class ThreadEngine(Engine):
         if worker.dense_optimizer is not None:  # (ps.dense: workers) the replicas the run may keep
             replica = (worker.model.state_dict(), worker.dense_optimizer.state_dict())
         return WorkerReport(worker.index, worker.loss_total, worker.examples_done, worker.pushed, worker.died,
-                            bytes_moved=worker.bytes_moved, batches=worker.finished, replica=replica)
+                            bytes_moved=worker.bytes_moved, batches=worker.finished, replica=replica,
+                            seconds=worker.laps.seconds)
 
     def launch(self, launcher: Launcher, plan: EpochPlan, plans: list[BatchPlan], on_batch: OnBatch) -> dict:
         return launcher.in_process(self, plan, plans, on_batch)

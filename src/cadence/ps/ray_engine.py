@@ -265,7 +265,8 @@ class TaskWorker(Actor):
         return pack(WorkerReport(self.index, worker.loss_total, worker.examples_done, worker.pushed, worker.died,
                                  bytes_moved=worker.bytes_moved, batches=worker.finished, replica=replica,
                                  rng_state=torch.get_rng_state(),
-                                 throttled_seconds=quota.throttled["throttled_seconds"] if quota else 0.0))
+                                 throttled_seconds=quota.throttled["throttled_seconds"] if quota else 0.0,
+                                 seconds=worker.laps.seconds))
 
     def straggling(self, slowdown: float) -> CpuQuota | None:
         """``ps.straggler_cause: cpu_quota``: the quota that makes this process ``slowdown`` times

@@ -19,7 +19,7 @@ from cadence.optim import set_lr
 from cadence.engines import PLACEMENTS
 from cadence.ps.engines import EpochPlan, ServerSettings, build_engine
 from cadence.ps.server import ServerShard
-from cadence.ps.worker import Faults, ShardRouter
+from cadence.ps.worker import PHASES, Faults, ShardRouter
 from cadence.tasks.base import Task
 
 log = logging.getLogger("cadence")
@@ -44,6 +44,7 @@ class ParameterServerRuntime(Runtime):
         self.worker_throttled = [0.0] * ps.workers  # ps.straggler_cause: cpu_quota: seconds each was held back
         self.bytes_moved = 0
         self.train_seconds = 0.0
+        self.worker_seconds = dict.fromkeys(PHASES, 0.0)  # summed over the workers (``worker.PHASES``)
 
     @property
     def shards(self) -> list:
@@ -75,6 +76,8 @@ class ParameterServerRuntime(Runtime):
             self.worker_examples[report.index] += report.examples
             self.worker_throttled[report.index] += report.throttled_seconds
             self.bytes_moved += report.bytes_moved
+            for phase, seconds in report.seconds.items():
+                self.worker_seconds[phase] += seconds
             if report.died:
                 self.dead.add(report.index)
                 log.warning("worker %d was killed after %d batches (fault injection); its batch was dropped",
@@ -112,6 +115,9 @@ class ParameterServerRuntime(Runtime):
             "workers_replaced": self.replaced,
             # tensor bytes between workers and shards (keys, rows, gradients, dense), per example
             "bytes_moved_per_example": round(self.bytes_moved / max(1, sum(self.worker_examples)), 1),
+            # where the workers' time went (this process's run), by phase, summed over the workers: take,
+            # gate, pull, compute, push, reduce, report, sync (docs/outputs.md)
+            "worker_seconds": {phase: round(seconds, 3) for phase, seconds in self.worker_seconds.items()},
             **self.mode.summary_fields(self.settings, self.train_seconds, sum(self.worker_examples), self.engine.syncs),
         }
 
@@ -134,7 +140,7 @@ class ParameterServerRuntime(Runtime):
             tensors, optimizer_meta = self.shards[0].dense_checkpoint()
         meta = {"dense_optimizer": optimizer_meta, "global_steps": [s.get_global_step() for s in self.shards],
                 "dead": sorted(self.dead), "worker_examples": self.worker_examples, "ps_seconds": self.train_seconds,
-                "bytes_moved": self.bytes_moved, "dense_syncs": self.engine.syncs}
+                "bytes_moved": self.bytes_moved, "dense_syncs": self.engine.syncs, "worker_seconds": self.worker_seconds}
         return tensors, meta
 
     def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any], counters: bool = True) -> None:
@@ -165,6 +171,7 @@ class ParameterServerRuntime(Runtime):
             self.train_seconds = meta.get("ps_seconds", 0.0)
             self.bytes_moved = meta.get("bytes_moved", 0)
             self.engine.syncs = meta.get("dense_syncs", 0)
+            self.worker_seconds = {**dict.fromkeys(PHASES, 0.0), **meta.get("worker_seconds", {})}
 
     def table_tensors(self) -> dict[str, Tensor]:
         """Every row, gathered here (tests, small tables): ``table.keys/values/state``, sorted by key."""

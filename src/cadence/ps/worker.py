@@ -155,6 +155,29 @@ def _parse(items: list[str], key: str, kind: type, workers: int, minimum: float)
     return parsed
 
 
+# Where a worker's time goes, phase by phase (summary.json's ``worker_seconds``, summed over the
+# workers): taking a batch, waiting at its gate, pulling (a step's barrier included), computing
+# (a straggler's slowdown included), pushing, all-reducing dense gradients (``ps.dense: workers``),
+# reporting the batch, and syncing a replica (ShadowSync's foreground rounds)
+PHASES = ("take", "gate", "pull", "compute", "push", "reduce", "report", "sync")
+
+
+class Laps:
+    """A stopwatch over ``PHASES``: ``lap(phase)`` adds the time since the last lap to ``phase``."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.last = time.perf_counter()
+
+    def restart(self) -> None:
+        self.last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] += now - self.last
+        self.last = now
+
+
 class Worker:
     """One parameter-server worker of any task: ``task.prepare`` a plan, pull its rows and the dense
     parameters, ``task.loss``, backward, push (gradient, token)."""
@@ -181,13 +204,17 @@ class Worker:
         self.on_batch: Callable[[Batch], None] | None = None  # called for each finished batch (threads)
         self.finished: list[tuple[int, float]] = []  # (plan index, loss) of each finished batch, without on_batch
         self.pull_after: Callable[[int], int | None] = NoGate().pull_after  # the gate's (``run``): a pull's barrier
+        self.laps = Laps()  # where its time went (``PHASES``)
 
     def run(self, data: DataList, gate: NoGate) -> None:
         self.pull_after = gate.pull_after  # (what a pull of a batch of a token waits for: a step's barrier)
         if self.reducer is not None:
             return self._run_with_dense_here(data, gate)
+        laps = self.laps
+        laps.restart()
         try:
             while (item := data.take(self.index)) is not None:
+                laps.lap("take")
                 position, plan, token = item
                 if self.fated():
                     self.died = True
@@ -196,11 +223,15 @@ class Worker:
                     data.abandon(self.index)
                     return
                 gate.wait(self.index, token)
+                laps.lap("gate")
                 self.step(position, plan, token)
                 self.pushed += 1
                 self.examples_done += plan.size
                 gate.done(self.index)
+                laps.lap("gate")
+            laps.lap("take")  # (the take that found the data list empty)
             self.router.flush()
+            laps.lap("push")
         except Aborted:  # another worker failed and the epoch is abandoned: the engine reports why
             return
         finally:
@@ -210,9 +241,12 @@ class Worker:
         """PERSIA's split: rounds of one batch (or none, once the data ran out) per live worker; the
         rows go to the servers as usual, the dense gradients are all-reduced and every replica takes
         the same optimizer step; the epoch ends with a round in which no worker had a batch."""
+        laps = self.laps
+        laps.restart()
         try:
             while True:
                 item = data.take(self.index)
+                laps.lap("take")
                 gradients = None
                 if item is not None:
                     position, plan, token = item
@@ -222,8 +256,10 @@ class Worker:
                         data.abandon(self.index)
                         return
                     gate.wait(self.index, token)
+                    laps.lap("gate")
                     gradients = self.step(position, plan, token)
                 total, count = self.reducer.allreduce(self.index, gradients)
+                laps.lap("reduce")
                 if count == 0:
                     return
                 self.bytes_moved += 2 * nbytes(total)  # an all-reduce moves about twice the gradients
@@ -232,10 +268,12 @@ class Worker:
                 if self.dense_optimizer is not None:
                     self.dense_optimizer.step()
                 self.model.zero_grad(set_to_none=True)
+                laps.lap("compute")
                 if item is not None:
                     self.pushed += 1
                     self.examples_done += plan.size
                     gate.done(self.index)
+                    laps.lap("gate")
         except Aborted:
             return
         finally:
@@ -253,11 +291,13 @@ class Worker:
         started = time.perf_counter()
         after = self.pull_after(token)
         batch = self.task.training_batch(plan)
+        self.laps.lap("compute")
         if self.reducer is None:
             rows, (dense_state, pulled_step) = self.router.pull(batch.ids, dense=True, after=after)
             self.model.load_state_dict(dense_state)
         else:
             rows, dense_state, pulled_step = self.router.pull(batch.ids, after=after), None, None
+        self.laps.lap("pull")
         ids = batch.ids  # pushed from the host
         rows = on_device(batch, rows, self.device)
         rows.requires_grad_(True)
@@ -270,9 +310,12 @@ class Worker:
         here = self.reducer is not None  # (then the dense gradients travel in the all-reduce instead)
         self.bytes_moved += 2 * nbytes(batch.ids) + 2 * nbytes(rows) + nbytes(dense_state) + (0 if here else nbytes(dense))
         self.delay(time.perf_counter() - started)  # between pull and push: the gradient goes stale
+        self.laps.lap("compute")
         self.router.push(Gradient(self.index, position, token, plan.size, batch.ids, row_gradient(rows).cpu(),
                                   None if here else dense, pulled_step))
+        self.laps.lap("push")
         self.done(batch, loss)
+        self.laps.lap("report")
         return dense if here else None
 
     def done(self, batch: Batch, loss: Tensor) -> None:

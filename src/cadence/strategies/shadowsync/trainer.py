@@ -49,7 +49,7 @@ from cadence.strategies.shadowsync.dense_sync import (RULES, Averager, CentralSl
 from cadence.ps.epoch import EpochPlan, WorkerReport, run_guarded
 from cadence.ps.gates import NoGate
 from cadence.ps.server import DataList
-from cadence.ps.worker import Worker, nbytes
+from cadence.ps.worker import PHASES, Worker, nbytes
 
 
 def shadow_alpha(shadow: ShadowConfig, trainers: int) -> float:
@@ -157,7 +157,9 @@ class HogwildWorker(Worker):
     def step(self, position, plan, token) -> None:
         started = time.perf_counter()
         batch = self.task.training_batch(plan)
+        self.laps.lap("compute")
         rows = self.router.pull(batch.ids)
+        self.laps.lap("pull")
         ids = batch.ids
         rows = on_device(batch, rows, self.device)
         rows.requires_grad_(True)
@@ -170,13 +172,17 @@ class HogwildWorker(Worker):
         batch.ids = ids
         self.bytes_moved += 2 * nbytes(ids) + 2 * nbytes(rows)
         self.delay(time.perf_counter() - started)
+        self.laps.lap("compute")
         self.router.push(Gradient(self.index, position, token, plan.size, ids, row_grad.cpu()))
+        self.laps.lap("push")
         self.done(batch, loss)
+        self.laps.lap("report")
         self.iterations += 1
         rule = self.trainer.thread_rule
         if rule is not None and self.iterations % self.trainer.every == 0:  # fr-* per thread: in its own loop
             rule.round(self.replica.flat, True)
             self.syncs += 1
+            self.laps.lap("sync")
 
 
 class ShadowTrainer:
@@ -292,6 +298,7 @@ class ShadowTrainer:
         return WorkerReport(self.index, sum(w.loss_total for w in mine), sum(w.examples_done for w in mine),
                             sum(w.pushed for w in mine), any(w.died for w in mine),  # (one process)
                             bytes_moved=sum(w.bytes_moved for w in mine),
+                            seconds={phase: sum(w.laps.seconds[phase] for w in mine) for phase in PHASES},
                             batches=[item for w in mine for item in w.finished],
                             replica=self.replica_state, syncs=self.syncs)
 
