@@ -57,7 +57,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 CONTENDERS = ("adaptive", "static", "replication", "relocation")
 SUMMARY = ("train_seconds", "epoch_seconds", "bytes_per_epoch", "bytes_per_node", "remote_access_share",
            "remote_accesses", "remote_reads", "remote_read_causes", "accesses", "relocations", "replicas_created", "rounds", "node_hosts", "engine",
-           "examples_per_second", "examples_seen")
+           "examples_per_second", "examples_seen", "worker_seconds")
 
 
 def units(text: str) -> int:

@@ -64,7 +64,7 @@ from provenance import check  # same folder: every result traces to a commit
 from kge_throughput import QuietGate, loadavg, machine_info  # same folder: the shared machine record
 from peer_stats import OthersMeter, mean_ci, peer_parser, peer_run, write_report
 
-from cadence.config import SyntheticRatingsConfig
+from cadence.task_config import SyntheticRatingsConfig
 from cadence.data.ratings import RatingDataset, Ratings, load_rating_dataset
 
 REPO = Path(__file__).resolve().parents[1]

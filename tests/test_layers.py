@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "cadence"
 
 # Bottom to top. A module may import any module of its own layer or of a layer below it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("cadence.errors", "cadence.registry", "cadence.seeding", "cadence.resources", "cadence.settings", "cadence.config",
+    ("foundation", ("cadence.errors", "cadence.registry", "cadence.seeding", "cadence.resources", "cadence.settings", "cadence.task_config", "cadence.config",
                     "cadence.device", "cadence.compiled", "cadence.kernels", "cadence.kge_step", "cadence.optim")),
     ("shared types", ("cadence.core",)),
     ("where rows live", ("cadence.store", "cadence.pm")),

@@ -103,3 +103,17 @@ def test_every_declared_range_refuses_just_past_each_end() -> None:
         for outside in ((low - 1, high + 1) if whole else (low - abs(low) * 0.5 - 1e-3, high * 1.5 + 1)):
             with pytest.raises(ConfigError, match=f"{key} must"):
                 load_config(None, [f"{key}={int(outside) if whole else outside!r}"])
+
+
+def test_the_config_module_holds_the_root_sections_and_no_strategys():
+    """A strategy family's sections are its own (``settings.SECTIONS``), never fields of ``Config``, and
+    ``config.py`` keeps to the root sections (issue 48: under 300 lines, from 775)."""
+    import dataclasses
+    from pathlib import Path
+
+    import cadence.config
+    from cadence.config import Config
+    from cadence.settings import SECTIONS
+
+    assert SECTIONS and not set(SECTIONS) & {item.name for item in dataclasses.fields(Config)}
+    assert len(Path(cadence.config.__file__).read_text().splitlines()) < 300

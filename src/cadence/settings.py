@@ -13,6 +13,7 @@ dotted key and, where the value came from a file, its path and line (``where``: 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -21,7 +22,7 @@ import types
 import typing
 from dataclasses import MISSING
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import yaml
 
@@ -316,3 +317,36 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+@contextlib.contextmanager
+def user_terms(config: Any) -> Iterator[None]:
+    """A ``ConfigError`` raised inside (a check after loading: a registry name, a task's own range)
+    names the setting as the user gave it: the flag, ``--set`` item or file line of the first key
+    its message mentions, instead of the internal key alone."""
+    try:
+        yield
+    except ConfigError as err:
+        located = locate_error(config, str(err))
+        if located is None:
+            raise
+        raise ConfigError(located) from None
+
+
+def locate_error(config: Any, message: str) -> str | None:
+    """``message`` starting with where its first known key came from (the flag, ``--set`` item or
+    ``file:line`` a loaded config recorded), or None where it names none or says so already."""
+    where: dict[str, str] = getattr(config, "_where", {})
+    found = []
+    for key, origin in where.items():
+        match = re.search(rf"(?<![\w.]){re.escape(key)}(?!\w|\.\w)", message)
+        if match:
+            found.append((match.start(), -len(key), key, origin))
+    if not found:
+        return None
+    _, _, key, origin = min(found)
+    if origin in message:
+        return None
+    if message.startswith(f"{key}: "):
+        message = message[len(key) + 2:]
+    return f"{origin}: {message}"

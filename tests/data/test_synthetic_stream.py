@@ -4,7 +4,7 @@ same planted model as the in-memory data set."""
 import numpy as np
 import torch
 
-from cadence.config import SyntheticCtrConfig
+from cadence.task_config import SyntheticCtrConfig
 from cadence.data.ctr import VALUE_BITS, field_of
 from cadence.data.synthetic_ctr import StreamCtrDataset, planted_logits
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from cadence.api import prepare_config
-from cadence.config import SyntheticCtrConfig, load_config
+from cadence.config import load_config
+from cadence.task_config import SyntheticCtrConfig
 from cadence.data.synthetic_ctr import StreamCtrDataset
 from cadence.tasks import ctr as ctr_task
 from cadence.tasks.ctr import CtrTask

@@ -37,7 +37,7 @@ from cadence.data import fetch as fetching
 from cadence.data import movielens
 from cadence.data.synthetic_ctr import zipf_ranks
 from cadence.data.text import numbered_lines
-from cadence.config import SyntheticRatingsConfig
+from cadence.task_config import SyntheticRatingsConfig
 from cadence.errors import ConfigError, DataError
 from cadence.registry import Registry
 from cadence.seeding import derive_seed

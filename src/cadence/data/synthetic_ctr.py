@@ -21,7 +21,7 @@ import math
 import numpy as np
 import torch
 
-from cadence.config import SyntheticCtrConfig
+from cadence.task_config import SyntheticCtrConfig
 from cadence.data.ctr_examples import CTR_DATASETS, VALUE_BITS, CtrDataset, CtrDatasetEntry, CtrExamples
 from cadence.errors import ConfigError
 from cadence.seeding import derive_seed
