@@ -41,12 +41,13 @@ def task_overrides(examples: int) -> list[str]:
             "train.batch_size=512", "train.epochs=1", "eval.every=0", "checkpoint.every=0", "progress=false", "seed=0"]
 
 
-def run(examples: int, workers: int, contender: str, address: str | None, extra: tuple[str, ...]) -> dict[str, Any]:
+def run(examples: int, workers: int, contender: str, address: str | None, extra: tuple[str, ...],
+        shards: int = 1) -> dict[str, Any]:
     if contender == SINGLE:
         chosen = ["strategy=sync", "ps.workers=1", "ps.engine=threads"]
     else:
         strategy, engine = contender.split("@")
-        chosen = [f"strategy={strategy}", f"ps.workers={workers}", f"ps.engine={engine}"]
+        chosen = [f"strategy={strategy}", f"ps.workers={workers}", f"ps.engine={engine}", f"ps.shards={shards}"]
         if engine == "ray":
             chosen.append(f"ps.ray_address={address}")
     return trained([*task_overrides(examples), *extra, *chosen], contender, "ctr")
@@ -59,6 +60,7 @@ def main() -> None:
     parser.add_argument("--engines", default="ray", help="of ray, threads (single always runs)")
     parser.add_argument("--examples", type=int, default=100_000, help="ctr.synthetic.num_examples")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=1, help="ps.shards of the parameter-server contenders")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every contender (repeatable)")
     parser.add_argument("--out", default=str(RESULTS / "ps_scaling.json"))
@@ -71,7 +73,7 @@ def main() -> None:
     report: dict[str, Any] = header("ps_scaling", found)
     report["tasks"] = measure(
         ["ctr"], [int(n) for n in args.workers.split(",")], args.reps, contenders,
-        lambda task, workers, contender, address: run(args.examples, workers, contender, address, tuple(args.set)),
+        lambda task, workers, contender, address: run(args.examples, workers, contender, address, tuple(args.set), args.shards),
         lambda task, workers: [*task_overrides(args.examples), *args.set], "ps")
     print(write_report(report, Path(args.out), started, 0.0))
 
