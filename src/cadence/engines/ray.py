@@ -448,6 +448,8 @@ class RayPlacement(Placement):
         self.threads = settings["threads"]
         self.machines = cluster_nodes()
         self.handles: list[RayHandle] = []
+        self.actors: list[Hosted] = []  # roles that are actor classes of their own (``actor``)
+        self.dealt = 0  # actors dealt to nodes so far
         self.hosts: list[str] = []
         self.start_seconds = 0.0
 
@@ -457,6 +459,18 @@ class RayPlacement(Placement):
         handle = RayHandle(role, index, actor)
         self.handles.append(handle)
         return handle
+
+    def actor(self, cls: type, *args: Any, concurrency: int = CONCURRENCY, gpus: float = 0.0) -> Hosted:
+        """A role that is itself an actor class (an ``Actor`` whose verbs pack what crosses: the
+        parameter server's roles), built in a process of ``hosts()`` on the next alive node in turn,
+        or, asking for ``gpus`` (a share of one GPU), wherever Ray finds that share (a process of its
+        own). ``concurrency``: calls it runs at once. Given back with the others by ``close``."""
+        nodes = cluster_nodes()
+        node = nodes[self.dealt % len(nodes)]
+        self.dealt += 1
+        hosted = hosts().take(cls, args, None if gpus else node, concurrency, gpus)
+        self.actors.append(hosted)
+        return hosted
 
     def ready(self) -> None:
         started = time.perf_counter()
@@ -482,6 +496,7 @@ class RayPlacement(Placement):
                 "node_hosts": len(set(self.hosts))}
 
     def close(self) -> None:
-        """Every role placed so far given back (``Hosts``); the placement may place roles again."""
-        hosts().give_back(handle.actor for handle in self.handles)
-        self.handles, self.hosts = [], []
+        """Every role placed so far given back (``Hosts``); the placement may place roles again (the
+        actors dealt from the first node again)."""
+        hosts().give_back([*self.actors, *(handle.actor for handle in self.handles)])
+        self.handles, self.actors, self.hosts, self.dealt = [], [], [], 0

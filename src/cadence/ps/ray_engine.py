@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from cadence.device import resolve_device
 from cadence.core.runtime import OnBatch, ShardLost
 from cadence.engines import ray as ray_support
-from cadence.engines.ray import (RayPending, RayPlacement, completed, Actor, cluster_nodes, connect, hosts, kill,
+from cadence.engines.ray import (RayPending, RayPlacement, completed, Actor, connect, hosts, kill,
                                 node_host, pack, ray, ray_get, unpack)
 from cadence.engines.cgroups import STRAGGLER_QUOTAS, CpuQuota
 from cadence.engines.channel import ChannelServer, Reply
@@ -321,33 +321,29 @@ class RayEngine(Engine):
         # shard 0 starts from the driver's initial dense module, unless the workers hold it (ps.dense)
         self.dense_blob = None if mode.dense_on_workers(settings.ps) else pickle.dumps(dense)
         self.dense_optimizer = module_optimizer(settings.optimizer, dense) if mode.dense_on_workers(settings.ps) else None
-        self.sync_placement = placement
+        self.placement = placement  # where every role of the run goes (EASGD's sync servers too)
         self.recipe = [ray.put(task.recipe())]  # in a list: fetched by each worker when it starts
         self.concurrency = max(32, 3 * settings.ps.workers + 8)
-        self.placed = 0
-        self.actors: list[Any] = []
         self.secret = secrets.token_bytes(32)  # admits this run's processes to its channels
         self.start_seconds = 0.0  # waiting for the actors to be built (recorded in summary.json)
         self.syncs = 0  # ShadowSync: dense syncs of every trainer's replica
         self._start()
         _ENGINES.add(self)
 
+    @property
+    def actors(self) -> list:
+        """The run's roles (shards, coordinator, workers), as the placement holds them."""
+        return self.placement.actors
+
     def _new(self, cls: type, *args: Any, gpus: float = 0.0) -> Any:
-        """An actor of ``cls`` on the next node in turn, in a process the driver kept from its last
-        run where one is idle there (``engines.ray.Hosts``). ``num_cpus=0``: actors never wait for a
-        CPU (three 1-CPU actors on a 2-CPU node would leave one pending forever). An actor that asks
-        for ``gpus`` (a worker of a ``device: cuda`` run: a share of one GPU each) goes wherever
-        Ray finds that share instead, in a process of its own."""
-        nodes = cluster_nodes()
-        node = nodes[self.placed % len(nodes)]
-        self.placed += 1
-        actor = hosts().take(cls, args, None if gpus else node, self.concurrency, gpus)
-        self.actors.append(actor)
-        return actor
+        """An actor of ``cls`` placed by the run's placement (``RayPlacement.actor``: the next node in
+        turn, in a process the driver kept from its last run where one is idle there; a worker of a
+        ``device: cuda`` run, asking for a share of one GPU, wherever Ray finds it). Actors never
+        wait for a CPU (``num_cpus=0``: three 1-CPU actors on a 2-CPU node would leave one pending)."""
+        return self.placement.actor(cls, *args, concurrency=self.concurrency, gpus=gpus)
 
     def _start(self) -> None:
         started = time.perf_counter()  # every role built (torch imported, the task and its data read)
-        self.placed = 0
         handles = [self._new(ShardServer, self.settings, self.spec, self.mode, index,
                              self.dense_blob if index == 0 else None, self.threads, self.secret)
                    for index in range(self.settings.ps.shards)]
@@ -358,7 +354,7 @@ class RayEngine(Engine):
         self.coordinator_address = self.coordinator.call(CoordinatorActor.endpoint)
         self.workers = {index: self._worker(index) for index in range(self.settings.ps.workers)}
         # EASGD's sync servers: actors of their own (a process each: what a CPU quota or a slow link limits)
-        self.sync_servers = self.mode.sync_servers(self.settings.own, self.sync_placement)
+        self.sync_servers = self.mode.sync_servers(self.settings.own, self.placement)
         # every actor is built before training starts: setup, as the thread engine's is, not the
         # first epoch's time (the shards' and the coordinator's waits above included)
         ray_get([actor.start(Actor.ping) for actor in (self.coordinator, *self.workers.values())])
@@ -457,7 +453,5 @@ class RayEngine(Engine):
 
     def _release(self) -> None:
         """Every role of the run released; its processes kept for the next run, or killed."""
-        if getattr(self, "sync_placement", None) is not None:
-            self.sync_placement.close()
-        actors, self.actors = self.actors, []
-        hosts().give_back(actors)
+        if getattr(self, "placement", None) is not None:
+            self.placement.close()
