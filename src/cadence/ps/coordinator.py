@@ -55,8 +55,8 @@ class Coordinator:
         self.held.pop(worker, None)
         self.data.abandon(worker)
 
-    def wait(self, worker: int, token: int) -> None:
-        self.gate.wait(worker, token)
+    def wait(self, worker: int, token: int) -> int | None:
+        return self.gate.wait(worker, token)
 
     def done(self, worker: int) -> None:
         self.gate.done(worker)

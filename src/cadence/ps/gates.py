@@ -20,7 +20,14 @@ class NoGate:
     # on its own handles of the shards; one that does (clocks) lives in one place (Ray: the coordinator)
     stateless = True
 
-    def wait(self, worker: int, token: int) -> None: ...
+    def wait(self, worker: int, token: int) -> int | None:
+        """Block until ``worker`` may take its next batch (``token``'s); the slowest live worker's
+        clock then (a lower bound of it from then on: clocks only grow), where the gate keeps clocks."""
+
+    def admits(self, clock: int, floor: int | None) -> bool:
+        """Whether a worker that has finished ``clock`` batches may go on without asking, knowing the
+        slowest clock was at least ``floor`` (a worker in another process skips the round trip)."""
+        return False
 
     def pull_after(self, token: int) -> int | None:
         """The global steps the shards must have applied before the pull of a batch of ``token``
@@ -51,6 +58,10 @@ class BoundedStaleness(NoGate):
     def wait(self, worker, token):
         with self.changed:
             self.changed.wait_for(lambda: self.clocks[worker] - min(self.clocks.values()) <= self.bound)
+            return min(self.clocks.values())
+
+    def admits(self, clock, floor):
+        return floor is not None and clock - floor <= self.bound
 
     def done(self, worker):
         with self.changed:

@@ -181,29 +181,38 @@ class _RemoteReducer:
         self.coordinator.call(CoordinatorActor.leave_reducer, worker)
 
 
-class _RemoteGate(NoGate):
+class RemoteGate(NoGate):
     """The coordinator's gate, over the worker's channel to it (the takes' channel: one connection
     keeps the worker's verbs in program order); only the methods the gate's class overrides are
     called remotely. ``done`` is sent without waiting: the next verb on the channel is served after
-    it, and its reply (an error too) is read before the next ``wait`` or ``leave``."""
+    it, and its reply (an error too) is read before the next ``wait`` or ``leave``. A ``wait`` the
+    gate's own rule already admits (``local.admits``: ``hop_bs``'s worker no more than its bound ahead
+    of the slowest clock it last heard of, a lower bound of the slowest clock now) is not asked for:
+    one round trip every few batches instead of one a batch."""
 
-    def __init__(self, channel: VerbChannel, active: tuple[str, ...]):
+    def __init__(self, channel: VerbChannel, active: tuple[str, ...], local: NoGate):
         self.channel, self.active = channel, active  # (active: the names ``Coordinator.remote_gate`` gave)
-        self.sent: Reply | None = None  # the last one-way ``done``
+        self.local = local  # the gate's rule, built here (its state stays at the coordinator)
+        self.sent: list[Reply] = []  # one-way ``done``s not read yet
+        self.clock = 0  # batches this worker finished
+        self.floor: int | None = None  # the slowest live worker's clock, as last heard
 
-    def _call(self, verb, *args: Any) -> None:
-        if self.sent is not None:
-            sent, self.sent = self.sent, None
-            sent.result()
+    def _call(self, verb, *args: Any) -> Any:
+        sent, self.sent = self.sent, []
+        for reply in sent:
+            reply.result()
         if verb.__name__ in self.active:
-            self.channel.submit(verb, *args).result()
+            return self.channel.submit(verb, *args).result()
+        return None
 
     def wait(self, worker, token):
-        self._call(Coordinator.wait, worker, token)
+        if not self.local.admits(self.clock, self.floor):
+            self.floor = self._call(Coordinator.wait, worker, token)
 
     def done(self, worker):
+        self.clock += 1
         if Coordinator.done.__name__ in self.active:
-            self.sent = self.channel.submit(Coordinator.done, worker)
+            self.sent.append(self.channel.submit(Coordinator.done, worker))
 
     def leave(self, worker):
         self._call(Coordinator.leave, worker)
@@ -255,7 +264,7 @@ class TaskWorker(Actor):
         try:
             with quota or contextlib.nullcontext():
                 worker.run(RemoteData(self.coordinator, self.channel, plans, prefetch),
-                           local_gate or _RemoteGate(self.channel, gate))
+                           local_gate or RemoteGate(self.channel, gate, self.mode.gate(self.settings.ps, self.router.shards)))
         finally:
             for shard in self.router.shards:
                 shard.settle()
