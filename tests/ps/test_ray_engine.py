@@ -536,3 +536,32 @@ def test_a_grown_run_freezes_the_known_rows_on_ray(grow_data, tmp_path: Path, lo
     before, after, fresh = (exported(run, tmp_path / f"export-{run.name}") for run in
                             (old.run_dir, grown.run_dir, scratch.run_dir))
     assert_frozen(before, after, fresh, ("entities.tsv", "relations.tsv"))
+
+
+def test_a_direct_role_answers_over_a_channel_as_a_ray_call_would(local_cluster) -> None:
+    """``placement.place(..., direct=True)`` (EASGD's sync servers): the role's verbs answer over a
+    channel each process opens on its first call, the same as through a Ray call; a copy of the
+    handle in another process (here: unpickled) opens its own; a verb's error comes back as itself."""
+    import pickle
+
+    from cadence.engines.ray import RayPlacement
+    from cadence.strategies.shadowsync.dense_sync import SyncServer
+
+    placement = RayPlacement(None, 1)
+    try:
+        direct, plain = placement.place(SyncServer, 0, direct=True), placement.place(SyncServer, 1)
+        placement.ready()
+        assert direct.address is not None and plain.address is None
+        start, local = torch.arange(6.0), torch.ones(6)
+        for handle in (direct, plain):
+            handle.call(SyncServer.reset, start)
+        by_channel, by_ray = direct.call(SyncServer.exchange, local, 0.5), plain.call(SyncServer.exchange, local, 0.5)
+        assert torch.equal(by_channel, by_ray) and torch.equal(by_channel, 0.5 * start + 0.5 * local)
+        copy = pickle.loads(pickle.dumps(direct))
+        assert copy._channel is None  # (its own, opened on its first call)
+        assert torch.equal(copy.call(SyncServer.exchange, local, 0.0), by_channel)
+        fresh = placement.place(SyncServer, 2, direct=True)  # never reset: its exchange fails
+        with pytest.raises(AttributeError):
+            fresh.call(SyncServer.exchange, local, 0.5)
+    finally:
+        placement.close()

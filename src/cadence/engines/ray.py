@@ -9,6 +9,7 @@ import dataclasses
 import gc
 import os
 import random
+import secrets
 import signal
 import socket
 import threading
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from cadence.engines.channel import Channel, ChannelServer, Reply
 from cadence.engines.placement import Handle, Pending, Placement, verb_of
 from cadence.errors import ConfigError
 
@@ -371,15 +373,22 @@ class RoleActor(Actor):
     """One role in an actor of its own: its verbs are called by name through ``call`` (the handle
     checked the name against the role's class), tensors crossing as numpy arrays."""
 
-    def __init__(self, threads: int, role: type, args: Any):
+    def __init__(self, threads: int, role: type, args: Any, secret: bytes | None = None):
         torch.set_num_threads(threads)
         self.role = role(*unpack(args))
+        # a direct role (``place(..., direct=True)``) also answers its callers' channels
+        self.channel = ChannelServer(lambda request: self.call(*request), node_host(), secret) if secret else None
+
+    def endpoint(self) -> tuple | None:
+        return self.channel.address if self.channel is not None else None
 
     def call(self, verb: str, *args: Any) -> Any:
         return pack(getattr(self.role, verb)(*unpack(args)))
 
     def close(self) -> None:
-        """The run is over (``Host.release``): the role's ``close``, where it has one."""
+        """The run is over (``Host.release``): its channel closed, the role's ``close`` where it has one."""
+        if self.channel is not None:
+            self.channel.close()
         close = getattr(self.role, "close", None)
         if close is not None:
             close()
@@ -411,17 +420,45 @@ def completed(pendings: Iterable[RayPending]) -> Iterator[RayPending]:
             yield by_ref.pop(ready[0])
 
 
+class ChannelPending(Pending):
+    """A verb in flight on a channel (a direct role's)."""
+
+    def __init__(self, reply: Reply):
+        self.reply = reply
+
+    def result(self) -> Any:
+        return unpack(self.reply.result())
+
+
 class RayHandle(Handle):
-    """A role in a ``RoleActor``; picklable, so roles hold their peers' handles."""
+    """A role in a ``RoleActor``; picklable, so roles hold their peers' handles. A direct role
+    (``address``) is called over a channel each process opens to it on its first call."""
 
     concurrent = True
 
-    def __init__(self, role: type, index: int, actor: Any):
+    def __init__(self, role: type, index: int, actor: Any, address: tuple | None = None, secret: bytes = b""):
         super().__init__(role, index)
         self.actor = actor
+        self.address, self.secret = address, secret
+        self._channel: Channel | None = None
+        self._opening = threading.Lock()
 
     def start(self, method, *args: Any) -> Pending:
-        return RayPending(self.actor.start(RoleActor.call, self.verb(method), *pack(args)))
+        if self.address is None:
+            return RayPending(self.actor.start(RoleActor.call, self.verb(method), *pack(args)))
+        verb = self.verb(method)
+        with self._opening:
+            if self._channel is None:
+                self._channel = Channel(self.address, self.secret)
+        return ChannelPending(self._channel.submit((verb, *pack(args))))
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_channel"], state["_opening"] = None, None  # (each process opens its own)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _opening=threading.Lock())
 
 
 class Shipped:
@@ -453,10 +490,12 @@ class RayPlacement(Placement):
         self.hosts: list[str] = []
         self.start_seconds = 0.0
 
-    def place(self, role: type, index: int, *args: Any) -> Handle:
+    def place(self, role: type, index: int, *args: Any, direct: bool = False) -> Handle:
         machine = self.machines[index % len(self.machines)]
-        actor = hosts().take(RoleActor, (self.threads, role, pack(args)), machine, self.CONCURRENCY)
-        handle = RayHandle(role, index, actor)
+        secret = secrets.token_bytes(32) if direct else None  # (admits the handles' processes to its channel)
+        actor = hosts().take(RoleActor, (self.threads, role, pack(args), secret), machine, self.CONCURRENCY)
+        address = ray_get(actor.start(RoleActor.endpoint)) if direct else None
+        handle = RayHandle(role, index, actor, address, secret or b"")
         self.handles.append(handle)
         return handle
 

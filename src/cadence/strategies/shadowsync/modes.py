@@ -80,7 +80,8 @@ class ShadowSyncMode(ParameterServerMode):
         """EASGD's sync servers, ``shadow.sync_servers`` of them (none for MA, BMUF and hogwild)."""
         if not self.central:
             return []
-        servers = [placement.place(SyncServer, index) for index in range(shadow.sync_servers)]
+        # (called by every trainer's rounds: over channels, where they run in processes of their own)
+        servers = [placement.place(SyncServer, index, direct=True) for index in range(shadow.sync_servers)]
         placement.ready()
         return servers
 
