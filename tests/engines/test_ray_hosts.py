@@ -135,3 +135,47 @@ def test_a_hosted_role_is_called_by_its_method_and_a_wrong_verb_fails_where_it_i
         with pytest.raises(TypeError, match="is not a verb of Drawer"):
             hosted.start(wrong)
     assert host.sent == [(3, "report", 7)]  # (nothing sent for a wrong one)
+
+
+NICENESS_CHECK = """
+import os, threading
+from cadence.engines.ray import Host
+
+class Server:
+    niceness = 3
+
+class Plain:
+    pass
+
+def niceness():
+    return sorted({os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")})
+
+os.setpriority(os.PRIO_PROCESS, 0, 7)  # how this process started (Ray's workers: nice 15)
+host = Host()
+host.build(1, Server)
+later = []
+thread = threading.Thread(target=lambda: later.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+thread.start(); thread.join()
+print(niceness(), later)
+host.release()
+host.build(2, Plain)
+print(niceness())
+"""
+
+
+def test_a_role_runs_at_the_niceness_it_asks_for_and_the_next_at_the_processes_own() -> None:
+    """The parameter server's shards ask to be served ahead of the workers (``niceness``): every thread
+    of the process takes it, threads started later too, and the next role in the process (one that
+    asks for none) runs at the niceness the process started with. Checked in a process of its own;
+    without the right to lower a niceness nothing changes and nothing fails."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", NICENESS_CHECK], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    asked, after = out.stdout.strip().splitlines()[-2:]
+    if os.geteuid() == 0:
+        assert asked == "[3] [3]" and after == "[7]"
+    else:
+        assert asked == "[7] [7]" and after == "[7]"
