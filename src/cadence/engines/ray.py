@@ -150,20 +150,6 @@ def cluster_nodes() -> list[str]:
 
 
 
-def prioritize(niceness: int) -> bool:
-    """Every thread of this process at ``niceness`` (the threads it starts later inherit it from
-    theirs); False, changing nothing, where the process may not (lowering it needs CAP_SYS_NICE)."""
-    try:
-        for tid in sorted(os.listdir("/proc/self/task")):
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
-            except ProcessLookupError:
-                pass  # (a thread that ended meanwhile)
-    except PermissionError:
-        return False
-    return True
-
-
 class Actor:
     def node(self) -> str:
         """The id of the Ray node this actor runs on."""
@@ -187,17 +173,12 @@ class Host(Actor):
     that the driver's next run builds its roles here instead of starting processes (a process
     spends seconds importing torch and cadence). Every role starts from the state a fresh process
     has: torch's, Python's and numpy's random streams and torch's thread count as they were when
-    this process started, and its niceness: Ray starts its worker processes at nice 15
-    (``RAY_worker_niceness``), and a role class may ask for another (``niceness``: the parameter
-    server's shards and coordinator ask for 0, so that a message to them is served at once rather than
-    after the time slice of a worker computing on the same cores; where the process may not, it
-    stays). Each build is a new generation; a call made for an earlier one fails with
+    this process started. Each build is a new generation; a call made for an earlier one fails with
     ``StaleCall`` instead of reaching the new role (or a released one), and one for the coming one
     waits for its build (a threaded actor may start calls out of order)."""
 
     def __init__(self):
-        self.fresh = (torch.get_rng_state(), random.getstate(), np.random.get_state(), torch.get_num_threads(),
-                      os.getpriority(os.PRIO_PROCESS, 0))
+        self.fresh = (torch.get_rng_state(), random.getstate(), np.random.get_state(), torch.get_num_threads())
         self.role: Any = None
         self.generation = 0
         self.failure: BaseException | None = None
@@ -205,13 +186,11 @@ class Host(Actor):
         self.turn = threading.Condition()
 
     def build(self, generation: int, cls: type, *args: Any) -> None:
-        rng, state, np_state, threads, niceness = self.fresh
+        rng, state, np_state, threads = self.fresh
         torch.set_rng_state(rng)
         random.setstate(state)
         np.random.set_state(np_state)
         torch.set_num_threads(threads)
-        wanted = getattr(cls, "niceness", None)  # (a role that asks for none runs at the process's own)
-        prioritize(niceness if wanted is None else wanted)
         try:
             role, failure = cls(*args), None
         except BaseException as err:  # noqa: BLE001 - raised again by each call of this generation

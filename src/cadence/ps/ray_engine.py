@@ -94,8 +94,6 @@ WORKER_VERBS = (Coordinator.take, Coordinator.wait, Coordinator.done, Coordinato
 class ShardServer(Actor):
     """Holds server shard ``index`` for the whole run."""
 
-    niceness = 0  # served ahead of the workers (Ray's nice 15) that share its cores (``Host``)
-
     def __init__(self, settings: ServerSettings, spec, mode, index: int, dense_blob: bytes | None, threads: int,
                  secret: bytes):
 
@@ -125,8 +123,6 @@ class CoordinatorActor(Coordinator, Actor):
     served on the workers' channels (``WORKER_VERBS``; the rest are Ray calls); its own calls to the
     shards over a channel per thread (``engines.remote.PerThread``: a take that waits on a shard for
     its step, backup workers' fresh tokens, holds up only its own worker's channel)."""
-
-    niceness = 0  # (as a shard's)
 
     def __init__(self, settings: ServerSettings, mode, shards: list[RemoteShard], secret: bytes):
         super().__init__(settings, mode, [PerThread(shard) for shard in shards])
