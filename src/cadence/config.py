@@ -248,6 +248,10 @@ class Config:
         for name, kind in SECTIONS.items():  # (the strategy families' sections: their defaults)
             self.__dict__.setdefault(name, kind())
 
+    def section(self, name: str | None) -> Any:
+        """The section called ``name`` (a strategy's own, such as ``shadow``), or None for no name."""
+        return getattr(self, name) if name else None
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.update((name, dataclasses.asdict(getattr(self, name))) for name in SECTIONS)

@@ -41,8 +41,7 @@ class ServerSettings:
 
     @classmethod
     def of(cls, config: Config, entity: type, mode) -> "ServerSettings":
-        own = getattr(config, mode.section) if mode.section else None
-        return cls(config.ps, own, config.optimizer, config.train.batch_size, config.device, config.threads,
+        return cls(config.ps, config.section(mode.section), config.optimizer, config.train.batch_size, config.device, config.threads,
                    entity)
 
 

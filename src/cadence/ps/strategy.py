@@ -43,7 +43,7 @@ class ServerStrategy(Strategy):
             why = cgroups.unavailable()
             if why is not None:
                 raise ConfigError(f"ps.straggler_cause: cpu_quota: {why}")
-        self.mode.check(getattr(config, self.mode.section) if self.mode.section else None)
+        self.mode.check(config.section(self.mode.section))
 
     def build(self, config: Config, task, context: BuildContext) -> Runtime:
         runtime = ParameterServerRuntime(config, task, self.mode)

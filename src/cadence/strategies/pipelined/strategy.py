@@ -42,7 +42,7 @@ class PipelineStrategy(Strategy):
         return self.schedule.in_place
 
     def build(self, config: Config, task, context: BuildContext) -> Runtime:
-        settings = getattr(config, self.schedule.section) if self.schedule.section else None
+        settings = config.section(self.schedule.section)
         runtime = PipelineRuntime(config, task, context.store_path, context.device, self.schedule(settings))
         runtime.strategy = self.name
         return runtime
