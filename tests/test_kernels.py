@@ -57,7 +57,7 @@ def test_the_kernel_in_tritons_interpreter_is_autograds_loss_and_gradients(softm
 def test_the_kernel_on_cuda_is_autograds_loss_and_gradients(softmax: bool, sides: int, columns: int) -> None:
     scores, positive = sample(sides, columns, "cuda")
     assert kernels.usable(scores) or not kernels.AVAILABLE
-    assert_matches(kernels.negative_loss_kernel(scores, positive, softmax), reference(scores, positive, softmax))
+    assert_matches(kernels.negative_loss_kernel(scores, positive, softmax), reference(scores.cpu(), positive.cpu(), softmax))
 
 
 @pytest.mark.parametrize("softmax", [False, True])
@@ -212,3 +212,45 @@ def test_the_dense_adagrad_operator_is_torchs_step_bit_for_bit() -> None:
         kernels.adagrad_dense(param.data, state["sum"], state["step"], grad, 0.2, 1e-8)
     assert torch.equal(param, twin) and torch.equal(state["sum"], optimizer.state[twin]["sum"])
     assert float(state["step"]) == float(optimizer.state[twin]["step"]) == 3
+
+
+DENSE_SHAPES = [(4, 3), (5,), (), (2, 3, 2, 2)]
+
+
+def dense_adagrad_case(shape, device: str = "cpu"):
+    """A parameter of ``shape`` stepped three times by ``torch.optim.Adagrad`` (the reference) and
+    the gradients it took."""
+    generator = torch.Generator().manual_seed(len(shape))
+    param = torch.randn(shape, generator=generator)
+    grads = [torch.randn(shape, generator=generator) for _ in range(3)]
+    twin = torch.nn.Parameter(param.clone())
+    optimizer = torch.optim.Adagrad([twin], lr=0.2, eps=1e-8)
+    for grad in grads:
+        twin.grad = grad.clone()
+        optimizer.step()
+    return param.to(device), [grad.to(device) for grad in grads], twin.detach(), optimizer.state[twin]["sum"]
+
+
+@INTERPRETER
+@pytest.mark.parametrize("shape", DENSE_SHAPES, ids=str)
+def test_the_adagrad_kernel_in_tritons_interpreter_steps_a_dense_parameter_of_any_shape(shape) -> None:
+    """A bias (1-D), a scalar, a conv weight (4-D): the element-wise kernel takes them as rows (a
+    GPU run found 1-D biases refused)."""
+    param, grads, expected, expected_sum = dense_adagrad_case(shape)
+    total = torch.zeros_like(param)
+    for grad in grads:
+        kernels.adagrad_rows_kernel(param, total, grad, 0.2, 1e-8, False)
+    torch.testing.assert_close(param, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(total, expected_sum, rtol=1e-5, atol=1e-6)
+
+
+@needs_cuda
+@pytest.mark.parametrize("shape", DENSE_SHAPES, ids=str)
+def test_the_dense_adagrad_operator_on_cuda_steps_a_parameter_of_any_shape(shape) -> None:
+    param, grads, expected, expected_sum = dense_adagrad_case(shape, "cuda")
+    total, steps = torch.zeros_like(param), torch.tensor(0.0)
+    for grad in grads:
+        kernels.adagrad_dense(param, total, steps, grad, 0.2, 1e-8)
+    torch.testing.assert_close(param.cpu(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(total.cpu(), expected_sum, rtol=1e-5, atol=1e-6)
+    assert float(steps) == 3

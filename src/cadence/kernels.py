@@ -244,6 +244,9 @@ if AVAILABLE:
 def adagrad_rows_kernel(values: Tensor, state: Tensor, grad: Tensor, lr: float, eps: float, rowwise: bool) -> None:
     """``adagrad_rows_twin``'s step from the Triton kernel, in place (contiguous rows)."""
     assert values.is_contiguous() and state.is_contiguous(), "the kernel steps contiguous rows in place"
+    if values.dim() != 2:  # a dense parameter of any shape (a bias, a conv weight), element-wise: as rows
+        assert not rowwise, "a row-wise step takes rows [n, D]"
+        values, state, grad = (t.reshape(-1, values.shape[-1] if values.dim() else 1) for t in (values, state, grad))
     rows, width = values.shape
     if rows:
         _adagrad_rows_kernel[(rows,)](values, state, grad.contiguous(), width, 1 if rowwise else width, lr, eps,
