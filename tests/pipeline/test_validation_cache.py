@@ -1,8 +1,10 @@
 """The vectorised validation cache against a dictionary reference under random operations."""
 
 import random
+from collections import Counter
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from cadence.strategies.pipelined.validation_cache import ValidationCache
 from cadence.core.rows import RowBlock
@@ -60,3 +62,33 @@ def test_the_cache_keeps_a_batchs_rows_not_a_copy_and_drops_them_when_evicted() 
     assert cache.repair(torch.tensor([7, 2]), read) == 1 and torch.equal(read.values[0], block.values[2])
     cache.evict_upto(4)
     assert not cache.blocks and len(cache) == 0
+
+
+def repair_operators(owners: int) -> Counter:
+    """The operators one repair dispatches when its stale rows come from ``owners`` batches."""
+    cache = ValidationCache(num_rows=1000, device=torch.device("cpu"))
+    for stamp in range(owners):
+        ids = torch.arange(stamp * 10, stamp * 10 + 10)
+        cache.insert(ids, RowBlock(torch.randn(10, 3), torch.rand(10, 1), torch.full((10,), stamp + 1)))
+    ids = torch.arange(0, owners * 10, 5)  # two rows of each batch, read before any was computed
+    read = RowBlock(torch.zeros(len(ids), 3), torch.zeros(len(ids), 1), torch.zeros(len(ids), dtype=torch.int64))
+
+    class Count(TorchDispatchMode):
+        seen: Counter = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        assert cache.repair(ids, read) == len(ids)
+    return Count.seen
+
+
+def test_a_repair_waits_on_the_device_once_whatever_the_batches_it_takes_rows_from() -> None:
+    """On a GPU an operator is a launch and a ``nonzero`` a wait for the device: a repair that looped
+    over its owning batches with a ``nonzero`` each made OAC 683 launches a batch against async's 72
+    (the sixth lease). Per owning batch, two gathers (its values and state) and nothing else."""
+    few, many = repair_operators(4), repair_operators(20)
+    assert many["aten.nonzero"] == few["aten.nonzero"] == 1
+    assert sum(many.values()) - sum(few.values()) <= 2 * (20 - 4)
