@@ -70,10 +70,12 @@ def mean_ci(values: list[float]) -> dict[str, Any]:
             "half_width": half, "n": n, "median": statistics.median(values), "per_seed": values}
 
 
-def train_measured(config, record: dict[str, Any], prefix: str):
+def train_measured(config, record: dict[str, Any], prefix: str, warm_up: int = 0):
     """Train ``config`` in this process into a temporary directory; add to ``record`` the run's wall
     seconds, the share of the CPUs other processes used meanwhile, and ``error`` if it raised (a
-    contender that crashes is recorded; the others still run). The result, or None."""
+    contender that crashes is recorded; the others still run). ``warm_up``: batches of a discarded
+    scratch run first (``api.train``'s), so one-time costs (a GPU kernel's compilation) fall outside
+    the run's ``train_seconds``. The result, or None."""
     import tempfile
     import time
 
@@ -83,7 +85,7 @@ def train_measured(config, record: dict[str, Any], prefix: str):
     with tempfile.TemporaryDirectory(prefix=prefix) as out, OthersMeter(in_process=True) as meter:
         config.out = out
         try:
-            result = api.train(config, overwrite=True)
+            result = api.train(config, overwrite=True, warm_up=warm_up)
         except Exception as err:  # noqa: BLE001
             record["error"] = f"{type(err).__name__}: {err}"
     record.update(run_wall_seconds=round(time.perf_counter() - started, 2), others_cpu_share=round(meter.share, 3))
