@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-slow gpu-data gpu-check chromium bench bench-peers bench-profiles clean
+.PHONY: install demo test test-slow results gpu-data gpu-check chromium bench bench-peers bench-profiles clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ test: install
 
 test-slow: install
 	$(PY) -m pytest -q -m slow
+
+# docs/results.md (each seed paper's headline beside cadence's figure, its plots in docs/results/) and
+# the README's table of them, from benchmarks/results/*.json only (benchmarks/results_page.py)
+results: install
+	cd benchmarks && ../$(PY) results_page.py --write
 
 # On a machine with a CUDA device: every CUDA test (`-m cuda`), then the GPU benchmark
 # (benchmarks/results/gpu_check.json). Uses that machine's own torch (GPU_PY, default python3) with
