@@ -45,3 +45,18 @@ def test_a_variant_is_a_named_strategy_with_its_overrides() -> None:
             assert "--variant" in str(stop)
         else:
             raise AssertionError(f"{bad} accepted")
+
+
+def test_time_to_accuracy_is_the_first_validation_at_sync_best() -> None:
+    """--curve's figure against a hand-worked case: per repetition, the target is that repetition's
+    sync best; a strategy's time is its first validation at or above it; never reached is None."""
+    def run(*points):
+        return {"history": [{"epoch": i + 1, "wall_seconds": t, "mrr": m} for i, (t, m) in enumerate(points)]}
+
+    runs = {"sync": [run((10, 0.1), (20, 0.3), (30, 0.25)), run((12, 0.2), (24, 0.4))],
+            "oac": [run((5, 0.2), (10, 0.31)), run((6, 0.39), (12, 0.4))],
+            "async": [run((4, 0.1), (8, 0.2)), run((5, 0.4), (10, 0.1))]}
+    reach = bench.time_to_accuracy(runs)
+    assert reach["targets"] == [0.3, 0.4]
+    assert reach["seconds"] == {"sync": [20, 24], "oac": [10, 12], "async": [None, 5]}
+    assert reach["sync_over"] == {"oac": [2.0, 2.0], "async": [None, 24 / 5]}
