@@ -55,3 +55,52 @@ def test_a_relative_quota_slows_the_process_by_the_factor_of_its_own_rate(tmp_pa
     assert found["throttled"]["throttled_seconds"] > 0
     assert "cadence/test-" in found["inside"] and "cadence/test-" not in found["after"]
     assert max(found["again"]) < unthrottled / 2.5, found["again"]
+
+
+THREADS_CHILD = """
+import json, os, sys, threading, time
+from cadence.engines.cgroups import RelativeCpuQuota, own_cgroup
+slowdown, probe, spin = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+rates, groups = {}, {}
+
+import hashlib
+block = bytes(1 << 20)
+
+def work(seconds):  # hashlib lets go of the interpreter lock: each thread's rate is its cores', not the lock's
+    began_cpu, began = time.thread_time(), time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        hashlib.sha256(block).digest()
+    return (time.thread_time() - began_cpu) / (time.perf_counter() - began)
+
+def spinner(name, slowed):
+    if slowed:
+        with RelativeCpuQuota(f"test-thread-{os.getpid()}", slowdown, probe_s=probe, thread=True) as quota:
+            groups[name] = str(own_cgroup(f"self/task/{threading.get_native_id()}"))
+            work(probe + 0.3)  # the probe measures this thread's own rate, then the quota holds it
+            rates[name] = work(spin)
+        groups[name + "-after"] = str(own_cgroup(f"self/task/{threading.get_native_id()}"))
+        rates["measured"], rates["throttled"] = quota.measured_cores, quota.throttled["throttled_seconds"]
+    else:
+        work(probe + 0.3)
+        groups[name] = str(own_cgroup(f"self/task/{threading.get_native_id()}"))
+        rates[name] = work(spin)
+
+threads = [threading.Thread(target=spinner, args=("slowed", True)), threading.Thread(target=spinner, args=("free", False))]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps({"rates": rates, "groups": groups, "process": str(own_cgroup())}))
+"""
+
+
+def test_a_thread_quota_slows_that_thread_alone() -> None:
+    """cgroup v1 takes a thread id: one thread of a process in the quota (pdASGD's slowed backward
+    thread), measured in time: its CPU rate over the same wall-clock window as its unslowed sibling's."""
+    done = subprocess.run([sys.executable, "-c", THREADS_CHILD, "4", "0.5", "1.5"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    rates, groups = found["rates"], found["groups"]
+    assert "cadence/test-thread-" in groups["slowed"] and "cadence/test-thread-" not in groups["free"]
+    assert "cadence/test-thread-" not in groups["slowed-after"] and "cadence/test-thread-" not in found["process"]
+    assert rates["slowed"] < rates["free"] / 2.0, rates  # 4x asked of the thread's own rate
+    assert rates["throttled"] > 0

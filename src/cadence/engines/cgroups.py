@@ -7,7 +7,9 @@ per period (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), and on leaving moves 
 cgroup it came from and removes its own; what the kernel throttled meanwhile is kept
 (``throttled``: periods and seconds, from ``cpu.stat``). Needs root and the v1 controller
 (``unavailable()`` says why not, or None). Every thread of the process is throttled together: a
-process is the unit a quota slows, as a slow machine would.
+process is the unit a quota slows, as a slow machine would. With ``thread=True`` only the calling
+thread moves (cgroup v1 takes a thread id in ``tasks``): one thread of a process slowed, as a
+delayed thread on a busy core is (pdASGD's slowed backward thread).
 
 ``RelativeCpuQuota(name, slowdown)`` sets the quota from what the process was getting: it runs
 unthrottled (in its cgroup) for ``probe_s`` seconds, measures its CPU time over that wall time (a
@@ -43,7 +45,7 @@ def unavailable() -> str | None:
 
 
 def own_cgroup(pid: int | str = "self") -> Path:
-    """The cpu cgroup directory ``pid`` is in now."""
+    """The cpu cgroup directory ``pid`` is in now (``"self/task/<tid>"``: a thread's)."""
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if "cpu" in controllers.split(","):
@@ -52,22 +54,29 @@ def own_cgroup(pid: int | str = "self") -> Path:
 
 
 class CpuQuota:
-    """``with CpuQuota(name, cores):`` this process runs at most ``cores`` cores' worth of CPU time."""
+    """``with CpuQuota(name, cores):`` this process (``thread=True``: the calling thread) runs at most
+    ``cores`` cores' worth of CPU time."""
 
-    def __init__(self, name: str, cores: float, period_us: int = PERIOD_US):
+    def __init__(self, name: str, cores: float, period_us: int = PERIOD_US, thread: bool = False):
         if cores <= 0:
             raise ValueError(f"a CPU quota must be positive; got {cores}")
         self.path = CPU_ROOT / "cadence" / name
         self.cores, self.period_us = cores, period_us
+        self.thread = thread
         self.home: Path | None = None
         self.throttled = {"periods": 0, "throttled_periods": 0, "throttled_seconds": 0.0}
+
+    def _member(self) -> tuple[str, str]:
+        """(the cgroup file that moves it, the id written there): the process, or the calling thread."""
+        return ("tasks", str(threading.get_native_id())) if self.thread else ("cgroup.procs", str(os.getpid()))
 
     def __enter__(self) -> "CpuQuota":
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "cpu.cfs_period_us").write_text(str(self.period_us))
         self.limit(self.cores)
-        self.home = own_cgroup()
-        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+        where, member = self._member()
+        self.home = own_cgroup(f"self/task/{member}" if self.thread else "self")
+        (self.path / where).write_text(member)
         return self
 
     def limit(self, cores: float | None) -> None:
@@ -81,7 +90,8 @@ class CpuQuota:
         self.throttled = {"periods": int(stat.get("nr_periods", 0)),
                           "throttled_periods": int(stat.get("nr_throttled", 0)),
                           "throttled_seconds": int(stat.get("throttled_time", 0)) / 1e9}
-        (self.home / "cgroup.procs").write_text(str(os.getpid()))
+        where, member = self._member()
+        (self.home / where).write_text(member)
         try:
             self.path.rmdir()
         except OSError:  # another process joined it meanwhile (never ours): leave it
@@ -96,10 +106,10 @@ class RelativeCpuQuota(CpuQuota):
     runs at most its measured CPU rate over ``slowdown`` (``cores``: the quota set, None before)."""
 
     def __init__(self, name: str, slowdown: float, probe_s: float = PROBE_S, period_us: int = PERIOD_US,
-                 known_cores: float | None = None):
+                 known_cores: float | None = None, thread: bool = False):
         if slowdown <= 1.0:
             raise ValueError(f"a slowdown must exceed 1; got {slowdown}")
-        super().__init__(name, 1.0, period_us)
+        super().__init__(name, 1.0, period_us, thread)
         self.slowdown, self.probe_s = slowdown, probe_s
         self.measured_cores = known_cores  # the process's CPU rate unthrottled (the probe's, or given)
         self.cores = None if known_cores is None else max(known_cores / slowdown, 0.01)
@@ -110,12 +120,18 @@ class RelativeCpuQuota(CpuQuota):
         super().__enter__()
         if self.measured_cores is not None:
             return self
-        began_cpu, began = time.process_time(), time.perf_counter()
+        measured = threading.get_native_id()  # (the probe runs on a thread of its own: it reads this one's clock)
+
+        def cpu_seconds() -> float:  # what the quota holds: the process, or the thread that entered it
+            return _thread_cpu_seconds(measured) if self.thread else time.process_time()
+
+        began_cpu, began = cpu_seconds(), time.perf_counter()
 
         def probe() -> None:
             if self.stop.wait(self.probe_s):
                 return
-            self.measured_cores = (time.process_time() - began_cpu) / max(1e-9, time.perf_counter() - began)
+            spent = cpu_seconds() - began_cpu
+            self.measured_cores = spent / max(1e-9, time.perf_counter() - began)
             self.cores = max(self.measured_cores / self.slowdown, 0.01)
             self.limit(self.cores)
 
@@ -127,6 +143,12 @@ class RelativeCpuQuota(CpuQuota):
         self.stop.set()
         if self.timer is not None:
             self.timer.join()
+
+
+def _thread_cpu_seconds(tid: int) -> float:
+    """CPU seconds (user + system) thread ``tid`` of this process has run: ``/proc``'s ticks."""
+    fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ps.straggler_quota -> (name, the process's torch threads, slowdown, its CPU rate measured before or
