@@ -4,6 +4,7 @@ threads under real concurrency lose no batch and count their staleness."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 
@@ -152,3 +153,48 @@ def test_on_cuda_each_backward_thread_computes_on_its_own_stream(task_data, tmp_
     assert len(theirs) == 2
     forward = {stream for name, stream, _ in used if not name.startswith("cadence-pdasgd-backward")}
     assert forward == theirs
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["pdasgd.slow_thread=2"], "pdasgd.slow_thread must be -1 (none) or a backward thread, 0 to 1; got 2"),
+    (["pdasgd.slow_thread=0"], "pdasgd.slowdown must exceed 1 to slow backward thread 0; got 1.0"),
+])
+def test_a_slowed_backward_thread_must_exist_and_be_slowed(overrides, message, task_data, tmp_path) -> None:
+    from cadence.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        make_config(tmp_path / "bad", *task_data["image"], "strategy=pdasgd", *overrides)
+
+
+@pytest.mark.skipif(pdasgd_module.cgroups.unavailable() is not None, reason=str(pdasgd_module.cgroups.unavailable()))
+def test_the_slowed_backward_thread_alone_runs_at_its_rate_over_the_slowdown() -> None:
+    """``pdasgd.slow_thread``: the thread's own CPU quota (never a sleep), measured in time: backward
+    thread 0 and 1 spin side by side; after the quota's probe, 0 gets well under half of 1's CPU."""
+    from cadence.strategies.pipelined.settings import PdasgdConfig
+
+    schedule = pdasgd_module.Pdasgd(PdasgdConfig(slow_thread=0, slowdown=4.0))
+    rates: dict[int, float] = {}
+
+    block = bytes(1 << 20)
+
+    def busy(seconds: float) -> float:
+        """This thread's CPU rate while hashing for ``seconds`` (hashlib lets go of the interpreter
+        lock, as a backward pass's kernels do: two threads' rates are not the lock's share)."""
+        cpu, began = time.thread_time(), time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            hashlib.sha256(block).digest()
+        return (time.thread_time() - cpu) / (time.perf_counter() - began)
+
+    def spin(index: int) -> None:
+        with schedule._slowed(index):
+            busy(0.8)  # the probe's 0.5 s and some
+            rates[index] = busy(1.0)
+
+    threads = [threading.Thread(target=spin, args=(index,)) for index in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert rates[0] < rates[1] / 2.0, rates
+    assert schedule.throttled_seconds > 0 and schedule.slow_rate is not None
+    assert schedule.stats()["slowed_thread_throttled_seconds"] > 0

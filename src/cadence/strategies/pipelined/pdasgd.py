@@ -38,7 +38,9 @@ K + 1 threads do not start K + 1 teams of all cores each. docs/strategies/pdasgd
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import queue
 import threading
 import time
@@ -48,7 +50,9 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from cadence.engines import cgroups
 from cadence.engines.threads import ThreadGroup, intra_op_threads
+from cadence.errors import ConfigError
 from cadence.optim import InPlaceDense, row_gradient
 from cadence.strategies.pipelined.settings import PdasgdConfig
 from cadence.core.batch import Batch, BatchPlan
@@ -132,6 +136,10 @@ class Pdasgd(Schedule):
         self.staleness: Staleness | None = None
         self.busy = {"forward_busy_seconds": 0.0, "backward_busy_seconds": 0.0}
         self.streams: list = []  # CUDA: backward thread i's stream (the process's ``side-i`` stream)
+        # pdasgd.slow_thread: that thread's CPU rate measured unslowed (its first epoch's probe, reused)
+        # and what its quota throttled, summed over epochs
+        self.slow_rate: float | None = None
+        self.throttled_seconds = 0.0
 
     def _streams(self, stages: Stages, threads: int) -> list:
         if len(self.streams) != threads:
@@ -156,9 +164,11 @@ class Pdasgd(Schedule):
         streams = self._streams(stages, threads)  # CUDA: one per backward thread (None on the CPU)
         stop, finished = threading.Event(), threading.Lock()
         group = ThreadGroup()
+        if self.settings.slow_thread >= 0 and (why := cgroups.unavailable()) is not None:
+            raise ConfigError(f"pdasgd.slow_thread: slowing a backward thread takes a CPU quota on it: {why}")
 
         def backward_thread(index: int) -> None:
-            with intra_op_threads(self.settings.intra_op_threads):
+            with intra_op_threads(self.settings.intra_op_threads), self._slowed(index):
                 while not stop.is_set():
                     try:
                         item = handoff[index].get(timeout=_POLL)
@@ -276,12 +286,28 @@ class Pdasgd(Schedule):
         leaf.grad = None
         self.staleness.update(index, seen)
 
+    @contextlib.contextmanager
+    def _slowed(self, index: int):
+        """Backward thread ``index`` under its CPU quota for the epoch (``pdasgd.slow_thread``), or free."""
+        slowdown = self.settings.slowed(index)
+        if slowdown is None:
+            yield
+            return
+        quota = cgroups.RelativeCpuQuota(f"{os.getpid()}-pdasgd-backward-{index}", slowdown,
+                                         known_cores=self.slow_rate, thread=True)
+        with quota:
+            yield
+        self.slow_rate = quota.measured_cores if quota.measured_cores is not None else self.slow_rate
+        self.throttled_seconds += quota.throttled["throttled_seconds"]
+
     def stats(self) -> dict:
         out = {"backward_threads": self.settings.backward_threads,
                "layerwise_updates": self.layerwise,
                **{key: round(value, 4) for key, value in self.busy.items()}}
         if self.staleness is not None:
             out.update(self.staleness.stats())
+        if self.settings.slow_thread >= 0:
+            out["slowed_thread_throttled_seconds"] = round(self.throttled_seconds, 4)
         return out
 
 
