@@ -33,6 +33,17 @@ Bars (PASS/FAIL printed and under ``bars`` in the JSON):
 
     .venv/bin/python benchmarks/pdasgd.py [--quick] [--seeds N] [--parts image,ctr] [--models mlp,cnn]
 
+Time to accuracy (issue 49): every image run records its validation accuracy against training
+seconds after each epoch; per seed the target is sync's best validation accuracy less
+``TARGET_MARGIN``, and each contender's time to it is the training seconds of its first validation
+at or above it (``time_to_target``: per contender and seed, and sync's time over each other's).
+
+Delay part (``--parts delay``, issue 49: the paper's robustness to delayed threads): ``pdasgd`` with
+backward thread 0 slowed ``--delays`` times (``pdasgd.slow_thread=0``, ``pdasgd.slowdown``: a cgroup
+CPU quota on that thread alone, needs root) against ``pdasgd`` undelayed, seed by seed, on
+``--models``; the final test accuracy's paired difference. Bar (e): within 0.5 points of no delay at
+every slowdown.
+
 ``--quick``: 1 seed, 2 epochs (MLP) and 1 epoch (CNN), to check the harness. The full run takes
 about 50 minutes on a quiet 2-core machine. Writes benchmarks/results/pdasgd.json.
 """
@@ -61,6 +72,8 @@ CONFIGS = {"mlp": REPO / "configs" / "fashion-mnist-mlp.yaml", "cnn": REPO / "co
 CTR_CONFIG = REPO / "configs" / "ml100k-deepfm.yaml"
 ACCURACY_BARS = {"mlp": 0.88, "cnn": 0.91}
 SPEEDUP_BAR, EQUAL_ACCURACY, AUC_BAR = 1.3, 0.005, 0.002
+TARGET_MARGIN = 0.002  # time to accuracy: sync's best validation accuracy less this
+DELAY_BAR = 0.005  # (e): a delayed backward thread costs at most half a point of test accuracy
 BETA_BATCHES = 30
 QUICK_EPOCHS = {"mlp": 2, "cnn": 1}
 
@@ -103,6 +116,12 @@ def run_one(config_file: Path, contender: Contender, seed: int, extra: list[str]
         keys = ("examples_per_second", "train_seconds", "accuracy", "best_valid_accuracy", "auc", "logloss",
                 "staleness_mean", "staleness_max", "layer_staleness", "forward_busy_seconds", "backward_busy_seconds")
         record.update({key: summary.get(key) for key in keys if key in summary})
+        if "slowed_thread_throttled_seconds" in summary:
+            record["slowed_thread_throttled_seconds"] = summary["slowed_thread_throttled_seconds"]
+        # validation after each epoch: the metric against training seconds (time to accuracy)
+        record["history"] = [{"epoch": r["epoch"], "wall_seconds": r["wall_seconds"],
+                              "metric": r.get("accuracy", r.get("auc"))}
+                             for r in result.metrics if r.get("split") == "valid"]
     say(describe(record))
     return record
 
@@ -164,7 +183,48 @@ def image_part(model: str, seeds: list[int], quick: bool, cnn_all: bool, gate: Q
         runs += [run_one(CONFIGS[model], c, seed, extra, gate, part="image", model=model) for c in order]
     summary = summarise(runs, "accuracy")
     return {"model": model, "config": str(CONFIGS[model].relative_to(REPO)), "beta": beta, "runs": runs,
-            "summary": summary, "speedups": speedups(runs, beta)}
+            "summary": summary, "speedups": speedups(runs, beta), "time_to_target": time_to_target(runs)}
+
+
+def time_to_target(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per seed: the target (sync's best validation metric less ``TARGET_MARGIN``), each contender's
+    training seconds to its first validation at or above it (None: never), sync's time over each's."""
+    by = {(r["contender"], r["seed"]): r for r in ok(runs) if r.get("history")}
+    seeds = sorted({seed for name, seed in by if name == "sync"})
+    targets = {seed: max(h["metric"] for h in by[("sync", seed)]["history"]) - TARGET_MARGIN for seed in seeds}
+
+    def reached(run: dict[str, Any], target: float) -> float | None:
+        return next((h["wall_seconds"] for h in run["history"] if h["metric"] >= target), None)
+
+    seconds = {name: {seed: reached(by[(name, seed)], targets[seed]) for seed in seeds if (name, seed) in by}
+               for name in dict.fromkeys(name for name, _ in by)}
+    sync = seconds.get("sync", {})
+    ratios = {name: {seed: (sync[seed] / value if value and sync.get(seed) else None) for seed, value in mine.items()}
+              for name, mine in seconds.items() if name != "sync"}
+    return {"margin": TARGET_MARGIN, "targets": targets, "seconds": seconds, "sync_over": ratios}
+
+
+def delay_part(model: str, seeds: list[int], delays: list[float], quick: bool, gate: QuietGate) -> dict[str, Any]:
+    """``pdasgd`` with backward thread 0 slowed by a CPU quota, against undelayed, seed by seed."""
+    from cadence.engines import cgroups
+
+    why = cgroups.unavailable()
+    if why is not None:
+        say(f"delay part skipped: {why}")
+        return {"model": model, "skipped": why}
+    extra = [f"train.epochs={QUICK_EPOCHS[model]}", "optimizer.warmup_epochs=0"] if quick else []
+    base = next(c for c in IMAGE_CONTENDERS if c.name == "pdasgd")
+    contenders = [base] + [Contender(f"pdasgd-slow{delay:g}x", (*base.overrides, "pdasgd.slow_thread=0",
+                                                                   f"pdasgd.slowdown={delay}")) for delay in delays]
+    runs = []
+    for index, seed in enumerate(seeds):
+        order = contenders if index % 2 == 0 else contenders[::-1]
+        runs += [run_one(CONFIGS[model], c, seed, extra, gate, part="delay", model=model) for c in order]
+    differences = {c.name: paired(runs, "accuracy", c.name, "pdasgd") for c in contenders[1:]}
+    return {"model": model, "config": str(CONFIGS[model].relative_to(REPO)), "delays": delays, "runs": runs,
+            "summary": summarise(runs, "accuracy"), "accuracy_minus_undelayed": differences,
+            "bar": {"bar": f"a delayed backward thread costs at most {100 * DELAY_BAR:g} points of test accuracy",
+                    "passed": all(d is not None and d["mean"] >= -DELAY_BAR for d in differences.values())}}
 
 
 def ctr_part(seeds: list[int], quick: bool, gate: QuietGate) -> dict[str, Any]:
@@ -263,6 +323,9 @@ def print_report(images: list[dict[str, Any]], ctr: dict[str, Any] | None, verdi
             ratio = entry["examples_per_second_ratio"]
             print(f"pdasgd / {baseline}: {ratio['mean']:.3f}x examples/s (per seed {[round(v, 3) for v in ratio['per_seed']]}),"
                   f" ideal {entry['ideal_speedup']}")
+        reach = part.get("time_to_target")
+        if reach:
+            print(f"seconds to sync's best validation accuracy - {reach['margin']} per seed: {reach['seconds']}")
     if ctr is not None:
         print("\n== CTR DeepFM on ml-100k (configs/ml100k-deepfm.yaml, pipeline) ==")
         for name, stats in ctr["summary"].items():
@@ -284,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="image,ctr", help="image, ctr or both (default)")
     parser.add_argument("--models", default="mlp,cnn", help="mlp, cnn or both (default)")
     parser.add_argument("--cnn-all", action="store_true", help="hogwild and sync-1core on every seed for the CNN")
+    parser.add_argument("--delays", default="2,4", help="--parts delay: slowdowns of backward thread 0 (default 2,4)")
     args = parser.parse_args(argv)
     check(args)
     seeds, out, command = peer_run(args, "pdasgd", 3)
@@ -292,9 +356,17 @@ def main(argv: list[str] | None = None) -> int:
     images = [image_part(model, seeds, args.quick, args.cnn_all, gate)
               for model in args.models.split(",")] if "image" in parts else []
     ctr = ctr_part(seeds, args.quick, gate) if "ctr" in parts else None
+    delays = [float(x) for x in args.delays.split(",") if x.strip()]
+    delay = [delay_part(model, seeds, delays, args.quick, gate)
+             for model in args.models.split(",")] if "delay" in parts else []
     verdicts = bars(images, ctr)
+    for part in delay:
+        if "bar" in part:
+            verdicts[f"{part['model']}_delayed_thread_within_{DELAY_BAR}"] = {
+                "differences": {k: v and v["mean"] for k, v in part["accuracy_minus_undelayed"].items()},
+                "pass": part["bar"]["passed"]}
     report = {"benchmark": "pdasgd", "command": command, "machine": machine_info(), "seeds": seeds,
-              "quick": args.quick, "image": images, "ctr": ctr, "bars": verdicts}
+              "quick": args.quick, "image": images, "ctr": ctr, "delay": delay, "bars": verdicts}
     path = write_report(report, out, started, gate.waited_s)
     print_report(images, ctr, verdicts)
     print(f"\nwrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
