@@ -33,6 +33,20 @@ def test_accuracy_is_the_share_of_test_images_whose_argmax_is_the_label(tmp_path
     assert 0.5 < expected  # the bands are easy: a trained model sees them
 
 
+def test_evaluation_records_no_autograd_graph(tmp_path: Path) -> None:
+    """Evaluation runs under no_grad: a graph per evaluation batch was memory and time for nothing
+    (and torch warned on every batch's float())."""
+    data = write_images(tmp_path / "images", 120, 30, 2)
+    config = make_config(tmp_path / "run", "task=image", f"data.dataset={data}", "image.valid_size=20",
+                         "image.hidden=[8]", "optimizer.dense=sgd", "train.epochs=1")
+    result = api.train(config)
+    _, task, _, dense = api.load_model(result.run_dir)
+    seen: list[bool] = []
+    dense.register_forward_hook(lambda module, args, out: seen.append(out.requires_grad))
+    task.evaluate(None, dense, "test", torch.device("cpu"), lambda steps: steps)
+    assert seen and not any(seen)
+
+
 def test_export_writes_each_parameter_and_the_classes(tmp_path: Path) -> None:
     data = write_images(tmp_path / "images", 120, 30, 1)
     config = make_config(tmp_path / "run", "task=image", f"data.dataset={data}", "image.valid_size=20",

@@ -94,10 +94,10 @@ class ImageTask(Task):
         return F.cross_entropy(dense(batch.inputs["images"]), batch.inputs["labels"])
 
     # ---- evaluation -----------------------------------------------------------------------------
-    @torch.no_grad()
     def split_size(self, split: str) -> int | None:
         return int(self.splits[split][0].shape[0]) if split in self.splits else None
 
+    @torch.no_grad()
     def evaluate(self, params: ParameterView, dense: nn.Module, split: str, device: torch.device,
                  progress: Progress) -> dict[str, float]:
         if split not in self.splits:
