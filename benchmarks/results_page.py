@@ -143,7 +143,6 @@ class Section:
     title: str
     claim: str  # the paper's headline, its words and numbers (SPEC.md)
     headline: str  # the same in a few words (the README's table)
-    render: Callable[["Section", Path], None]
     rows: list[tuple[str, str, str, str]] = field(default_factory=list)  # measure, paper, cadence, ratio
     lines: list[str] = field(default_factory=list)
     sources: list[Source] = field(default_factory=list)
@@ -430,7 +429,7 @@ SECTIONS: list[tuple[str, str, str, Callable[[Section, Path], None]]] = [  # tit
 def build(folder: Path = RESULTS) -> list[Section]:
     sections = []
     for title, claim, headline, render in SECTIONS:
-        section = Section(title, claim, headline, render)
+        section = Section(title, claim, headline)
         render(section, folder)
         sections.append(section)
     return sections
