@@ -24,8 +24,8 @@ class RecordingShard:
     def record_applied(self, gradient):
         self.staleness.append(self.global_step - gradient.pulled_step)
 
-    def record_dropped(self, count):
-        self.dropped += count
+    def record_dropped(self, gradients):
+        self.dropped += len(gradients)
 
 
 def grad(batch: int, token: int, pulled_step: int | None = None) -> Gradient:

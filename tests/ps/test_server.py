@@ -119,3 +119,19 @@ def test_a_fixed_table_with_fewer_keys_than_shards_gives_the_extra_shards_none(r
     keys = torch.cat([table.export_rows()[0] for table in tables])
     assert sorted(keys.tolist()) == list(range(rows))
     assert [len(table) for table in tables] == [1 if shard < rows else 0 for shard in range(4)]
+
+
+@pytest.mark.parametrize("rule", ["gba", "hop_bw"])
+def test_the_summary_says_whose_gradients_were_dropped_and_how_stale(rule: str) -> None:
+    # tokens pushed at global step 0, 1, 2 ... ; worker 3 pushes late (token 0 while the step is 2)
+    shard = make_shard(Buffered(capacity=2, tolerance=1) if rule == "gba" else PerStep(quorum=2))
+    pushes = [(0, 0, 0), (1, 1, 0), (0, 2, 1), (1, 3, 1), (3, 4, 0), (0, 5, 2)]
+    for worker, batch, token in pushes:
+        shard.push(Gradient(worker, batch, token, 1, torch.tensor([batch]), torch.ones(1, 3)))
+    stats = shard.stats()
+    # gba: steps (0,1) at 0, (2,3) at 1; then (4: token 0, 5: token 2) at step 2: 4 is 2 stale > 1, dropped
+    # hop_bw: steps 0 and 1 by quorum; token 0 at step 2 was applied without it: dropped as late
+    assert stats["dropped_by_worker"] == {"3": 1} and stats["token_staleness_dropped"] == {"2": 1}
+    assert stats["applied_by_worker"] == ({"0": 3, "1": 2} if rule == "gba" else {"0": 2, "1": 2})
+    assert stats["token_staleness_kept"] == ({"0": 5} if rule == "gba" else {"0": 4})
+    assert stats["gradients_dropped"] == 1

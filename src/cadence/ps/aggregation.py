@@ -58,7 +58,8 @@ class StepTarget(Protocol):
     def record_applied(self, gradient: Gradient) -> None:
         """Counts the gradient's token staleness (and steps applied since its pull)."""
 
-    def record_dropped(self, count: int) -> None: ...
+    def record_dropped(self, gradients: list[Gradient]) -> None:
+        """Counts gradients the rule excluded (by worker, and their token staleness now)."""
 
     def apply_unlocked(self, gradient: Gradient) -> None:
         """One gradient's rows stepped without the shard's lock (Hogwild), then counted as a step."""
@@ -133,7 +134,7 @@ class Buffered(Aggregation):
             self._aggregate(shard, len(self.buffer))
 
     def _aggregate(self, shard: StepTarget, capacity: int) -> None:
-        kept = []
+        kept, dropped = [], []
         for gradient in sorted(self.buffer, key=lambda g: g.batch):
             staleness = shard.global_step - gradient.token  # the paper's token staleness
             weight = self.decay(staleness, self.tolerance)
@@ -141,7 +142,9 @@ class Buffered(Aggregation):
                 gradient.weight = weight
                 kept.append(gradient)
                 shard.record_applied(gradient)
-        shard.record_dropped(len(self.buffer) - len(kept))
+            else:
+                dropped.append(gradient)
+        shard.record_dropped(dropped)
         self.buffer = []
         shard.apply(kept, self.normalizer(capacity, len(kept)))
 
@@ -159,7 +162,7 @@ class PerStep(Aggregation):
 
     def push(self, shard, gradient):
         if gradient.token < shard.global_step:  # its step was already applied
-            shard.record_dropped(1)
+            shard.record_dropped([gradient])
             return
         self.pending.setdefault(gradient.token, []).append(gradient)
         self._advance(shard)
@@ -197,7 +200,7 @@ class PerStep(Aggregation):
             self.handed_out.pop(shard.global_step, None)
             self.dropped.pop(shard.global_step, None)
             self._apply(shard, arrived[:count])
-            shard.record_dropped(len(arrived) - count)
+            shard.record_dropped(arrived[count:])
 
     @staticmethod
     def _apply(shard: StepTarget, gradients: list[Gradient]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -56,6 +57,11 @@ class Aborted(RuntimeError):
     """The epoch was abandoned while this call waited (another worker failed)."""
 
 
+def _histogram(counts: Counter[int]) -> dict[str, int]:
+    """{value: count} in ascending order of value, keyed by text (JSON: summary.json)."""
+    return {str(value): counts[value] for value in sorted(counts)}
+
+
 class ServerShard:
     def __init__(self, table: DynamicEmbeddingTable | FixedTable, entity_optimizer: EntityOptimizer,
                  aggregation: Aggregation, dense: nn.Module | None = None,
@@ -76,6 +82,11 @@ class ServerShard:
         self.staleness_max = 0
         self.token_staleness_total = 0  # step at aggregation - token: what GBA's decay sees
         self.token_staleness_max = 0
+        # why a rule drops what it drops: token staleness of kept and dropped gradients, and whose
+        self.token_staleness_kept: Counter[int] = Counter()
+        self.token_staleness_dropped: Counter[int] = Counter()
+        self.applied_by_worker: Counter[int] = Counter()
+        self.dropped_by_worker: Counter[int] = Counter()
         self.aborted: str | None = None  # why the epoch was abandoned (a worker failed): nobody waits
 
     def _guard(self):
@@ -178,7 +189,12 @@ class ServerShard:
                     "gradients_dropped": self.dropped_gradients,
                     "staleness_mean": self.staleness_total / kept, "staleness_max": self.staleness_max,
                     "token_staleness_mean": self.token_staleness_total / kept,
-                    "token_staleness_max": self.token_staleness_max, "vocabulary_added": self.table.added}
+                    "token_staleness_max": self.token_staleness_max,
+                    "token_staleness_kept": _histogram(self.token_staleness_kept),
+                    "token_staleness_dropped": _histogram(self.token_staleness_dropped),
+                    "applied_by_worker": _histogram(self.applied_by_worker),
+                    "dropped_by_worker": _histogram(self.dropped_by_worker),
+                    "vocabulary_added": self.table.added}
 
     # ---- the runtime's verbs (checkpoints, evaluation, switching jobs) ---------------------------
     def get_global_step(self) -> int:
@@ -251,14 +267,19 @@ class ServerShard:
         token_staleness = self.global_step - gradient.token
         self.token_staleness_total += token_staleness
         self.token_staleness_max = max(self.token_staleness_max, token_staleness)
+        self.token_staleness_kept[token_staleness] += 1
+        self.applied_by_worker[gradient.worker] += 1
         if gradient.pulled_step is None:
             return
         staleness = self.global_step - gradient.pulled_step
         self.staleness_total += staleness
         self.staleness_max = max(self.staleness_max, staleness)
 
-    def record_dropped(self, count: int) -> None:
-        self.dropped_gradients += count
+    def record_dropped(self, gradients: list[Gradient]) -> None:
+        self.dropped_gradients += len(gradients)
+        for gradient in gradients:
+            self.token_staleness_dropped[self.global_step - gradient.token] += 1
+            self.dropped_by_worker[gradient.worker] += 1
 
     def _apply_rows(self, gradients: list[Gradient], normalizer: float) -> None:
         keys = torch.cat([g.keys for g in gradients])
