@@ -41,12 +41,21 @@ so machine noise hits all modes alike):
 - token staleness mean / max (what GBA drops on), gradients dropped and their fraction;
 - final test AUC.
 
-Bars (printed PASS/FAIL and written in the JSON): (1) at 4x GBA reaches the target >= 2x faster
-than sync (ratio of means and every seed); (2) GBA's final test AUC at 4x is within 0.001 of
-sync's (mean of the per-seed differences, with its interval); (3) hop_bw reaches the target faster
-than sync at 4x.
+- which gradients a rule dropped: the token staleness of kept and dropped gradients, and whose
+  (``token_staleness_kept`` / ``_dropped``, ``applied_by_worker`` / ``dropped_by_worker``).
+
+Bars (printed PASS/FAIL and written in the JSON, at 4x and 8x: ``bars_by_severity``; ``bars`` is
+4x's): (1) GBA reaches the target >= 2x faster than sync (ratio of means and every seed: a seed
+that never reaches it fails); (2) GBA's final test AUC >= sync's - 0.001 (mean of the per-seed
+differences, with its interval); (3) hop_bw reaches the target faster than sync; (4) GBA's test
+AUC >= hop_bw's (mean of the per-seed differences).
+
+``--modes ... gba_iota2`` adds an ablation: GBA with ``ps.tolerance=2``, the tolerance before issue
+49 (every severity but 1x), to show what the tolerance changes.
 
     .venv/bin/python benchmarks/gba_stragglers.py [--quick] [--seeds 0 1 2] [--epochs 6] [--latency 0.02]
+    sudo .venv/bin/python benchmarks/gba_stragglers.py --cause cpu_quota --seeds 0 1 2 3 4 --epochs 8 \
+        --severities 1x 4x 8x --modes sync gba hop_bw async gba_iota2   # the file of record (issue 49)
     .venv/bin/python benchmarks/gba_stragglers.py --seeds 3 4 5 --severities 1x 4x --modes sync gba --append
                                                    # more seeds for the 4x bars, added to the runs on record
     .venv/bin/python benchmarks/gba_stragglers.py --reaggregate [--quick]  # targets, tables and bars
@@ -84,12 +93,16 @@ LOCAL_BATCH = 256  # configs/ml100k-deepfm.yaml's train.batch_size
 TARGET_MARGIN = 0.003  # target = best valid AUC of sync without a straggler (same seed) - this
 MODES = ("sync", "gba", "hop_bw")
 REFERENCE = ("async", "4x")  # async runs at this severity only
+# an ablation, run only when named in --modes: GBA with iota = 2, the tolerance before issue 49
+ABLATIONS = {"gba_iota2": ("gba", ["ps.tolerance=2"])}
+BAR_SEVERITIES = ("4x", "8x")  # the issue's bars hold at each
 # severity label -> ps.stragglers entry (None: no straggler)
 SEVERITIES = {"1x": None, "1.5x": "0:1.5", "2x": "0:2", "4x": "0:4", "8x": "0:8", "8x@2-3": "0:8@2-3"}
 QUICK_SEVERITIES = ("1x", "4x", "8x@2-3")
 SUMMARY_KEYS = ("auc", "train_seconds", "examples_seen", "examples_per_second", "global_steps",
                 "gradients_applied", "gradients_dropped", "token_staleness_mean", "token_staleness_max",
-                "staleness_mean", "staleness_max", "worker_examples_per_second", "worker_throttled_seconds")
+                "staleness_mean", "staleness_max", "worker_examples_per_second", "worker_throttled_seconds",
+                "token_staleness_kept", "token_staleness_dropped", "applied_by_worker", "dropped_by_worker")
 
 
 def train(out: Path, *overrides: str) -> api.TrainResult:
@@ -104,7 +117,8 @@ def say(text: str) -> None:
 
 def run_once(work: Path, mode: str, severity: str, seed: int, common: list[str]) -> dict[str, Any]:
     straggler = SEVERITIES[severity]
-    overrides = [f"strategy={mode}", f"seed={seed}", *common]
+    strategy, extra = ABLATIONS.get(mode, (mode, []))
+    overrides = [f"strategy={strategy}", *extra, f"seed={seed}", *common]
     if straggler is not None:
         overrides.append(f'ps.stragglers=["{straggler}"]')
     load = loadavg()
@@ -144,7 +158,7 @@ def stats(values: list[float]) -> dict[str, Any] | None:
 
 def aggregate(records: list[dict[str, Any]], ttt: str = "time_to_target") -> dict[str, dict[str, Any]]:
     table: dict[str, dict[str, Any]] = {}
-    for mode in (*MODES, REFERENCE[0]):
+    for mode in (*MODES, REFERENCE[0], *ABLATIONS):
         for severity in SEVERITIES:
             runs = [r for r in records if r["mode"] == mode and r["severity"] == severity]
             if not runs:
@@ -197,19 +211,22 @@ def bars(records: list[dict[str, Any]], severity: str = "4x", ttt: str = "time_t
     one.update(bar=f"{severity}: GBA reaches the target >= 2x faster than sync (ratio of means and every seed)",
                passed=bool(one["per_seed_ratio"]) and ok)
     gaps = [g - s for _, s, g in paired(records, severity, "sync", "gba", lambda r: r["summary"]["auc"])]
-    two = {"bar": f"{severity}: |GBA test AUC - sync test AUC| <= 0.001 (mean over seeds)",
-           "gba_minus_sync_test_auc": stats(gaps), "passed": bool(gaps) and abs(sum(gaps) / len(gaps)) <= 0.001}
+    two = {"bar": f"{severity}: GBA test AUC >= sync's - 0.001 (mean of the per-seed differences)",
+           "gba_minus_sync_test_auc": stats(gaps), "passed": bool(gaps) and sum(gaps) / len(gaps) >= -0.001}
     three = speedup(records, severity, "hop_bw", ttt)
     three.update(bar=f"{severity}: hop_bw reaches the target faster than sync (ratio of means > 1)",
                  passed=three["ratio_of_means"] is not None and three["ratio_of_means"] > 1.0)
-    return {"1_gba_2x_faster_than_sync": one, "2_gba_test_auc_within_0.001_of_sync": two,
-            "3_hop_bw_faster_than_sync": three}
+    over = [g - h for _, h, g in paired(records, severity, "hop_bw", "gba", lambda r: r["summary"]["auc"])]
+    four = {"bar": f"{severity}: GBA test AUC >= hop_bw's (mean of the per-seed differences)",
+            "gba_minus_hop_bw_test_auc": stats(over), "passed": bool(over) and sum(over) / len(over) >= 0.0}
+    return {"1_gba_2x_faster_than_sync": one, "2_gba_test_auc_at_least_sync_minus_0.001": two,
+            "3_hop_bw_faster_than_sync": three, "4_gba_test_auc_at_least_hop_bw": four}
 
 
 def gaps_by_severity(records: list[dict[str, Any]]) -> dict[str, Any]:
     out = {}
     for severity in SEVERITIES:
-        for mode in ("gba", "hop_bw"):
+        for mode in ("gba", "hop_bw", *ABLATIONS):
             gaps = [m - s for _, s, m in paired(records, severity, "sync", mode, lambda r: r["summary"]["auc"])]
             if gaps:
                 out.setdefault(severity, {})[f"{mode}_minus_sync_test_auc"] = stats(gaps)
@@ -265,6 +282,9 @@ def finish(results: dict[str, Any]) -> None:
         target={"definition": f"per seed: best valid AUC of that seed's sync run at 1x - {TARGET_MARGIN}",
                 "valid_auc_by_seed": targets, "sync_1x_best_valid_auc_by_seed": best},
         aggregates=aggregate(records), by_severity=gaps_by_severity(records), bars=bars(records),
+        # the same bars at every severity the issue names (``bars`` is 4x's, as in earlier files)
+        bars_by_severity={sev: bars(records, sev) for sev in BAR_SEVERITIES
+                          if any(r["severity"] == sev for r in records)},
         pooled_target={"definition": f"mean over seeds of sync 1x best valid AUC - {TARGET_MARGIN}, one target "
                                      "for every seed", "valid_auc": pooled,
                        "time_to_target": {mode: {sev: {"mean": (cell["time_to_target"] or {}).get("mean"),
@@ -280,14 +300,16 @@ def report(results: dict[str, Any], path: Path) -> None:
           f" (pooled {results['pooled_target']['valid_auc']:.4f}); {len(results['seeds'])} seed(s), "
           f"{results['epochs']} epochs, latency {results['latency_seconds']}s")
     print(table_text(results["aggregates"]))
-    for label, group in (("", results["bars"]), ("pooled target: ", results["pooled_target"]["bars"])):
+    groups = [(f"{sev}: ", group) for sev, group in results.get("bars_by_severity", {"4x": results["bars"]}).items()]
+    for label, group in (*groups, ("pooled target: ", results["pooled_target"]["bars"])):
         for name, bar in group.items():
             if "ratio_of_means" in bar:
                 numbers = (f"ratio of means {bar['ratio_of_means']}, per seed {bar['per_seed_ratio']}, "
                            f"sync {bar['sync_time_to_target']}")
             else:
-                gap = bar["gba_minus_sync_test_auc"]
-                numbers = f"gba - sync {fmt(gap, 4)} (CI {gap['ci95'] if gap else None})"
+                key = next(k for k in bar if k.endswith("_test_auc"))
+                gap = bar[key]
+                numbers = f"{key[:-len('_test_auc')].replace('_minus_', ' - ')} {fmt(gap, 4)} (CI {gap['ci95'] if gap else None})"
             print(f"{label}{'PASS' if bar['passed'] else 'FAIL'} {name}: {bar['bar']}: {numbers}")
     print(f"wrote {path.relative_to(REPO)}")
 
@@ -307,7 +329,9 @@ def main() -> None:
                              "cpu_quota)")
     parser.add_argument("--severities", nargs="+", choices=tuple(SEVERITIES),
                         help="run only these severities (1x is each seed's target: keep it)")
-    parser.add_argument("--modes", nargs="+", choices=(*MODES, REFERENCE[0]), help="run only these modes")
+    parser.add_argument("--modes", nargs="+", choices=(*MODES, REFERENCE[0], *ABLATIONS),
+                        help="run only these modes (an ablation runs only when named: gba_iota2 is GBA with "
+                             "ps.tolerance=2, at every severity but 1x)")
     parser.add_argument("--append", action="store_true",
                         help="add the runs to those already in the JSON (same epochs and latency), "
                              "replacing any with the same seed, severity and mode")
@@ -341,8 +365,9 @@ def main() -> None:
     common = [f"train.epochs={epochs}", "eval.every=1", f"ps.emulated_latency={args.latency}", "ps.workers=4",
               *(["ps.engine=ray", "ps.straggler_cause=cpu_quota", f"ps.straggler_quota={args.quota}"] if quota else [])]
     plan = [(seed, severity, mode) for seed in seeds for severity in severities
-            for mode in (*MODES, *((REFERENCE[0],) if severity == REFERENCE[1] else ()))
-            if args.modes is None or mode in args.modes]
+            for mode in (*MODES, *((REFERENCE[0],) if severity == REFERENCE[1] else ()),
+                         *(ABLATIONS if severity != "1x" else ()))
+            if (args.modes is None and mode not in ABLATIONS) or (args.modes is not None and mode in args.modes)]
     earlier: list[dict[str, Any]] = []
     if args.append:
         if not path.exists():
