@@ -16,8 +16,10 @@ passes through the replicated top MLP, as in the paper's models, and at dense lr
 unsynchronised replicas drift apart (probe: hogwild 0.619 against fr-easgd-5 and -100 0.605 and
 0.604), so the sync has something to do. Contenders:
 ``hogwild`` (no dense sync), ``shadow-easgd``, ``shadow-ma``, ``shadow-bmuf`` (a shadow thread per
-trainer, unthrottled: the default), the same three capped at 50 rounds a second per trainer
-(``shadow-*@50``: on 2 cores the shadow thread takes CPU from the worker threads), ``fr-easgd``/``fr-ma``/``fr-bmuf`` at k = 5 (``shadow.every``) and
+trainer, unthrottled: the default), the same three with the paper's CPU share for the shadow thread
+(``shadow-*@share``: ``shadow.cpu_share`` = cores / trainers / 25, the paper's shadow thread being
+one of a trainer's 25 threads; on 2 cores an unthrottled one takes CPU from the worker threads),
+``fr-easgd``/``fr-ma``/``fr-bmuf`` at k = 5 (``shadow.every``) and
 ``fr-easgd`` at k = 10, 30, 100. Everything else is the library's default (alpha = 0.9 / trainers,
 BMUF block lr 1 and momentum 0.875).
 
@@ -25,7 +27,8 @@ Measured per run (summary.json and metrics.jsonl of the run): EPS (``examples_pe
 training only), ``sync_gap`` (the seed's equation 2: EPS / batch / syncs per second, batches of a
 trainer between two syncs of its replica), ``syncs_per_second``, ELP (``examples_in_flight`` =
 batch x threads x trainers), the epoch's training loss (mean batch loss of the pass), eval logloss,
-NE and AUC on the test split, training seconds, and the share of the CPUs that other processes used
+NE and AUC on the test split, training seconds, the shadow threads' mean share of a core
+(``shadow_cpu_share``), and the share of the CPUs that other processes used
 meanwhile (the machine is shared: a ratio from a contended run means little). A short hogwild run
 first pays the process's one-time costs and is not kept. Seeds run one after
 the other; within a seed every contender runs once (the order reversed every other seed), so
@@ -39,7 +42,8 @@ Bars (the issue's; PASS/FAIL printed and in the JSON under ``bars``):
     with the lowest mean eval logloss; the per-seed paired difference d = shadow-easgd - that
     fr-easgd (same seed, same data) gets a 95% t-interval, and the bar passes when its lower bound
     is <= 0 (shadow-easgd is not worse beyond seed-to-seed noise; with one seed: d <= 0). Choosing
-    the best k on the same runs favours fr-easgd slightly.
+    the best k on the same runs favours fr-easgd slightly. The same for every other shadow-*
+    contender (``b_<name>_logloss``).
 
 Also, each on the first seed only: a sweep like the paper's scaling figures (trainers 1, 2, 4 x
 worker threads per trainer 1, 2, 4; shadow-easgd, fr-easgd k=5 and hogwild as the no-sync ceiling:
@@ -48,6 +52,7 @@ EPS, sync gap, syncs per second, ELP), and the cap on a shadow thread's rounds
 to a hogwild run made beside them, sync gap, eval logloss).
 
     .venv/bin/python benchmarks/shadowsync.py [--quick] [--seeds N] [--max-wait S] [--out FILE]
+    .venv/bin/python benchmarks/shadowsync.py --seeds 5 --main-only   # Figure 5's quality over 5 seeds (issue 49)
     .venv/bin/python benchmarks/shadowsync.py --eps-only --seeds 6 --out benchmarks/results/shadowsync_eps.json
 
 ``--quick``: 100,000 examples instead of 600,000 and 1 seed (a few seconds a run, 2-3 minutes in
@@ -60,6 +65,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import statistics
 import sys
 import time
@@ -85,12 +91,17 @@ TRAINERS, WORKER_THREADS = 2, 2
 EPS_BAR = 0.95
 SWEEP_TRAINERS, SWEEP_THREADS = (1, 2, 4), (1, 2, 4)
 CAPS = (0.0, 5.0, 50.0)  # shadow.max_syncs_per_second; 0 = no cap
+# shadow.cpu_share of the shared contenders: the paper's shadow thread is one of 25 threads (24 Hogwild
+# workers) of a trainer; here a trainer's threads have about cores / trainers of the machine
+PAPER_THREADS = 25
+PAPER_SHARE = round(len(os.sched_getaffinity(0)) / TRAINERS / PAPER_THREADS, 4)
 METRICS = ("examples_per_second", "sync_gap", "syncs_per_second", "examples_in_flight", "train_loss",
-           "eval_logloss", "ne", "auc", "train_seconds", "others_cpu_share")
+           "eval_logloss", "ne", "auc", "train_seconds", "shadow_cpu_share", "others_cpu_share")
 SUMMARY_KEYS = {"examples_per_second": "examples_per_second", "sync_gap": "sync_gap",  # record: summary key
                 "syncs_per_second": "syncs_per_second", "examples_in_flight": "examples_in_flight",
                 "dense_syncs": "dense_syncs", "eval_logloss": "logloss", "ne": "ne", "auc": "auc",
-                "train_seconds": "train_seconds", "examples_seen": "examples_seen"}
+                "train_seconds": "train_seconds", "examples_seen": "examples_seen",
+                "shadow_cpu_share": "shadow_cpu_share"}
 
 
 @dataclass(frozen=True)
@@ -99,22 +110,25 @@ class Contender:
     strategy: str
     every: int | None = None  # fr-*: a foreground sync every k batches of a trainer
     cap: float = 0.0  # shadow-*: shadow.max_syncs_per_second (0: off, the default)
+    share: float = 0.0  # shadow-*: shadow.cpu_share (0: off, the default)
 
     def overrides(self) -> list[str]:
         return [f"strategy={self.strategy}", *([f"shadow.every={self.every}"] if self.every else []),
-                *([f"shadow.max_syncs_per_second={self.cap:g}"] if self.cap else [])]
+                *([f"shadow.max_syncs_per_second={self.cap:g}"] if self.cap else []),
+                *([f"shadow.cpu_share={self.share:g}"] if self.share else [])]
 
 
 HOGWILD = Contender("hogwild", "hogwild")
 SHADOW = tuple(Contender(f"shadow-{rule}", f"shadow-{rule}") for rule in ("easgd", "ma", "bmuf"))
-MAIN_CAP = 50.0  # the capped shadow-* contenders: at most 50 rounds a second per trainer
-SHADOW_CAPPED = tuple(Contender(f"shadow-{rule}@{MAIN_CAP:g}", f"shadow-{rule}", cap=MAIN_CAP)
+# the shadow-* contenders with the paper's share of the CPU for their shadow thread (shadow.cpu_share)
+SHADOW_SHARED = tuple(Contender(f"shadow-{rule}@share", f"shadow-{rule}", share=PAPER_SHARE)
                       for rule in ("easgd", "ma", "bmuf"))
 FOREGROUND = (*(Contender(f"fr-{rule}-5", f"fr-{rule}", 5) for rule in ("easgd", "ma", "bmuf")),
               *(Contender(f"fr-easgd-{k}", "fr-easgd", k) for k in (10, 30, 100)))
-CONTENDERS = (HOGWILD, *SHADOW, *SHADOW_CAPPED, *FOREGROUND)
+CONTENDERS = (HOGWILD, *SHADOW, *SHADOW_SHARED, *FOREGROUND)
 SWEEP_CONTENDERS = (SHADOW[0], FOREGROUND[0], HOGWILD)
 CAPPED = SHADOW[:2]  # shadow-easgd, shadow-ma
+SHARED_TEXT = f" with the paper's CPU share (shadow.cpu_share {PAPER_SHARE:g} cores)"
 
 
 def say(message: str) -> None:
@@ -240,16 +254,16 @@ def eps_bar(table: dict[str, dict[str, Any]], contenders=SHADOW, which: str = ""
             "passed": all(r is not None and r["mean"] >= EPS_BAR for r in ratios.values())}
 
 
-def logloss_bar(runs: list[dict[str, Any]], table: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def logloss_bar(runs: list[dict[str, Any]], table: dict[str, dict[str, Any]], name: str = "shadow-easgd") -> dict[str, Any]:
     fr_easgd = [c.name for c in FOREGROUND if c.strategy == "fr-easgd" and table[c.name]["eval_logloss"]]
     result: dict[str, Any] = {
-        "bar": "shadow-easgd's eval logloss <= the best fr-easgd's, within the CI",
-        "rule": "best fr-easgd = the k with the lowest mean test logloss over seeds; d = shadow-easgd - best "
+        "bar": f"{name}'s eval logloss <= the best fr-easgd's, within the CI",
+        "rule": f"best fr-easgd = the k with the lowest mean test logloss over seeds; d = {name} - best "
                 "fr-easgd test logloss, paired by seed; PASS when the 95% t-interval of mean d has its lower "
                 "bound <= 0 (with one seed: d <= 0)", "passed": False}
-    shadow = by_seed(runs, "shadow-easgd", "eval_logloss")
+    shadow = by_seed(runs, name, "eval_logloss")
     if not fr_easgd or not shadow:
-        return {**result, "note": "no finished shadow-easgd or fr-easgd run"}
+        return {**result, "note": f"no finished {name} or fr-easgd run"}
     best = min(fr_easgd, key=lambda name: table[name]["eval_logloss"]["mean"])
     other = by_seed(runs, best, "eval_logloss")
     gaps = stats([shadow[s] - other[s] for s in sorted(shadow) if s in other])
@@ -294,14 +308,16 @@ def print_main(table: dict[str, dict[str, Any]], bars: dict[str, Any]) -> None:
               f"{cell(row['train_loss']):>15} {cell(row['eval_logloss']):>15} {cell(row['ne']):>15} "
               f"{cell(row['auc']):>15} {number(row['others_cpu_share'] and row['others_cpu_share']['mean'], 2):>10}"
               f"{failed}")
-    loss = bars["b_shadow_easgd_logloss"]
-    for eps in (bars["a_shadow_eps"], bars["a_shadow_eps_capped"]):
+    for eps in (bars["a_shadow_eps"], bars["a_shadow_eps_shared"]):
         print(f"{'PASS' if eps['passed'] else 'FAIL'} (a) {eps['bar']}: " + ", ".join(
             f"{name} {number(r and r['mean'], 3)}" for name, r in eps["ratios"].items()))
-    gaps = loss.get("shadow_minus_best")
-    interval = gaps and gaps["ci95"] and "[" + ", ".join(f"{x:+.4f}" for x in gaps["ci95"]) + "]"
-    print(f"{'PASS' if loss['passed'] else 'FAIL'} (b) {loss['bar']}: best fr-easgd {loss.get('best_fr_easgd')}, "
-          f"shadow-easgd - it = {cell(gaps)} (95% CI {interval or '-'}); rule: {loss['rule']}")
+    for key, loss in bars.items():
+        if not key.startswith("b_"):
+            continue
+        gaps = loss.get("shadow_minus_best")
+        interval = gaps and gaps["ci95"] and "[" + ", ".join(f"{x:+.4f}" for x in gaps["ci95"]) + "]"
+        print(f"{'PASS' if loss['passed'] else 'FAIL'} (b) {loss['bar']}: best fr-easgd {loss.get('best_fr_easgd')}, "
+              f"the difference {cell(gaps)} (95% CI {interval or '-'})")
 
 
 def print_runs(title: str, runs: list[dict[str, Any]]) -> None:
@@ -342,13 +358,13 @@ def settings(quick: bool) -> dict[str, Any]:
 
 def eps_only(report: dict[str, Any], seeds: list[int], overrides: list[str], gate: QuietGate, out_path: Path,
              started: float) -> int:
-    """Bar (a) alone, over more seeds: hogwild and every shadow-*, uncapped and capped."""
-    contenders = (HOGWILD, *SHADOW, *SHADOW_CAPPED)
+    """Bar (a) alone, over more seeds: hogwild and every shadow-*, uncapped and at the paper's share."""
+    contenders = (HOGWILD, *SHADOW, *SHADOW_SHARED)
     runs = main_runs(seeds, overrides, gate, contenders)
     table = summarize(runs, contenders)
     report["main"] = {"runs": runs, "summary": table,
                       "bars": {"a_shadow_eps": eps_bar(table),
-                               "a_shadow_eps_capped": eps_bar(table, SHADOW_CAPPED, f" (capped at {MAIN_CAP:g}/s)")}}
+                               "a_shadow_eps_shared": eps_bar(table, SHADOW_SHARED, SHARED_TEXT)}}
     report["complete"] = True
     write_report(report, out_path, started, gate.waited_s)
     for bar in report["main"]["bars"].values():
@@ -364,7 +380,11 @@ def main(argv: list[str] | None = None) -> int:
                          "total seconds to wait for other processes to go idle before runs (default 300, 0 with "
                          "--quick)")
     parser.add_argument("--eps-only", action="store_true",
-                        help="bar (a) alone: hogwild and the shadow-* contenders (uncapped and capped), no sweep")
+                        help="bar (a) alone: hogwild and the shadow-* contenders (uncapped and at the paper's CPU "
+                             "share), no sweep")
+    parser.add_argument("--main-only", action="store_true",
+                        help="the main comparison and its bars only (every contender, every seed): no sweep and "
+                             "no cap section")
     args = parser.parse_args(argv)
     check(args)
     seeds, out_path, command = peer_run(args, "shadowsync", 3)
@@ -387,9 +407,17 @@ def main(argv: list[str] | None = None) -> int:
     table = summarize(runs)
     report["main"] = {"runs": runs, "summary": table,
                       "bars": {"a_shadow_eps": eps_bar(table),
-                               "a_shadow_eps_capped": eps_bar(table, SHADOW_CAPPED, f" (capped at {MAIN_CAP:g}/s)"),
-                               "b_shadow_easgd_logloss": logloss_bar(runs, table)}}
+                               "a_shadow_eps_shared": eps_bar(table, SHADOW_SHARED, SHARED_TEXT),
+                               "b_shadow_easgd_logloss": logloss_bar(runs, table),
+                               **{f"b_{c.name}_logloss": logloss_bar(runs, table, c.name)
+                                  for c in (*SHADOW[1:], *SHADOW_SHARED)}}}
     write_report(report, out_path, started, gate.waited_s)
+    if args.main_only:
+        report["complete"] = True
+        write_report(report, out_path, started, gate.waited_s)
+        print_main(table, report["main"]["bars"])
+        print(f"wrote {out_path}")
+        return 0
     report["sweep"] = sweep_runs(seeds[0], overrides, gate)
     sweep_ratios(report["sweep"])
     write_report(report, out_path, started, gate.waited_s)

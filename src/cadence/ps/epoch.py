@@ -72,6 +72,7 @@ class WorkerReport:
     syncs: int = 0  # dense syncs of its replica (ShadowSync)
     rng_state: Any = None  # its random state at the end (a sole worker actor hands the driver's back)
     throttled_seconds: float = 0.0  # a straggler under a CPU quota: seconds the kernel held its process back
+    shadow_cpu_seconds: float = 0.0  # ShadowSync: CPU seconds its shadow thread ran
     seconds: dict[str, float] = field(default_factory=dict)  # where its time went, by phase (``worker.PHASES``)
 
 

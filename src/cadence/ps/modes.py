@@ -93,8 +93,10 @@ class ParameterServerMode:
             if engine.dense_optimizer is not None and replicas[0][1] is not None:
                 engine.dense_optimizer.load_state_dict(replicas[0][1])
 
-    def summary_fields(self, settings: ServerSettings, seconds: float, examples: int, syncs: int) -> dict[str, Any]:
-        """This mode's own fields in summary.json."""
+    def summary_fields(self, settings: ServerSettings, seconds: float, examples: int, syncs: int,
+                       shadow_cpu_seconds: float) -> dict[str, Any]:
+        """This mode's own fields in summary.json (``syncs`` and ``shadow_cpu_seconds``: the dense
+        syncs of the workers' replicas and the CPU seconds their shadow threads ran, ShadowSync's)."""
         return {}
 
 

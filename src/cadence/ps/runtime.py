@@ -42,6 +42,7 @@ class ParameterServerRuntime(Runtime):
         self.replaced = 0  # worker processes that died unexpectedly and were replaced
         self.worker_examples = [0] * ps.workers
         self.worker_throttled = [0.0] * ps.workers  # ps.straggler_cause: cpu_quota: seconds each was held back
+        self.shadow_cpu_seconds = 0.0  # ShadowSync: CPU seconds the trainers' shadow threads ran
         self.bytes_moved = 0
         self.train_seconds = 0.0
         self.worker_seconds = dict.fromkeys(PHASES, 0.0)  # summed over the workers (``worker.PHASES``)
@@ -75,6 +76,7 @@ class ParameterServerRuntime(Runtime):
             examples += report.examples
             self.worker_examples[report.index] += report.examples
             self.worker_throttled[report.index] += report.throttled_seconds
+            self.shadow_cpu_seconds += report.shadow_cpu_seconds
             self.bytes_moved += report.bytes_moved
             for phase, seconds in report.seconds.items():
                 self.worker_seconds[phase] += seconds
@@ -118,7 +120,8 @@ class ParameterServerRuntime(Runtime):
             # where the workers' time went (this process's run), by phase, summed over the workers: take,
             # gate, pull, compute, push, reduce, report, sync (docs/outputs.md)
             "worker_seconds": {phase: round(seconds, 3) for phase, seconds in self.worker_seconds.items()},
-            **self.mode.summary_fields(self.settings, self.train_seconds, sum(self.worker_examples), self.engine.syncs),
+            **self.mode.summary_fields(self.settings, self.train_seconds, sum(self.worker_examples), self.engine.syncs,
+                                       self.shadow_cpu_seconds),
         }
 
     # ---- checkpoints: every shard writes and reads its own part ---------------------------------
@@ -140,7 +143,8 @@ class ParameterServerRuntime(Runtime):
             tensors, optimizer_meta = self.shards[0].dense_checkpoint()
         meta = {"dense_optimizer": optimizer_meta, "global_steps": [s.get_global_step() for s in self.shards],
                 "dead": sorted(self.dead), "worker_examples": self.worker_examples, "ps_seconds": self.train_seconds,
-                "bytes_moved": self.bytes_moved, "dense_syncs": self.engine.syncs, "worker_seconds": self.worker_seconds}
+                "bytes_moved": self.bytes_moved, "dense_syncs": self.engine.syncs, "worker_seconds": self.worker_seconds,
+                "shadow_cpu_seconds": self.shadow_cpu_seconds}
         return tensors, meta
 
     def load_state(self, tensors: dict[str, Tensor], meta: dict[str, Any], counters: bool = True) -> None:
@@ -171,6 +175,7 @@ class ParameterServerRuntime(Runtime):
             self.train_seconds = meta.get("ps_seconds", 0.0)
             self.bytes_moved = meta.get("bytes_moved", 0)
             self.engine.syncs = meta.get("dense_syncs", 0)
+            self.shadow_cpu_seconds = meta.get("shadow_cpu_seconds", 0.0)
             self.worker_seconds = {**dict.fromkeys(PHASES, 0.0), **meta.get("worker_seconds", {})}
 
     def table_tensors(self) -> dict[str, Tensor]:

@@ -391,3 +391,42 @@ def test_a_central_copy_sync_stops_with_its_own_trainer() -> None:
     mine.clear()
     shadow.join(5)
     assert not shadow.thread.is_alive() and other.is_set()
+
+
+class BusyRound:
+    """A background rule whose round burns ``seconds`` of this thread's CPU; records when each ran."""
+
+    collective = False
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.spans: list[tuple[float, float]] = []  # (start, end) of each round, perf_counter
+
+    def round(self, params, training) -> int:
+        start = time.perf_counter()
+        cpu = time.thread_time()
+        while time.thread_time() - cpu < self.seconds:
+            pass
+        self.spans.append((start, time.perf_counter()))
+        return 1
+
+
+@pytest.mark.parametrize("share", [0.0, 0.1])
+def test_a_cpu_share_spaces_the_shadow_threads_rounds(share: float) -> None:
+    """shadow.cpu_share: a round of c CPU seconds starts c / share after the previous one began, so
+    the thread runs at most ``share`` of a core (its own CPU clock over the wall time); without the
+    cap the rounds follow each other at once and the thread takes a whole core."""
+    rule = BusyRound(0.01)
+    shadow = ShadowThread(rule, [], lambda: True, cpu_share=share).start()
+    wait_until(lambda: len(rule.spans) >= 6)
+    shadow.stop()
+    shadow.join(5)
+    spans = rule.spans[:6]
+    gaps = [later[0] - earlier[0] for earlier, later in zip(spans, spans[1:])]
+    busy = shadow.cpu_seconds / shadow.seconds
+    if share:
+        assert min(gaps) >= 0.01 / share * 0.95  # each round began >= c / share after the last
+        assert busy <= share * 1.5
+    else:
+        assert max(gaps) < 0.01 / 0.1 * 0.5  # back to back (a CPU-starved round takes longer)
+        assert busy > 0.3

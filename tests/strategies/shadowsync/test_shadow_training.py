@@ -83,6 +83,20 @@ def test_the_cap_on_syncs_per_second_holds_end_to_end(tmp_path: Path) -> None:
     assert 0 < summary["dense_syncs"] <= 2 * (20 * summary["train_seconds"] + 2)
 
 
+@pytest.mark.parametrize("share", [0.0, 0.01])
+def test_the_shadow_threads_cpu_share_is_reported_and_held_end_to_end(tmp_path: Path, share: float) -> None:
+    """summary.json's shadow_cpu_share is the shadow threads' own CPU clock over the training time
+    (each thread's mean share of a core); shadow.cpu_share caps it (uncapped, here: 0.06-0.5)."""
+    trainer, _, _ = make_trainer(tmp_path, "strategy=shadow-easgd", "ps.workers=2", "train.epochs=1",
+                                 "ps.emulated_latency=0.05", f"shadow.cpu_share={share}")
+    summary = trainer.fit()
+    assert summary["shadow_cpu_share"] == pytest.approx(
+        summary["shadow_cpu_seconds"] / trainer.runtime.train_seconds / 2, rel=0.01)
+    assert summary["shadow_cpu_seconds"] > 0 and summary["dense_syncs"] > 0
+    if share:
+        assert summary["shadow_cpu_share"] <= share * 1.5
+
+
 @pytest.mark.parametrize("mode", ["shadow-easgd", "shadow-ma", "shadow-bmuf"])
 def test_the_end_of_the_data_wakes_a_shadow_thread_waiting_on_its_rate_cap(tmp_path: Path, mode: str) -> None:
     """At the lowest cap (1e-4 syncs a second: a wait of ~3 hours after each round) the run ends when

@@ -468,15 +468,18 @@ class ShadowThread:
     """Loops ``sync.round`` while trainers train (``training()`` says whether this one still does):
     a collective rule until every trainer is out of data (its peers need it in their rounds), the
     central copy (EASGD) until this trainer is. In the background (``shadow-*``) at most
-    ``max_per_second`` rounds a second (0: no cap); with a ``ForegroundGate`` (``fr-*``) a round
-    every ``every`` batches with the workers paused. ``stop()`` (Ctrl-C, an error) ends it after
+    ``max_per_second`` rounds a second (0: no cap) and using at most ``cpu_share`` of a core (a round
+    of c CPU seconds is followed by a rest until c / cpu_share seconds have passed since it began;
+    0: no cap); with a ``ForegroundGate`` (``fr-*``) a round every ``every`` batches with the
+    workers paused. ``stop()`` (Ctrl-C, an error) ends it after
     the round under way and leaves the rule's collective, so no peer waits for it."""
 
     def __init__(self, sync: DenseSync, params: Params, training: Callable[[], bool], max_per_second: float = 0.0,
                  name: str = "cadence-shadow", gate: ForegroundGate | None = None,
                  on_error: Callable[[BaseException], None] = lambda err: None,
-                 updated: threading.Event | None = None):
+                 updated: threading.Event | None = None, cpu_share: float = 0.0):
         self.sync, self.params, self.training, self.gate = sync, params, training, gate
+        self.cpu_share = cpu_share
         # set by every update of the replica: a background round waits for one (shadow.wait_for_update)
         self.updated = updated
         self.on_error = on_error  # (the trainer abandons its epoch: a replica no longer synced is no ShadowSync)
@@ -487,6 +490,7 @@ class ShadowThread:
         self.woken = threading.Event()
         self.syncs = 0
         self.seconds = 0.0
+        self.cpu_seconds = 0.0  # CPU time the thread ran (its own clock), rests and waits excluded
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
@@ -495,14 +499,14 @@ class ShadowThread:
         return self
 
     def _loop(self) -> None:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         try:
             while True:
                 if self.gate is not None:
                     self.gate.turn(self.stopping)
                 else:
                     self._wait_for_update()
-                round_start = time.perf_counter()
+                round_start, round_cpu = time.perf_counter(), time.thread_time()
                 training = self.training() and not self.stopping.is_set()
                 try:
                     still = self.sync.round(self.params, training)
@@ -512,7 +516,10 @@ class ShadowThread:
                 self.syncs += 1
                 if still == 0 or self.stopping.is_set() or (not training and not self.sync.collective):
                     break
-                wait = self.min_interval - (time.perf_counter() - round_start)
+                took = time.perf_counter() - round_start
+                wait = self.min_interval - took
+                if self.cpu_share > 0:
+                    wait = max(wait, (time.thread_time() - round_cpu) / self.cpu_share - took)
                 if wait > 0 and training:
                     self.woken.wait(wait)
         except PeerLost as err:  # a peer's process died: this replica trains on, unsynced
@@ -522,6 +529,7 @@ class ShadowThread:
             self.on_error(err)
         finally:
             self.seconds = time.perf_counter() - started
+            self.cpu_seconds = time.thread_time() - cpu_started
             if self.gate is not None:
                 self.gate.release()  # no round will come: no worker may wait for one
             if self.sync.collective:

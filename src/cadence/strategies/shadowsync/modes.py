@@ -63,7 +63,7 @@ class ShadowSyncMode(ParameterServerMode):
         if self.dense_sync is None:
             return ("shadow.threads",)
         timing = (("shadow.every", "shadow.fr_sync") if self.foreground
-                  else ("shadow.max_syncs_per_second", "shadow.wait_for_update"))
+                  else ("shadow.max_syncs_per_second", "shadow.cpu_share", "shadow.wait_for_update"))
         return ("shadow.threads", "shadow.alpha", *RULES.get(self.dense_sync).reads, *timing)
 
     @property
@@ -119,11 +119,13 @@ class ShadowSyncMode(ParameterServerMode):
                 engine.dense_optimizer.load_state_dict(replicas[0][1])
         engine.syncs += syncs
 
-    def summary_fields(self, settings: ServerSettings, seconds: float, examples: int, syncs: int) -> dict[str, Any]:
+    def summary_fields(self, settings: ServerSettings, seconds: float, examples: int, syncs: int,
+                       shadow_cpu_seconds: float) -> dict[str, Any]:
         """ShadowSync's metrics (SPEC section 5): syncs per second over the training time, the sync gap
         (the seed's equation: EPS / batch size / syncs per second, i.e. batches of a trainer between
-        two syncs of its replica; null when nothing synced: hogwild) and the examples in flight,
-        ELP = batch x Hogwild threads x trainers."""
+        two syncs of its replica; null when nothing synced: hogwild), the examples in flight,
+        ELP = batch x Hogwild threads x trainers, and the shadow threads' CPU: seconds, and the mean
+        share of a core one took over the training time (``shadow.cpu_share`` caps it)."""
         batch = settings.batch_size
         per_second = syncs / seconds if seconds > 0 else 0.0
         eps = examples / seconds if seconds > 0 else 0.0
@@ -132,6 +134,8 @@ class ShadowSyncMode(ParameterServerMode):
             "syncs_per_second": round(per_second, 6),
             "sync_gap": round(eps / batch / per_second, 6) if per_second > 0 else None,
             "examples_in_flight": batch * settings.own.threads * settings.ps.workers,
+            "shadow_cpu_seconds": round(shadow_cpu_seconds, 6),
+            "shadow_cpu_share": round(shadow_cpu_seconds / seconds / settings.ps.workers, 4) if seconds > 0 else 0.0,
         }
 
 

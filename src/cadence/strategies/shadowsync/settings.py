@@ -37,6 +37,12 @@ class ShadowConfig:
     nesterov: bool = False  # BMUF: interpolate towards w_g + momentum (Nesterov)
     # shadow-*: a cap on each shadow thread's rounds; 0 = none
     max_syncs_per_second: float = setting(0.0, non_negative=True, between=(1e-4, 1e6, "syncs a second (0: no cap)"), off_at_zero=True)
+    # shadow-*: the most of a core each shadow thread may use, as a rate: after a round that took
+    # c CPU seconds the thread rests until the round's start is c / cpu_share seconds back. 0 = no
+    # cap. The paper's shadow thread is one of 25 threads (24 Hogwild workers) of a trainer on 20
+    # cores / 40 hyperthreads: a 25th of its trainer's threads; on few cores a free loop takes
+    # half of them from the workers (docs/strategies/shadowsync.md)
+    cpu_share: float = setting(0.0, non_negative=True, between=(1e-4, 1024.0, "cores (0: no cap)"), off_at_zero=True)
     # shadow-*: a round waits until the replica took an update since the last one. Off by default:
     # the paper's shadow thread loops freely (Algorithm 1, one of 25 threads on 20 cores) and its
     # sync gap comes from the sync servers' capacity; on a few cores with sync servers in this

@@ -218,7 +218,8 @@ class ShadowTrainer:
             cap = 0.0 if mode.foreground else shadow.max_syncs_per_second
             self.shadow = ShadowThread(rule, self.replica.flat, self.gate.training, cap,
                                        name=f"cadence-shadow-{index}", gate=foreground, on_error=on_error,
-                                       updated=self.replica.updated if shadow.wait_for_update else None)
+                                       updated=self.replica.updated if shadow.wait_for_update else None,
+                                       cpu_share=0.0 if mode.foreground else shadow.cpu_share)
 
     @property
     def syncs(self) -> int:
@@ -300,7 +301,8 @@ class ShadowTrainer:
                             bytes_moved=sum(w.bytes_moved for w in mine),
                             seconds={phase: sum(w.laps.seconds[phase] for w in mine) for phase in PHASES},
                             batches=[item for w in mine for item in w.finished],
-                            replica=self.replica_state, syncs=self.syncs)
+                            replica=self.replica_state, syncs=self.syncs,
+                            shadow_cpu_seconds=self.shadow.cpu_seconds if self.shadow is not None else 0.0)
 
 
 def mean_state(states: list[dict[str, Tensor]]) -> dict[str, Tensor]:
