@@ -24,6 +24,7 @@ ray = pytest.importorskip("ray")
 
 from cadence.cli import main  # noqa: E402
 from cadence.ps import ray_engine  # noqa: E402
+from cadence.errors import ConfigError  # noqa: E402
 from tests.conftest import foreground  # noqa: E402
 from tests.ps.ctr_helpers import BATCH, final_state, make_trainer  # noqa: E402
 from tests.training.test_grow import STILL, assert_frozen, exported, grow_data, train  # noqa: E402,F401  (grow_data: a fixture)
@@ -40,7 +41,9 @@ COUNTERS = ("global_steps", "gradients_applied", "gradients_dropped", "staleness
 def local_cluster():
     """One local Ray cluster for the module's default tests (ray.init costs 3-6 s here)."""
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # (sync_server: a custom resource the node offers, for shadow.sync_server_resource)
+        ray.init(address="local", num_cpus=2, resources={"sync_server": 4}, include_dashboard=False,
+                 log_to_driver=False)
     yield
     ray_engine.shutdown()
     ray.shutdown()
@@ -367,7 +370,8 @@ def test_shadow_trainers_as_actors_train_one_pass_and_sync(tmp_path: Path, local
 
     trainer = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=2", "shadow.threads=2",
                           *foreground(mode, "shadow.every=2"), "ps.engine=ray", "train.epochs=1",
-                          *(["shadow.sync_servers=2"] if mode.endswith("easgd") else []))
+                          *(["shadow.sync_servers=2", "shadow.sync_server_resource=sync_server"]
+                            if mode.endswith("easgd") else []))
     if mode.endswith("easgd"):
         pids = trainer.runtime.engine.sync_server_pids()
         assert len(set(pids)) == 2 and os.getpid() not in pids
@@ -376,6 +380,12 @@ def test_shadow_trainers_as_actors_train_one_pass_and_sync(tmp_path: Path, local
     assert summary["dense_syncs"] > 0 and summary["sync_gap"] > 0
     assert summary["examples_in_flight"] == 64 * 2 * 2
     assert 0.0 <= summary["auc"] <= 1.0
+
+
+def test_sync_servers_bound_for_a_resource_no_node_offers_are_a_clear_error(tmp_path: Path, local_cluster) -> None:
+    with pytest.raises(ConfigError, match=r"shadow.sync_server_resource: no alive node .* offers the resource 'nowhere'"):
+        trainer_for(tmp_path, "strategy=shadow-easgd", "ps.workers=2", "ps.engine=ray",
+                    "shadow.sync_server_resource=nowhere")
 
 
 @pytest.mark.timeout(240)

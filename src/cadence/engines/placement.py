@@ -82,11 +82,13 @@ class Placement(ABC):
     separate_processes: bool = False
 
     @abstractmethod
-    def place(self, role: type, index: int, *args: Any, direct: bool = False) -> Handle:
+    def place(self, role: type, index: int, *args: Any, direct: bool = False, resource: str | None = None) -> Handle:
         """Start role ``index`` as ``role(*args)``; role ``i`` of a protocol goes where ``i`` falls.
         ``direct``: a role called often (per batch) is called over a channel of each caller's own
         where it runs in another process (``engines.channel``: tens of microseconds, not a Ray call's
-        milliseconds); its calls from one process are then served one at a time."""
+        milliseconds); its calls from one process are then served one at a time. ``resource``: on a
+        cluster, only the nodes that offer this custom resource (``ray start --resources``) are
+        candidates (in one process there is nowhere else to go: ignored)."""
 
     def ready(self) -> None:
         """Wait until every role placed so far is built (setup, not the first epoch's time)."""
@@ -168,7 +170,7 @@ class InProcess(Placement):
     def __init__(self, address: str | None = None, threads: int = 0):
         self._finished: "queue.Queue[_Thread]" = queue.Queue()
 
-    def place(self, role: type, index: int, *args: Any, direct: bool = False) -> Handle:
+    def place(self, role: type, index: int, *args: Any, direct: bool = False, resource: str | None = None) -> Handle:
         return LocalHandle(role, index, role(*args), self._finished)  # (a method call: direct already)
 
     def ship(self, task) -> Callable[[], Any]:

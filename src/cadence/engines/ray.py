@@ -141,6 +141,17 @@ def on_node(node: str) -> Any:
     return NodeAffinitySchedulingStrategy(node, soft=False)
 
 
+def nodes_offering(resource: str) -> list[str]:
+    """The alive nodes that offer custom resource ``resource`` (``ray start --resources``), in id
+    order; none is a ``ConfigError``."""
+    offering = sorted(node["NodeID"] for node in ray.nodes()
+                      if node.get("Alive") and node.get("Resources", {}).get(resource, 0) > 0)
+    if not offering:
+        raise ConfigError(f"no alive node of the Ray cluster offers the resource {resource!r}; start the nodes "
+                          f"meant for it with `ray start --resources '{{\"{resource}\": 1}}'`")
+    return offering
+
+
 def cluster_nodes() -> list[str]:
     """The alive nodes that have CPUs (a head started with --num-cpus=0 is left alone), the driver's first."""
     alive = [node for node in ray.nodes() if node.get("Alive")]
@@ -490,8 +501,9 @@ class RayPlacement(Placement):
         self.hosts: list[str] = []
         self.start_seconds = 0.0
 
-    def place(self, role: type, index: int, *args: Any, direct: bool = False) -> Handle:
-        machine = self.machines[index % len(self.machines)]
+    def place(self, role: type, index: int, *args: Any, direct: bool = False, resource: str | None = None) -> Handle:
+        machines = self.machines if resource is None else nodes_offering(resource)
+        machine = machines[index % len(machines)]
         secret = secrets.token_bytes(32) if direct else None  # (admits the handles' processes to its channel)
         actor = hosts().take(RoleActor, (self.threads, role, pack(args), secret), machine, self.CONCURRENCY)
         address = ray_get(actor.start(RoleActor.endpoint)) if direct else None

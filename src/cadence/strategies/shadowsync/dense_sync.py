@@ -278,7 +278,7 @@ class DenseSync(ABC):
 
 
 class Easgd(DenseSync):
-    reads = ("shadow.sync_servers",)
+    reads = ("shadow.sync_servers", "shadow.sync_server_resource")
     central = True
 
     def __init__(self, alpha: float, central: CentralCopy | CentralSlices, training: Callable[[], int]):

@@ -81,7 +81,11 @@ class ShadowSyncMode(ParameterServerMode):
         if not self.central:
             return []
         # (called by every trainer's rounds: over channels, where they run in processes of their own)
-        servers = [placement.place(SyncServer, index, direct=True) for index in range(shadow.sync_servers)]
+        try:
+            servers = [placement.place(SyncServer, index, direct=True, resource=shadow.sync_server_resource)
+                       for index in range(shadow.sync_servers)]
+        except ConfigError as err:
+            raise ConfigError(f"shadow.sync_server_resource: {err}") from None
         placement.ready()
         return servers
 

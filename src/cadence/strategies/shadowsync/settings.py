@@ -31,6 +31,10 @@ class ShadowConfig:
     # paper: 2 to 6 sync PSs; more relieve FR's saturated sync servers, Fig. 5). Processes of their
     # own on the Ray engine, objects of this process on threads
     sync_servers: int = 1
+    # engine ray: EASGD's sync servers go only to the nodes offering this Ray custom resource
+    # (`ray start --resources '{"NAME": 1}'`), e.g. machines behind their own link; None: dealt
+    # over the cluster's nodes with the other roles
+    sync_server_resource: str | None = None
     # BMUF's block learning rate eta (fairseq's default)
     block_lr: float = setting(1.0, positive=True, between=(1e-6, 100.0, "BMUF's block learning rate"))
     block_momentum: float = 0.875  # BMUF's block momentum (fairseq's default; 0 = plain averaging)
