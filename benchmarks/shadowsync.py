@@ -17,8 +17,9 @@ unsynchronised replicas drift apart (probe: hogwild 0.619 against fr-easgd-5 and
 0.604), so the sync has something to do. Contenders:
 ``hogwild`` (no dense sync), ``shadow-easgd``, ``shadow-ma``, ``shadow-bmuf`` (a shadow thread per
 trainer, unthrottled: the default), the same three with the paper's CPU share for the shadow thread
-(``shadow-*@share``: ``shadow.cpu_share`` = cores / trainers / 25, the paper's shadow thread being
-one of a trainer's 25 threads; on 2 cores an unthrottled one takes CPU from the worker threads),
+(``shadow-*@share``: a free loop, as the paper's, at ``shadow.cpu_share`` = cores / trainers / 25,
+the paper's shadow thread being one of a trainer's 25 threads; the plain ``shadow-*`` wait for an
+update of the replica between rounds, ``shadow.wait_for_update``, the shipped config's setting),
 ``fr-easgd``/``fr-ma``/``fr-bmuf`` at k = 5 (``shadow.every``) and
 ``fr-easgd`` at k = 10, 30, 100. Everything else is the library's default (alpha = 0.9 / trainers,
 BMUF block lr 1 and momentum 0.875).
@@ -113,7 +114,12 @@ class Contender:
     share: float = 0.0  # shadow-*: shadow.cpu_share (0: off, the default)
 
     def overrides(self) -> list[str]:
-        return [f"strategy={self.strategy}", *([f"shadow.every={self.every}"] if self.every else []),
+        # shadow-*: a round waits for an update of the replica (the shipped config's setting), or,
+        # with a CPU share, the thread loops freely at that share (the paper's loop, on its share of
+        # the machine). (Only shadow-* reads these: a key a strategy does not read is an error)
+        background = ([f"shadow.wait_for_update={'false' if self.share else 'true'}"]
+                      if self.strategy.startswith("shadow-") else [])
+        return [f"strategy={self.strategy}", *background, *([f"shadow.every={self.every}"] if self.every else []),
                 *([f"shadow.max_syncs_per_second={self.cap:g}"] if self.cap else []),
                 *([f"shadow.cpu_share={self.share:g}"] if self.share else [])]
 
@@ -396,10 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "command": command,
         "quick": args.quick, "complete": False, "machine": machine_info(), "seeds": seeds,
         "settings": settings(args.quick)}
-    # the setting these results were measured in: a round waits for an update of the replica (the
-    # library's default until issue 26; now off, as the paper's loop; benchmarks/shadowsync_capacity.py
-    # measures the free loop against sync servers of limited capacity)
-    overrides = [*base_overrides(args.quick), "shadow.wait_for_update=true"]
+    # (shadow-* rounds wait for an update of the replica: ``Contender.overrides``;
+    # benchmarks/shadowsync_capacity.py measures the free loop against sync servers of limited capacity)
+    overrides = base_overrides(args.quick)
     run_one(HOGWILD, seeds[0], [*overrides, *scale(1, 1)], gate, section="warm-up")  # one-time costs, not kept
     if args.eps_only:
         return eps_only(report, seeds, overrides, gate, out_path, started)
