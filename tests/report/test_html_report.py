@@ -132,3 +132,53 @@ def test_bad_paths_are_one_line_errors_and_nothing_is_written(runs: Path, tmp_pa
     assert "Traceback" not in done.stderr and not (tmp_path / "r.html").exists()
     done = run_cli("report", str(runs / "ps"), "--out", str(tmp_path / "r.html"))
     assert done.returncode == 0 and (tmp_path / "r.html").is_file()
+
+
+def test_two_runs_of_one_last_name_keep_a_curve_each(runs: Path, tmp_path: Path) -> None:
+    """``report a/run b/run``: both runs on the page, each its own curve (their names are as much of
+    their paths as tells them apart); the same directory twice is two named entries too."""
+    for parent in ("a", "b"):
+        shutil.copytree(runs / "ps", tmp_path / parent / "run")
+    out = write_report([tmp_path / "a" / "run", tmp_path / "b" / "run", tmp_path / "b" / "run"], tmp_path / "r.html")
+    page = Page(out.read_text())
+    per_epoch = page.charts[0]
+    assert {"a/run", "b/run", "b/run (2)"} <= set(per_epoch), per_epoch
+    assert per_epoch["a/run"] == per_epoch["b/run"] == valid_records(runs / "ps")
+
+
+def test_names_and_values_are_escaped(runs: Path, tmp_path: Path) -> None:
+    """A run directory named with HTML's special characters, and a config value holding them, reach
+    the page as text: no tag or attribute of theirs appears."""
+    name = 'x<b>&"q"'
+    shutil.copytree(runs / "ps", tmp_path / name)
+    config = tmp_path / name / "config.yaml"
+    config.write_text(config.read_text() + "# <script>alert(1)</script>\n")
+    text = write_report([tmp_path / name], tmp_path / "r.html").read_text()
+    page = Page(text)
+    assert "script" not in page.tags and "b" not in page.tags
+    assert "&lt;script&gt;" in text and "x&lt;b&gt;&amp;&quot;q&quot;" in text
+
+
+@pytest.mark.parametrize("damage", ["metrics-not-utf8", "summary-a-list", "metrics-a-number", "config-not-utf8",
+                                    "environment-a-string", "counters-a-list"])
+def test_a_damaged_run_file_is_one_line_naming_it(runs: Path, tmp_path: Path, damage: str) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(runs / "ps", run)
+    summary = json.loads((run / "summary.json").read_text())
+    file = {"metrics-not-utf8": "metrics.jsonl", "summary-a-list": "summary.json", "metrics-a-number": "metrics.jsonl",
+            "config-not-utf8": "config.yaml", "environment-a-string": "summary.json",
+            "counters-a-list": "metrics.jsonl"}[damage]
+    if damage.endswith("not-utf8"):
+        (run / file).write_bytes((run / file).read_bytes() + b"\xff\xfe\n")
+    elif damage == "summary-a-list":
+        (run / file).write_text("[1, 2]")
+    elif damage == "metrics-a-number":
+        (run / file).write_text((run / file).read_text() + "7\n")
+    elif damage == "environment-a-string":
+        (run / file).write_text(json.dumps({**summary, "environment": "here"}))
+    else:
+        (run / file).write_text((run / file).read_text() + json.dumps({"split": "valid", "counters": [1]}) + "\n")
+    done = run_cli("report", str(run), "--out", str(tmp_path / "r.html"))
+    assert done.returncode != 0 and done.stderr.startswith("cadence: error: "), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert str(run / file) in done.stderr and not (tmp_path / "r.html").exists()

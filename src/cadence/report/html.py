@@ -53,13 +53,40 @@ def load_runs(paths: Sequence[str | Path]) -> list[Run]:
         path = Path(given)
         if (path / "comparison.json").is_file():
             comparison = _json(path / "comparison.json")
-            runs += [_run(path / name, f"{path.name}/{name}") for name in comparison.get("strategies", {})]
+            strategies = comparison.get("strategies", {})
+            if not isinstance(strategies, (dict, list)) or not all(isinstance(name, str) for name in strategies):
+                raise CadenceError(f"{path / 'comparison.json'}: 'strategies' is not the strategies' names")
+            runs += [_run(path / name, f"{path.name}/{name}") for name in strategies]
         elif (path / "config.yaml").is_file():
             runs.append(_run(path, path.name))
         else:
             raise CadenceError(f"{path}: not a cadence run or comparison directory (no config.yaml or comparison.json)")
     if not runs:
         raise CadenceError("report: no runs to show")
+    return _distinct(runs)
+
+
+def _distinct(runs: list[Run]) -> list[Run]:
+    """Runs of the same name (``a/run``, ``b/run``) are named by as many of their paths' last parts as
+    tell them apart (a run's name keys its curves and its colour: one must not replace another); the
+    same directory given twice is numbered."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.name, []).append(run)
+    for group in groups.values():
+        paths = {run.path.resolve() for run in group}
+        if len(group) < 2 or len(paths) < 2:
+            continue
+        depth = 2
+        while len({path.parts[-depth:] for path in paths}) < len(paths):
+            depth += 1
+        for run in group:
+            run.name = "/".join(run.path.resolve().parts[-depth:]).lstrip("/")
+    seen: dict[str, int] = {}
+    for run in runs:
+        seen[run.name] = seen.get(run.name, 0) + 1
+        if seen[run.name] > 1:
+            run.name = f"{run.name} ({seen[run.name]})"
     return runs
 
 
@@ -70,20 +97,51 @@ def _run(path: Path, name: str) -> Run:
     records = []
     metrics = path / "metrics.jsonl"
     if metrics.is_file():
-        for number, line in enumerate(metrics.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(_text(metrics).splitlines(), 1):
             if line.strip():
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except ValueError:
                     raise CadenceError(f"{metrics}:{number}: not a JSON line") from None
-    return Run(name, path, (path / "config.yaml").read_text(encoding="utf-8"), summary, records)
+                if not isinstance(record, dict):
+                    raise CadenceError(f"{metrics}:{number}: not a JSON object (a {type(record).__name__})")
+                _shaped(record, RECORD_SHAPES, f"{metrics}:{number}")
+                records.append(record)
+    _shaped(summary, SUMMARY_SHAPES, str(path / "summary.json"))
+    return Run(name, path, _text(path / "config.yaml"), summary, records)
+
+
+# the fields of summary.json and of a metrics.jsonl record that the page reads, and their JSON types
+SUMMARY_SHAPES: dict[str, type | tuple[type, ...]] = {"primary_metric": str, "environment": dict, "auto": dict,
+                                                      "init_from": dict}
+RECORD_SHAPES: dict[str, type | tuple[type, ...]] = {"counters": dict, "split": str}
+
+
+def _shaped(record: dict[str, Any], shapes: dict[str, type | tuple[type, ...]], where: str) -> None:
+    """A field the page reads holding another kind of value (a damaged or foreign file): one line."""
+    for key, kind in shapes.items():
+        if record.get(key) is not None and not isinstance(record[key], kind):
+            raise CadenceError(f"{where}: {key!r} is a {type(record[key]).__name__}, not what cadence writes there")
+
+
+def _text(path: Path) -> str:
+    """A run file's text; one that is not UTF-8 (damaged, or not cadence's) is a one-line error."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise CadenceError(f"{path}: not UTF-8 text (byte {err.start}): a damaged or foreign file") from None
+    except OSError as err:
+        raise CadenceError(f"{path}: cannot be read ({err.strerror})") from None
 
 
 def _json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(_text(path))
     except ValueError as err:
         raise CadenceError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise CadenceError(f"{path}: not a JSON object (a {type(value).__name__})")
+    return value
 
 
 def _number(value: Any) -> bool:
