@@ -82,6 +82,7 @@ def test_data_list_names_the_registered_datasets(capsys) -> None:
     (["--lr", "nan"], "cadence: error: --lr nan: optimizer.lr must be a finite number"),
     (["--lr", "inf"], "cadence: error: --lr inf: optimizer.lr must be a finite number"),
     (["--device", "gpu"], "--device gpu: 'gpu' is not a device"),
+    (["--strategy", "adapm", "--workers", "64"], "--workers 64: 64 adapm nodes; at most 63"),
     pytest.param(["--device", "cuda", "--strategy", "gba"], "--device cuda: 'cuda' was asked for, but no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")),
 ])
@@ -351,3 +352,14 @@ def test_a_lost_ray_process_is_told_apart_from_an_error_raised_in_one() -> None:
     import torch.distributed
 
     assert lost_process(torch.distributed.DistStoreError("wait timeout after 60000ms"))  # (a gloo peer is gone)
+
+
+@pytest.mark.parametrize("command", [
+    ["export", "RUN", "--out", ""], ["report", "RUN", "--out", " "], ["predict", "RUN", "tails", "a", "r", "--out", ""],
+    ["train", "--task", "kge", "--out", ""], ["eval", ""], ["train", "--config", ""], ["report", ""],
+])
+def test_an_empty_path_is_refused_not_taken_for_the_working_directory(tmp_path, monkeypatch, command) -> None:
+    monkeypatch.chdir(tmp_path)
+    done = run_cli(*command)
+    assert done.returncode == 2 and done.stderr.startswith("cadence: error: ") and "an empty path" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())

@@ -18,15 +18,23 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from cadence import auto
 from cadence.comparison import Against, cell, metrics_of
 from cadence.config import Config
 from cadence.errors import CadenceError, ConfigError, SystemResourceError, describe_os_error
 
+def path_arg(text: str) -> str:
+    """A path on the command line: an empty one (``--out ""``) would mean the working directory
+    without saying so, and is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return text
+
+
 # flags for the common keys: flag -> (dotted config key, type)
-TRAIN_FLAGS: dict[str, tuple[str, type]] = {
+TRAIN_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--dataset": ("data.dataset", str),
     "--model": ("model.name", str),
     "--dim": ("model.dim", int),
@@ -35,11 +43,11 @@ TRAIN_FLAGS: dict[str, tuple[str, type]] = {
     "--lr": ("optimizer.lr", float),
     "--strategy": ("strategy", str),
     "--seed": ("seed", int),
-    "--out": ("out", str),
+    "--out": ("out", path_arg),
     "--task": ("task", str),
     "--workers": ("ps.workers", int),
     "--engine": ("ps.engine", str),
-    "--init-from": ("train.init_from", str),
+    "--init-from": ("train.init_from", path_arg),
     "--device": ("device", str),
 }
 
@@ -81,41 +89,42 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_options(compare)
 
     evaluate = commands.add_parser("eval", help="evaluate a run's final model")
-    evaluate.add_argument("run_dir", metavar="RUN_DIR")
+    evaluate.add_argument("run_dir", metavar="RUN_DIR", type=path_arg)
     evaluate.add_argument("--split", default="test", choices=["train", "valid", "test"])
 
     export = commands.add_parser("export", help="export embeddings and id maps")
-    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("run_dir", metavar="RUN_DIR", type=path_arg)
     export.add_argument("--format", default="npy", choices=["npy", "tsv", "word2vec"],
                         help="npy (every task); tsv: a name, then its vector, per line (every task); word2vec: the "
                              "text format gensim's KeyedVectors reads (task w2v)")
-    export.add_argument("--out", required=True, metavar="DIR")
+    export.add_argument("--out", required=True, metavar="DIR", type=path_arg)
 
     predict = commands.add_parser("predict", help="ask a run's final model: top answers by name, scores, classes",
                                   description=f"Ask a run's final model (docs/predict.md). {PREDICT_QUESTIONS}.")
-    predict.add_argument("run_dir", metavar="RUN_DIR")
+    predict.add_argument("run_dir", metavar="RUN_DIR", type=path_arg)
     predict.add_argument("query", metavar="QUERY", help="the question, e.g. tails (a question the run's task does "
                                                         "not answer lists those it does)")
     predict.add_argument("arguments", nargs="*", metavar="ARG", help="the question's arguments: names as the run's "
                                                                       "data spells them, or a file")
     for flag, (option, settings) in PREDICT_OPTIONS.items():  # (an option not given is not in ``args``)
         predict.add_argument(flag, dest=option, default=argparse.SUPPRESS, **settings)
-    predict.add_argument("--out", metavar="FILE", help="write the answer to FILE as TSV (a line of column names, "
+    predict.add_argument("--out", metavar="FILE", type=path_arg, help="write the answer to FILE as TSV (a line of column names, "
                                                        "then a line per row), whole or not at all")
 
     report = commands.add_parser("report", help="one self-contained HTML page of runs and comparisons")
-    report.add_argument("paths", nargs="+", metavar="RUN_OR_COMPARISON_DIR")
-    report.add_argument("--out", required=True, metavar="FILE", help="the HTML file to write, e.g. report.html")
+    report.add_argument("paths", nargs="+", metavar="RUN_OR_COMPARISON_DIR", type=path_arg)
+    report.add_argument("--out", required=True, metavar="FILE", type=path_arg, help="the HTML file to write, e.g. report.html")
     report.add_argument("--title", help="the page's title")
     return parser
 
 
 def _add_training_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="YAML config file")
+    parser.add_argument("--config", metavar="FILE", type=path_arg, help="YAML config file")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key (dotted), repeatable")
     for flag, (key, kind) in TRAIN_FLAGS.items():
-        parser.add_argument(flag, type=kind, metavar=kind.__name__.upper(), help=f"sets {key}")
+        metavar = "PATH" if kind is path_arg else kind.__name__.upper()
+        parser.add_argument(flag, type=kind, metavar=metavar, help=f"sets {key}")
     parser.add_argument("--strict", action="store_true", help="error on unseen ids and duplicates")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     parser.add_argument("--overwrite", action="store_true", help="replace the run(s) in --out")

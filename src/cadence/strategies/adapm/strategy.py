@@ -14,6 +14,7 @@ ADAPM = RuntimeKind(
     foreign_message="{key} does not apply to strategy adapm (its nodes hold the rows: ps.workers sets the number "
                     "of nodes, adapm.* the rest)",
     engine=True)
+MAX_NODES = 63  # nodes of one AdaPM run: a node's bit in a key's int64 masks (the sign bit unused)
 
 
 class AdaPMStrategy(Strategy):
@@ -31,6 +32,10 @@ class AdaPMStrategy(Strategy):
 
     def check(self, config: Config) -> None:
         PLACEMENTS.get(config.ps.engine)
+        if config.ps.workers > MAX_NODES:
+            # (a key's intent and replica holders are one 64-bit mask of nodes: ``pm.holdings``)
+            raise ConfigError(f"ps.workers: {config.ps.workers} adapm nodes; at most {MAX_NODES} (each key keeps "
+                              "its nodes' intent and replicas as one 64-bit mask)")
         if config.device.startswith("cuda"):
             # (``auto`` trains on the CPU here and evaluates on the GPU, where there is one)
             raise ConfigError(f"device: {config.device!r}: adapm's nodes compute on the CPU, each holding its "
