@@ -22,11 +22,15 @@ config.yaml records the chosen strategy, so ``--resume`` continues with it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import math
 import multiprocessing
+import os
+import shutil
+import signal
 import statistics
 import tempfile
 import time
@@ -58,6 +62,7 @@ MAX_TRIAL_EPOCHS = 1000
 # how a trial's process starts: forked (sharing this process's imports) where the system can, else spawned
 TRIAL_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 ISOLATED_TIMEOUT = 600.0  # seconds a trial's process may take beyond 4 x auto.trial_seconds (imports, data, setup)
+CHILD_GRACE_SECONDS = 10.0  # an interrupted trial's process: seconds to unwind before it is killed
 
 
 @dataclass
@@ -127,7 +132,7 @@ def run_trial(config: Config, make_task: Callable[[], Task], build: Build, setti
     # is shorter than a trial can measure at all
     total = min(settings.trial_batches, max(MIN_TRIAL_BATCHES, len(task.plan(0)) * task.num_epochs()))
     warm, epoch = trial_epochs(task, 0, max(total // 10, min(WARM_BATCHES, total // 2), 1))
-    with tempfile.TemporaryDirectory(prefix="cadence-auto-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=scratch_prefix(os.getpid())) as scratch:
         runtime = build(config, task, Path(scratch))
         try:
             started = time.perf_counter()
@@ -259,6 +264,9 @@ def _in_child(target: Callable[..., Any], args: tuple, timeout: float) -> tuple[
         outcome = receive.recv() if receive.poll(timeout) else None
     except EOFError:  # (it died before it could answer)
         outcome = None
+    except BaseException:  # Ctrl-C or SIGTERM here: the trial ends before this process does
+        stop_child(child)
+        raise
     child.join(10)
     if child.is_alive():
         child.kill()
@@ -268,12 +276,42 @@ def _in_child(target: Callable[..., Any], args: tuple, timeout: float) -> tuple[
     return outcome
 
 
+def scratch_prefix(pid: int) -> str:
+    """The prefix of a trial's scratch directory: its process's id in it, so the process that
+    started the trial finds what is left of it (``stop_child``)."""
+    return f"cadence-auto-{pid}-"
+
+
+def stop_child(child: Any, grace: float = CHILD_GRACE_SECONDS) -> None:
+    """End a trial's process: SIGINT (it unwinds: its runtime closes, its scratch directory goes),
+    then SIGKILL after ``grace`` seconds; whatever scratch directory it left is removed."""
+    if child.is_alive():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGINT)
+        child.join(grace)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    for left in Path(tempfile.gettempdir()).glob(f"{scratch_prefix(child.pid)}*"):
+        shutil.rmtree(left, ignore_errors=True)
+
+
 def _child(target: Callable[..., Any], args: tuple, send) -> None:
+    # (forked: the parent's handlers came along.) SIGINT and SIGTERM unwind the trial, which removes
+    # its scratch directory; it ends quietly, its parent is already on its way out
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupted)
     try:
         send.send(("ok", target(*args)))
+    except KeyboardInterrupt:
+        return
     except Exception as err:  # (a candidate that cannot run here: its reason, in one line)
         note = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         send.send(("error", (note, err if isinstance(err, CadenceError) else None)))
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def choose_in_processes(config: Config, candidate_trial: Callable[[Config, str], Trial],

@@ -30,8 +30,6 @@ import time
 import zlib
 from pathlib import Path
 
-import numpy as np
-
 from tests.reliability.cases import case
 from tests.reliability.harness import Result, Workspace, interrupt_when, train_args
 
@@ -465,3 +463,33 @@ def sigterm_then_resume(ws: Workspace) -> None:
     assert result.err.strip().splitlines()[-1].startswith("cadence: terminated"), str(result)
     done = max(int(p.name.removeprefix("epoch-")) for p in (out / "checkpoints").glob("epoch-*"))
     ws.succeeds(ws.cadence("-q", "train", "--resume", str(out), "--epochs", str(done + 1)))
+
+
+for _sign in (signal.SIGINT, signal.SIGTERM):
+    @case("interrupts", f"auto_interrupted_mid_trial[{signal.Signals(_sign).name}]", processes=True)
+    def _auto_interrupted(ws: Workspace, sign=_sign) -> None:
+        """Ctrl-C (or ``kill``) while ``--strategy auto`` times a candidate in a process of its own:
+        the command exits 130 (143), and before it does the trial's process has ended and its
+        scratch directory is gone (issue 50: the trial trained on, its directory stayed)."""
+        import subprocess
+
+        data = ws.data("kge")
+        scratch = ws.root / "tmp"
+        scratch.mkdir()
+        process = subprocess.Popen(
+            ws.runner.command(["-q", "train", *train_args("kge", data), "--strategy", "auto", "--epochs", "10000",
+                               "--set", "auto.trial_batches=100000", "--set", "eval.every=0",
+                               "--out", str(ws.root / "run")]),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ws.runner.env({"TMPDIR": str(scratch)}))
+        trials: list[Path] = []
+
+        def a_trial_runs() -> bool:
+            trials.extend(p for p in scratch.glob("cadence-auto-*") if p not in trials)
+            return bool(trials)
+
+        result = interrupt_when(process, a_trial_runs, sign=sign)
+        assert result.code == (130 if sign == signal.SIGINT else 143), str(result)
+        assert "Traceback" not in result.err, str(result)
+        assert not list(scratch.glob("cadence-auto-*")), list(scratch.iterdir())
+        pid = int(trials[0].name.split("-")[2])  # (scratch_prefix: cadence-auto-PID-)
+        assert not Path(f"/proc/{pid}").exists(), f"the trial's process {pid} outlived the command"
