@@ -517,6 +517,11 @@ def _init_checkpoint(config: Config, task: Task) -> tuple[Task, tuple[dict[str, 
     if source.task != config.task:
         raise CheckpointError(f"{config.train.init_from}: a run of the {source.task} task; this run's task is "
                               f"{config.task}")
+    theirs, ours = source.model.name or DEFAULT_MODELS[source.task], config.model.name or DEFAULT_MODELS[config.task]
+    if theirs != ours:  # (one model's rows read as another's: silently wrong, or a shape error later; a
+        # changed model.dim is refused by the rows' width, a changed layer by its shape: ``grow``)
+        raise CheckpointError(f"{config.train.init_from}: a run of model.name {theirs}; this run's is {ours}: a grown "
+                              f"model keeps its model (--model {theirs}, or train from scratch)")
     tensors, state = final_checkpoint(run)
     kept, original = None, task
     if config.train.keep_dropped:

@@ -254,6 +254,28 @@ def test_what_a_grown_model_cannot_change_is_refused(grow_data, tmp_path: Path) 
               "optimizer.weight_decay=0.1")
 
 
+def test_a_grown_run_of_another_model_is_refused_in_one_line_naming_both(grow_data, tmp_path: Path) -> None:
+    """ComplEx rows read as DistMult's (same width: silently wrong before), as RotatE's (a shape error
+    before), a DeepFM grown as an FM (its MLP dropped without a word), and an image model whose
+    checkpoint holds a layer this one has not: each one line naming what differs, nothing written."""
+    kge_old, kge_new = grow_data["kge"]
+    complex_run = train(tmp_path, "complex", *kge_old, "model.name=complex", "model.dim=16")
+    for model in ("distmult", "rotate"):
+        with pytest.raises(CheckpointError, match=f"a run of model.name complex; this run's is {model}"):
+            train(tmp_path, model, *kge_new, f"model.name={model}", "model.dim=16",
+                  f"train.init_from={complex_run.run_dir}")
+        assert not (tmp_path / model).exists()
+    ctr_old, ctr_new = grow_data["ctr"]
+    deepfm = train(tmp_path, "deepfm", *[o for o in ctr_old if o != "model.name=fm"], "model.name=deepfm")
+    with pytest.raises(CheckpointError, match="a run of model.name deepfm; this run's is fm"):
+        train(tmp_path, "fm", *ctr_new, f"train.init_from={deepfm.run_dir}")
+    image_old, image_new = grow_data["image"]
+    deeper = train(tmp_path, "deeper", *[o for o in image_old if not o.startswith("image.hidden")], "image.hidden=[16, 8]")
+    with pytest.raises(CheckpointError, match="its model has .*which this run's has not"):
+        train(tmp_path, "shallow", *image_new, f"train.init_from={deeper.run_dir}")
+    assert not (tmp_path / "shallow").exists()
+
+
 def test_the_old_spelling_ctr_init_from_still_works(grow_data, tmp_path: Path) -> None:
     old_data, new_data = grow_data["ctr"]
     old = train(tmp_path, "old", *old_data)

@@ -307,6 +307,11 @@ def _grow_dense(run_dir, tensors: dict[str, Tensor], meta: dict[str, Any], old: 
     parameters = dict(fresh.named_parameters())
     index_of = {name: i for i, name in enumerate(parameters)}
     known: dict[str, Tensor] = {}
+    theirs = sorted(k.removeprefix("dense.") for k in tensors if k.startswith("dense.")
+                    and k.removeprefix("dense.") not in fresh.state_dict())
+    if theirs:  # (a part of the trained model this one has no place for would be dropped without a word)
+        raise CheckpointError(f"{run_dir}: its model has {', '.join(theirs[:4])}{' ...' if len(theirs) > 4 else ''}, "
+                              "which this run's has not (a run of another model or of other layer sizes)")
     for name, value in fresh.state_dict().items():
         key = f"dense.{name}"
         if name not in parameters:  # a buffer: a statistic of this run's data
