@@ -114,13 +114,14 @@ def test_a_forward_runs_while_another_batchs_backward_is_running(barrier, task_d
     monkeypatch.setattr(pdasgd_module.Pdasgd, "_forward", timed("forward", pdasgd_module.Pdasgd._forward))
     monkeypatch.setattr(pdasgd_module.Pdasgd, "_backward", timed("backward", pdasgd_module.Pdasgd._backward))
     train(task_data, tmp_path, "image", f"overlap-{barrier}", "strategy=pdasgd", "pdasgd.backward_threads=2",
-          f"pdasgd.barrier={str(barrier).lower()}", "image.hidden=[256,256]", "train.epochs=3")
+          f"pdasgd.barrier={str(barrier).lower()}", "image.hidden=[256,256]", "train.epochs=6")
+    # (6 epochs: under the suite's load on 2 cores, one run of 3 once saw no overlap at all)
     overlaps = sum(1 for f0, f1 in intervals["forward"] for b0, b1 in intervals["backward"] if f0 < b1 and b0 < f1)
-    assert len(intervals["forward"]) == len(intervals["backward"]) > 10
+    assert len(intervals["forward"]) == len(intervals["backward"]) > 20
     if barrier:
         assert overlaps == 0  # (the guard works: no overlap is counted where none can happen)
     else:
-        assert overlaps > 0, "no forward ever ran during a backward"
+        assert overlaps > 0, f"no forward ever ran during a backward ({len(intervals['forward'])} batches)"
 
 
 
