@@ -476,8 +476,8 @@ def test_on_batch_fires_once_per_finished_batch_on_ray(settings: list[str], task
 @pytest.mark.parametrize("mode", ["async", pytest.param("shadow-easgd", marks=pytest.mark.slow)])
 def test_a_straggler_is_a_worker_process_under_a_cpu_quota(tmp_path: Path, local_cluster, mode: str) -> None:
     """``ps.straggler_cause: cpu_quota``: worker 1's process runs its epoch in a cgroup-v1 CPU quota
-    of a 32nd of a core (slowdown 32: 3 ms of CPU per 100 ms period, so even a process the suite's
-    load starves exceeds it in some period; at an eighth, one such run was never throttled), nothing
+    of a 32nd of a core (slowdown 32: 3 ms of CPU per 100 ms period, which a batch's compute exceeds;
+    at an eighth a run was once never throttled), nothing
     sleeps: the kernel throttles it (its throttled seconds come back in the summary, the fast
     worker's are 0), it computes fewer batches than the fast one, which takes more from the shared
     data list, and its cgroup is gone afterwards."""
@@ -485,9 +485,12 @@ def test_a_straggler_is_a_worker_process_under_a_cpu_quota(tmp_path: Path, local
 
     if cgroups.unavailable() is not None:
         pytest.skip(cgroups.unavailable())
+    # (20 ms of emulated latency a batch: the fast worker's epoch lasts long enough for the slowed
+    # one to take batches at all; without it, under the suite's load, it once took none and so was
+    # never throttled)
     trainer = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=2", 'ps.stragglers=["1:32"]',
                           "ps.straggler_cause=cpu_quota", "ps.straggler_quota=absolute", "ps.engine=ray",
-                          "train.epochs=3")
+                          "train.epochs=3", "ps.emulated_latency=0.02")
     summary, _ = fit(trainer)
     fast, slow = summary["worker_throttled_seconds"]
     assert fast == 0.0 and slow > 0.0
