@@ -485,12 +485,12 @@ def test_a_straggler_is_a_worker_process_under_a_cpu_quota(tmp_path: Path, local
 
     if cgroups.unavailable() is not None:
         pytest.skip(cgroups.unavailable())
-    # (20 ms of emulated latency a batch: the fast worker's epoch lasts long enough for the slowed
-    # one to take batches at all; without it, under the suite's load, it once took none and so was
-    # never throttled)
+    # (batches of 16 with 10 ms of emulated latency each: an epoch of 48 batches lasts long enough for
+    # the slowed worker to take some, and its compute, not the latency, sets its pace; with 12 quick
+    # batches, under the suite's load, it once took none and so was never throttled)
     trainer = trainer_for(tmp_path, f"strategy={mode}", "ps.workers=2", 'ps.stragglers=["1:32"]',
                           "ps.straggler_cause=cpu_quota", "ps.straggler_quota=absolute", "ps.engine=ray",
-                          "train.epochs=3", "ps.emulated_latency=0.02")
+                          "train.epochs=3", "train.batch_size=16", "ps.emulated_latency=0.01")
     summary, _ = fit(trainer)
     fast, slow = summary["worker_throttled_seconds"]
     assert fast == 0.0 and slow > 0.0
