@@ -80,9 +80,8 @@ class ServerShard:
         self.dropped_gradients = 0
         self.staleness_total = 0  # steps applied between a kept gradient's pull and its application
         self.staleness_max = 0
-        self.token_staleness_total = 0  # step at aggregation - token: what GBA's decay sees
-        self.token_staleness_max = 0
-        # why a rule drops what it drops: token staleness of kept and dropped gradients, and whose
+        # why a rule drops what it drops: token staleness (step at aggregation - token: what GBA's
+        # decay sees) of kept and dropped gradients, and whose
         self.token_staleness_kept: Counter[int] = Counter()
         self.token_staleness_dropped: Counter[int] = Counter()
         self.applied_by_worker: Counter[int] = Counter()
@@ -188,8 +187,8 @@ class ServerShard:
             return {"global_steps": self.global_step, "gradients_applied": self.applied_gradients,
                     "gradients_dropped": self.dropped_gradients,
                     "staleness_mean": self.staleness_total / kept, "staleness_max": self.staleness_max,
-                    "token_staleness_mean": self.token_staleness_total / kept,
-                    "token_staleness_max": self.token_staleness_max,
+                    "token_staleness_mean": sum(s * n for s, n in self.token_staleness_kept.items()) / kept,
+                    "token_staleness_max": max([0, *self.token_staleness_kept]),
                     "token_staleness_kept": _histogram(self.token_staleness_kept),
                     "token_staleness_dropped": _histogram(self.token_staleness_dropped),
                     "applied_by_worker": _histogram(self.applied_by_worker),
@@ -265,8 +264,6 @@ class ServerShard:
 
     def record_applied(self, gradient: Gradient) -> None:
         token_staleness = self.global_step - gradient.token
-        self.token_staleness_total += token_staleness
-        self.token_staleness_max = max(self.token_staleness_max, token_staleness)
         self.token_staleness_kept[token_staleness] += 1
         self.applied_by_worker[gradient.worker] += 1
         if gradient.pulled_step is None:
