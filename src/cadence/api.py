@@ -459,6 +459,17 @@ def _check_unread_keys(config: Config, strategy: Strategy) -> None:
     if config.task == "image":
         families.append(("image model (model.name)", {name: IMAGE_MODELS.get(name).reads for name in IMAGE_MODELS.names()},
                          config.model.name, IMAGE_MODELS.get(config.model.name).reads))
+    ignored = strategy.unread(config)
+    for key in changed:
+        if key in ignored:
+            raise ConfigError(f"{key}: strategy {config.strategy} does not read it ({ignored[key]}; remove it)")
+    for name, value in vars(config).items():  # keys a section's own values leave unread (store.path in memory)
+        quiet = value.unread() if hasattr(value, "unread") else {}
+        for key in changed:
+            leaf = key.removeprefix(f"{name}.")
+            if key.startswith(f"{name}.") and leaf in quiet:
+                raise ConfigError(f"{key}: read only with {quiet[leaf]}; this run has "
+                                  f"{_setting_words(config, quiet[leaf])}, which leaves it unread (remove it)")
     read_now = [key for *_, reads in families for key in reads]
     for key in changed:
         if any(_covers(own, key) for own in read_now):
@@ -468,6 +479,15 @@ def _check_unread_keys(config: Config, strategy: Strategy) -> None:
             if readers:
                 raise ConfigError(f"{key}: read only by the {family} {', '.join(readers)}; this run's is {chosen}, "
                                   "which does not read it (remove it, or choose one that reads it)")
+
+
+def _setting_words(config: Config, condition: str) -> str:
+    """How this config stands on ``condition`` (``store.backend: mmap`` -> ``store.backend: memory``;
+    a condition on a list: the list's value)."""
+    key = condition.split(":")[0].split(" ")[-1]
+    section, _, leaf = key.partition(".")
+    value = getattr(getattr(config, section), leaf)
+    return f"{key}: {value if value != [] else 'none'}"
 
 
 def _covers(declared: str, key: str) -> bool:

@@ -131,15 +131,15 @@ class OptimizerConfig:
 @dataclass
 class StoreConfig:
     backend: Literal["memory", "mmap"] = "memory"
-    # mmap backend: directory of the table files (default: <out>/store)
-    path: str | None = setting(None, not_empty=True)
-    # mmap backend: let the kernel read ahead around each row it pages in (off: rows are read at
-    # random, and readahead fills the page cache with their neighbours; docs/strategies/pipelined.md)
-    readahead: bool = False
-    # mmap backend: glibc malloc arenas the process's threads share (0: glibc's default, 8 per core). A
-    # pipeline's threads each keep an arena of freed batch blocks whose high-water mark only grows, a
-    # heap that crowds the table's page cache out (docs/strategies/pipelined.md); 1: one heap
+    path: str | None = setting(None, not_empty=True)  # mmap backend: the table files' directory (default: <out>/store)
+    # mmap backend: the kernel reads ahead around each row it pages in (off: rows read at random; on fills
+    readahead: bool = False  # the page cache with their neighbours: docs/strategies/pipelined.md)
+    # mmap backend: glibc malloc arenas the threads share (0: glibc's default, 8 per core; 1: one heap: each
+    # thread's arena of freed batch blocks only grows, crowding out the page cache: docs/strategies/pipelined.md)
     malloc_arenas: int = setting(1, between=(0, 4096, "malloc arenas (0: the C library's default)"))
+
+    def unread(self) -> dict[str, str]:  # the keys these values leave unread, each with the setting that reads it
+        return {} if self.backend == "mmap" else dict.fromkeys(("path", "readahead", "malloc_arenas"), "store.backend: mmap")
 
 
 @dataclass

@@ -160,8 +160,10 @@ def convert(tp: Any, value: Any, key: str, where: dict[str, str]) -> Any:
     if tp is int and ok and not -2**63 <= value < 2**63:
         raise ConfigError(f"{locate(key, where)}{key} is too large, got {value}")
     if not ok:
+        quote = (" (quote it to keep it text: YAML reads some words, such as 1:4, 0x1f or yes, as numbers or booleans)"
+                 if tp is str and isinstance(value, (bool, int, float)) else "")
         raise ConfigError(
-            f"{locate(key, where)}{key} must be of type {tp.__name__}, got {type(value).__name__} {value!r}"
+            f"{locate(key, where)}{key} must be of type {tp.__name__}, got {type(value).__name__} {value!r}{quote}"
         )
     if tp is float and not math.isfinite(value):  # no setting means NaN or an infinity
         raise ConfigError(f"{locate(key, where)}{key} must be a finite number, got {value!r}")

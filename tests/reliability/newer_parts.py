@@ -83,6 +83,17 @@ UNREAD = [
     (["--set", "optimizer.dense=adam"], "optimizer.momentum=0.5", "sgd"),
     (["--strategy", "sync"], "optimizer.warmup_lr=0.01", "warmup"),
     (["--set", "optimizer.dense=sgd", "--set", "optimizer.entity=sgd"], "optimizer.eps=0.001", "adagrad"),
+    # keys the section's own values leave unread, or the strategy whatever they say (issue 50)
+    (["--strategy", "gba", "--workers", "2", "--set", "ps.stragglers=['1:4']"], "ps.straggler_quota=absolute",
+     "straggler_cause: cpu_quota"),
+    (["--strategy", "gba", "--workers", "2"], "ps.straggler_cause=cpu_quota", "ps.stragglers"),
+    (["--strategy", "gba", "--workers", "2"], "ps.ray_idle_processes=2", "ps.engine: ray"),
+    (["--strategy", "adapm", "--workers", "2"], "ps.ray_address=127.0.0.1:6379", "ps.engine: ray"),
+    (["--strategy", "sync"], "store.malloc_arenas=4", "store.backend: mmap"),
+    (["--strategy", "oac"], "store.readahead=true", "store.backend: mmap"),
+    (["--strategy", "async"], "store.path=elsewhere", "store.backend: mmap"),
+    (["--strategy", "shadow-ma", "--workers", "2"], "ps.dense=workers", "dense replica"),
+    (["--strategy", "hogwild", "--workers", "2"], "ps.dense=workers", "dense replica"),
 ]
 
 for _flags, _key, _reader in UNREAD:

@@ -85,6 +85,11 @@ class Strategy(ABC):
         """The keys this config's run of the strategy reads (a name over several families: the entry's)."""
         return self.reads
 
+    def unread(self, config: Config) -> dict[str, str]:
+        """Keys of this config's runtime that this strategy leaves unread, each with why (ShadowSync's
+        ``ps.dense``: its trainers hold the dense parameters whatever it says). Default: none."""
+        return {}
+
     @property
     @abstractmethod
     def runtimes(self) -> tuple[RuntimeKind, ...]:

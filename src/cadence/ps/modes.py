@@ -31,6 +31,8 @@ class ParameterServerMode:
     mode runs."""
 
     section: ClassVar[str | None] = None  # the config section of the mode's own settings (``ServerSettings.own``)
+    # keys of the parameter-server runtime this mode leaves unread, each with why (``Strategy.unread``)
+    ignores: ClassVar[dict[str, str]] = {}
 
     name: str
     aggregation: Callable[[ParameterServerConfig], Aggregation]

@@ -53,3 +53,14 @@ class ParameterServerConfig:
     # where the dense parameters live: on shard 0 (updated from pushed gradients), or a replica on
     # every worker, its gradients all-reduced each round (PERSIA's split; embeddings stay on the servers)
     dense: Literal["server", "workers"] = "server"
+
+    def unread(self) -> dict[str, str]:
+        """The keys these values leave unread, each with the setting under which it is read."""
+        unread = {}
+        if not self.stragglers:
+            unread["straggler_cause"] = "a straggler in ps.stragglers"
+        if self.straggler_cause != "cpu_quota":
+            unread["straggler_quota"] = "ps.straggler_cause: cpu_quota"
+        if self.engine != "ray":
+            unread.update(dict.fromkeys(("ray_address", "ray_idle_processes"), "ps.engine: ray"))
+        return unread

@@ -33,6 +33,9 @@ class ServerStrategy(Strategy):
     def runtime(self, config: Config) -> RuntimeKind:
         return PARAMETER_SERVER
 
+    def unread(self, config: Config) -> dict[str, str]:
+        return dict(self.mode.ignores)
+
     def check(self, config: Config) -> None:
         PLACEMENTS.get(config.ps.engine)
         Faults.parse(config.ps.stragglers, config.ps.kill_workers, config.ps.workers)

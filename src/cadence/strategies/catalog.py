@@ -54,6 +54,9 @@ class FirstThatFits(Strategy):
     def reads_for(self, config: Config) -> tuple[str, ...]:
         return self._entry(config).reads_for(config)
 
+    def unread(self, config: Config) -> dict[str, str]:
+        return self._entry(config).unread(config)
+
     def _entry(self, config: Config) -> Strategy:
         for entry in self.entries[:-1]:
             try:

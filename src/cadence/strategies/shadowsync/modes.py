@@ -53,6 +53,7 @@ class ShadowSyncMode(ParameterServerMode):
     the mean of the replicas kept at its end, ShadowSync's metrics."""
 
     section: ClassVar[str | None] = "shadow"
+    ignores: ClassVar[dict[str, str]] = {"ps.dense": "every trainer holds a dense replica of its own"}
     dense_sync: str | None = None
     foreground: bool = False
 
