@@ -153,6 +153,23 @@ for _flags, _setting in EDGE:
         _refused(ws, ws.train("kge", *flags, "--set", setting, timeout=_guarded(flags, setting)), setting.split("=")[0])
 
 
+# dense modules larger than the memory: refused before anything is allocated (issue 50), naming the setting
+DENSE_SIZES = [("image", "mlp", "image.hidden=[1000000000]"), ("image", "cnn", "image.fc=100000000"),
+               ("image", "cnn", "image.channels=[100000,100000]"), ("ctr", "deepfm", "ctr.hidden=[1000000,1000000]")]
+
+for _task, _model, _setting in DENSE_SIZES:
+    @case("edge_values", f"{_setting}[{_task} {_model}]")
+    def _dense_size(ws: Workspace, task=_task, model=_model, setting=_setting) -> None:
+        if task == "image":  # (the harness's image options name image.hidden, which a CNN does not read)
+            result = ws.cadence("-q", "train", "--task", "image", *ws.data("image"), "--model", model, "--epochs", "1",
+                                "--set", "image.valid_size=40", "--set", "threads=1", "--no-progress",
+                                "--set", setting, "--out", str(ws.root / "run"))
+        else:
+            result = ws.train(task, "--model", model, "--set", setting)
+        line = _refused(ws, result, setting.split("=")[0])
+        assert "GiB" in line and "available" in line, f"does not say how much memory: {line}"
+
+
 def _idx(path: Path, dims: tuple[int, ...], payload: bytes = b"", compress: bool = False) -> None:
     header = struct.pack(">HBB", 0, 0x08, len(dims)) + b"".join(struct.pack(">I", d) for d in dims)
     data = header + payload

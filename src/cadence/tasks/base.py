@@ -51,6 +51,7 @@ from cadence.data.text import TSV_DIGITS, tsv_name  # noqa: F401  (re-exported: 
 from cadence.core.batch import Batch, BatchPlan
 from cadence.prediction import Predictor
 from cadence.registry import Registry
+from cadence.resources import check_memory
 from cadence.core.rows import ParameterView, RowBlock, TablePart, TableSpec  # noqa: F401  (the task interface's row types)
 
 TASKS: Registry[type["Task"]] = Registry("task", "task")
@@ -110,9 +111,13 @@ class Task(ABC):
     # ``batch`` (``api.prepare_config``); None: the runtime applies every update
     update_choice: ClassVar[tuple[str, str] | None] = None
 
+    # the config keys that size the dense module (named by the error when it would not fit in memory)
+    dense_keys: ClassVar[tuple[str, ...]] = ("model.dim",)
+
     def __init__(self, config: Config):
         self.config = config
         self.frozen: Frozen | None = None  # set by a grown run with ``train.freeze: known``
+        self.dense_checked = False  # whether the dense module's size was checked against the memory
 
     # ---- what is learned ------------------------------------------------------------------------
     @property
@@ -129,7 +134,15 @@ class Task(ABC):
 
     def dense_module(self) -> nn.Module:
         """A fresh dense module (seeded: every call returns the same initial parameters), its frozen
-        parameters marked (``frozen``) wherever it is built: every runtime, replica and process."""
+        parameters marked (``frozen``) wherever it is built: every runtime, replica and process. The
+        first call builds it on the meta device first: a module larger than this process may take is
+        a ``ConfigError`` naming the settings that size it, before anything is allocated."""
+        if not self.dense_checked:
+            with torch.device("meta"):
+                count = sum(p.numel() for p in self.build_dense().parameters())
+            check_memory(f"the dense module of model {self.model_name}, sized by {' and '.join(self.dense_keys)} "
+                         f"({count:,} parameters, with their gradients),", 2 * 4 * count)
+            self.dense_checked = True
         module = self.build_dense()
         if self.frozen is not None and self.frozen.dense:
             freeze_parameters(module, [name for name, _ in module.named_parameters()

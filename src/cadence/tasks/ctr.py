@@ -51,6 +51,7 @@ class CtrTask(Task):
     name = "ctr"
     primary_metric = "auc"
     own_keys = ("ctr",)
+    dense_keys = ("model.dim", "ctr.hidden")
 
     def __init__(self, config: Config, dataset: CtrDataset | None = None):
         super().__init__(config)

@@ -38,6 +38,10 @@ class ImageTask(Task):
     name = "image"
     primary_metric = "accuracy"
     own_keys = ("image",)
+
+    @property
+    def dense_keys(self) -> tuple[str, ...]:  # type: ignore[override]
+        return IMAGE_MODELS.get(self.config.model.name).reads
     export_formats = ("npy", "tsv")
 
     def __init__(self, config: Config, dataset: ImageDataset | None = None):
