@@ -580,6 +580,32 @@ def test_mf_strata_partition_rows_and_rotate_item_blocks(task_data, tmp_path) ->
     assert task.partition(plans, 2) == [plans[0::2], plans[1::2]]  # other node counts: round-robin
 
 
+def test_mf_strata_past_the_data_s_blocks_are_refused_and_the_most_plan_in_bounded_time(task_data, tmp_path) -> None:
+    """More strata than users or items is a block of nothing (issue 50: 100,000 strata under AdaPM
+    planned for minutes): one line naming the key and the bound; the most the data has plans every
+    rating once, in the cells of a brute-force assignment, in bounded time."""
+    import time
+
+    from cadence.tasks import TASKS
+
+    with pytest.raises(ConfigError, match=r"mf.strata 100,000 is more blocks than the data has users .* at most"):
+        TASKS.get("mf")(api.prepare_config(make_config(tmp_path / "many", *task_data["mf"], "strategy=adapm",
+                                                       "ps.workers=2", "mf.strata=100000")))
+    probe = TASKS.get("mf")(api.prepare_config(make_config(tmp_path / "probe", *task_data["mf"])))
+    most = min(probe.dataset.num_users, probe.dataset.num_items)
+    task = TASKS.get("mf")(api.prepare_config(make_config(tmp_path / "most", *task_data["mf"], f"mf.strata={most}")))
+    started = time.perf_counter()
+    plans = task.plan(0)
+    assert time.perf_counter() - started < 10
+    train = task.splits["train"]
+    assert torch.equal(torch.cat([plan.examples for plan in plans]).sort().values, torch.arange(len(train)))
+    user_block = train.users * most // task.dataset.num_users
+    item_block = train.items * most // task.dataset.num_items
+    for plan in plans:  # one cell a batch: its user block the part, its item block the part's of one sub-epoch
+        assert set(user_block[plan.examples].tolist()) == {plan.part}
+        assert len(set(((item_block - user_block)[plan.examples] % most).tolist())) == 1
+
+
 def test_mf_row_blocks_go_to_nodes_and_column_blocks_to_their_workers(task_data, tmp_path) -> None:
     """AdaPM's App. C: node r trains the ratings of user block r, every item of them, at the same
     time as the other nodes; within it worker c trains item block c (a brute-force check of every
