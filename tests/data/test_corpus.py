@@ -188,3 +188,36 @@ def test_gcide_from_the_debian_package(tmp_path: Path, monkeypatch) -> None:
     assert corpus.total_words == 5_417_136 and len(corpus.words) == 46_618
     assert corpus.words[:4] == ["a", "the", "webster", "of"]
     assert corpus.tokens.shape[0] == int(corpus.counts.sum()) == 5_148_823
+
+
+@pytest.mark.parametrize("package", [corpora.DICT_GCIDE, "wordnet", "fashion-mnist"])
+def test_the_fallback_names_the_archive_s_own_path(package, tmp_path: Path, monkeypatch) -> None:
+    """Without apt-get, the error names where a mirror keeps the file: the source package's pool
+    directory, the file name without the version's epoch (WordNet's ``1:3.0-37``) — checked against
+    apt's own record of the package where apt is here, against the archive's known path otherwise."""
+    import shutil
+    import subprocess
+
+    from cadence.data import images, wordnet
+
+    package = {"wordnet": wordnet.WORDNET_BASE, "fashion-mnist": images.FASHION_MNIST}.get(package, package)
+    known = {"dict-gcide": "pool/main/d/dict-gcide/dict-gcide_0.48.5+nmu2_all.deb",
+             "wordnet-base": "pool/main/w/wordnet/wordnet-base_3.0-37_all.deb",
+             "dataset-fashion-mnist": "pool/main/d/dataset-fashion-mnist/"
+                                      "dataset-fashion-mnist_0.0~git20200523.55506a9-1_all.deb"}[package.name]
+    if shutil.which("apt-cache"):
+        shown = subprocess.run(["apt-cache", "show", f"{package.name}={package.version}"], capture_output=True, text=True)
+        recorded = [line.split(": ", 1)[1] for line in shown.stdout.splitlines() if line.startswith("Filename: ")]
+        if recorded:
+            assert recorded[0] == known
+    monkeypatch.setenv("CADENCE_HOME", str(tmp_path))
+
+    def no_apt(*args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory", "apt-get")
+
+    monkeypatch.setattr(fetching.subprocess, "run", no_apt)
+    with pytest.raises(FetchError) as caught:
+        fetching.debian_members(package, [])
+    message = str(caught.value)
+    assert package.pool + package.filename == known
+    assert f"({package.pool})" in message and str(tmp_path / "downloads" / package.filename) in message

@@ -167,10 +167,19 @@ class DebianPackage:
     sha256: str
     member: str = ""  # the one file wanted from data.tar.* (``debian_member``), if any
     arch: str = "all"  # a package of compiled code is per architecture (``amd64``)
+    source: str = ""  # the source package it is built from, where a mirror keeps it ("": its own name)
 
     @property
     def filename(self) -> str:
-        return f"{self.name}_{self.version}_{self.arch}.deb"
+        """The file's name in the archive: the version without its epoch (``1:3.0-37`` -> ``3.0-37``)."""
+        return f"{self.name}_{self.version.partition(':')[2] or self.version}_{self.arch}.deb"
+
+    @property
+    def pool(self) -> str:
+        """Where a Debian mirror keeps it: ``pool/main/<l>/<source>/``, ``<l>`` the source's first
+        letter (its first four for a ``lib*`` source)."""
+        source = self.source or self.name
+        return f"pool/main/{source[:4] if source.startswith('lib') else source[0]}/{source}/"
 
 
 def debian_member(package: DebianPackage) -> bytes:
@@ -219,7 +228,7 @@ def _debian_package(package: DebianPackage) -> Path:
             raise FetchError(
                 f"could not download the Debian package {requirement} with `apt-get download` "
                 f"({' '.join(failure or ['no .deb written'])}). Download {package.filename} from any Debian "
-                f"mirror (pool/main/{package.name[0]}/{package.name}/) and place it at {downloads / package.filename}; "
+                f"mirror ({package.pool}) and place it at {downloads / package.filename}; "
                 f"it must have sha256 {package.sha256}{mismatched}")
         digest = _sha256(debs[0])
         if digest != package.sha256:

@@ -33,7 +33,7 @@ from cadence.data.fetch import DebianPackage, debian_members
 from cadence.errors import DataError
 
 WORDNET_BASE = DebianPackage("wordnet-base", "1:3.0-37",
-                             "61060d960f9ada8fa120872312eccd3ecebfbab8c4579e4f5a74e1cf67620752")
+                             "61060d960f9ada8fa120872312eccd3ecebfbab8c4579e4f5a74e1cf67620752", source="wordnet")
 DATA_FILES = {part: f"usr/share/wordnet/data.{part}" for part in ("noun", "verb", "adj", "adv")}
 POS = {"n": "n", "v": "v", "a": "a", "s": "a", "r": "r"}  # a satellite is an adjective
 
