@@ -607,6 +607,7 @@ def disk_full_during_training(ws: Workspace, task: str) -> None:
     result = interrupt_when(process, fill, sign=0)  # signal 0: no signal, the full disk stops it
     line = ws.fails(result, str(disk), code=None)
     assert "space" in line, line
+    assert not list((out / "checkpoints").glob(".partial-*")), "a partial checkpoint left before any --resume"
     filler.unlink()
     ws.succeeds(ws.cadence("-q", "train", "--resume", str(out), "--epochs", "3"))
 

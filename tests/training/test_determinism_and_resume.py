@@ -252,3 +252,26 @@ def test_resume_removes_what_a_killed_checkpoint_write_left(tiny_graph: Path, tm
     api.resume(run_dir, {"train.epochs": 2})
     assert not partial.exists() and not temporary.exists()
     assert [p.name for p in ckpt.epoch_checkpoints(run_dir)] == [ckpt.epoch_name(1), ckpt.epoch_name(2)]
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()],
+                         ids=["disk-full", "ctrl-c"])
+def test_a_checkpoint_write_that_fails_midway_leaves_no_partial_directory(failure, tmp_path: Path) -> None:
+    """Nothing partial is written (issue 50): a write that stops after its first file (a full disk,
+    Ctrl-C) removes its ``.partial-*`` directory at once, not at the next ``--resume``, and the
+    checkpoint before it stays whole."""
+    from cadence.errors import SystemResourceError
+
+    tensors = {"table.values": torch.arange(12.0).reshape(3, 4)}
+    ckpt.save_checkpoint(tmp_path, ckpt.epoch_name(1), tensors, {"epoch": 1})
+
+    def stops(partial: Path) -> dict[str, str]:
+        (partial / "part-0.safetensors").write_bytes(b"\0" * 64)  # a shard's file, half of what it meant to write
+        raise failure
+
+    with pytest.raises(SystemResourceError if isinstance(failure, OSError) else KeyboardInterrupt):
+        ckpt.save_checkpoint(tmp_path, ckpt.epoch_name(2), tensors, {"epoch": 2}, parts=stops)
+    root = ckpt.checkpoint_root(tmp_path)
+    assert sorted(path.name for path in root.iterdir()) == [ckpt.epoch_name(1)]
+    again, state = ckpt.load_checkpoint(root / ckpt.epoch_name(1))
+    assert torch.equal(again["table.values"], tensors["table.values"]) and state["epoch"] == 1

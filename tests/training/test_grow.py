@@ -207,6 +207,22 @@ def test_frozen_dense_parameters_stay_under_adam_with_weight_decay(grow_data, tm
     assert dense and all(torch.equal(before[k], after[k]) for k in dense)
 
 
+@pytest.mark.parametrize("dense", [["optimizer.dense=adam"], ["optimizer.dense=sgd", "optimizer.momentum=0.9"]])
+def test_frozen_relation_rows_stay_under_an_optimizer_with_momentum(dense, grow_data, tmp_path: Path) -> None:
+    """KGE's relations are rows of a dense parameter: the known ones frozen, the new ones trained. The
+    old run's momentum (Adam's moments, SGD's velocity) would carry a known row on with a zero
+    gradient: each known relation's row stays bit for bit (issue 50: with the carried momentum not
+    zeroed, a grown Adam run moved them)."""
+    old_data, new_data = grow_data["kge"]
+    old = train(tmp_path, "old", *old_data, *dense)
+    grown = train(tmp_path, "grown", *new_data, *dense, f"train.init_from={old.run_dir}", "train.freeze=known")
+    scratch = train(tmp_path, "scratch", *new_data, *STILL, "train.epochs=1")
+    before, after, fresh = (exported(run, tmp_path / f"export-{run.name}") for run in
+                            (old.run_dir, grown.run_dir, scratch.run_dir))
+    assert before["relations.tsv"].keys() & after["relations.tsv"].keys()
+    assert_frozen(before, after, fresh, ("entities.tsv", "relations.tsv"))
+
+
 def test_freeze_known_resumes_with_the_same_rows_frozen(grow_data, tmp_path: Path) -> None:
     from tests.training.test_every_task_resumes import Interrupt, InterruptAt
 
