@@ -521,3 +521,29 @@ for _sign in (signal.SIGINT, signal.SIGTERM):
         assert not list(scratch.glob("cadence-auto-*")), list(scratch.iterdir())
         pid = int(trials[0].name.split("-")[2])  # (scratch_prefix: cadence-auto-PID-)
         assert not Path(f"/proc/{pid}").exists(), f"the trial's process {pid} outlived the command"
+
+
+# ==== 16. a damaged run directory, read by every reader ======================================================
+# (the file, how it is damaged) x (a reader: its arguments after the run directory)
+DAMAGES = {"config-empty": ("config.yaml", b""), "config-list": ("config.yaml", b"[1, 2]\n"),
+           "config-not-utf8": ("config.yaml", b"\xff\xfe\x00task: kge\n")}
+READERS = {"eval": lambda ws, run: ["eval", str(run)],
+           "export": lambda ws, run: ["export", str(run), "--out", str(ws.root / "exported")],
+           "resume": lambda ws, run: ["train", "--resume", str(run), "--epochs", "4"],
+           "init-from": lambda ws, run: ["train", *train_args("kge", ws.data("kge")), "--init-from", str(run),
+                                          "--out", str(ws.root / "grown")],
+           "predict": lambda ws, run: ["predict", str(run), "tails", "e1", "r1"]}
+
+for _damage, (_file, _bytes) in DAMAGES.items():
+    for _reader, _argv in READERS.items():
+        @case("checkpoints", f"damaged_{_damage}[{_reader}]")
+        def _damaged(ws: Workspace, file=_file, body=_bytes, argv=_argv) -> None:
+            """One line naming the damaged file, whoever reads it (issue 50: an empty config.yaml read as
+            every default, the default data set's, and a grown run trained from it); nothing written."""
+            run, _ = ws.trained("kge")
+            (run / file).write_bytes(body)
+            before = sorted(path.relative_to(run) for path in run.rglob("*"))
+            ws.fails(ws.cadence("-q", *argv(ws, run)), str(run / file))
+            assert sorted(path.relative_to(run) for path in run.rglob("*")) == before
+            for written in ("exported", "grown"):
+                ws.absent(ws.root / written)

@@ -106,6 +106,11 @@ class RunDirectory:
     def load_config(self) -> Config:
         if not self.config_path.is_file():
             raise CadenceError(f"{self.path}: not a cadence run directory (no {CONFIG})")
+        if not any(line.strip() and not line.lstrip().startswith(b"#")
+                   for line in self.config_path.read_bytes().splitlines()):
+            # (read as every default, it would be another run's config: the default data set's)
+            raise CadenceError(f"{self.config_path}: empty; a run's {CONFIG} holds its settings (damaged, or "
+                               "not written by cadence)")
         return load_config(self.config_path)
 
     def write_metrics(self, records: list[dict[str, Any]]) -> None:
