@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from cadence.config import AutoConfig, CheckpointConfig, Config
 from cadence.errors import CadenceError, ConfigError
-from cadence.resources import gib, page_cache_room, release_memory
+from cadence.resources import end_process, gib, page_cache_room, release_memory
 
 if TYPE_CHECKING:  # (names for annotations only: this module imports no training code, so the CLI can
     # run every trial in a process of its own before it imports torch or reads any data)
@@ -299,6 +299,8 @@ def stop_child(child: Any, grace: float = CHILD_GRACE_SECONDS) -> None:
 def _child(target: Callable[..., Any], args: tuple, send) -> None:
     # (forked: the parent's handlers came along.) SIGINT and SIGTERM unwind the trial, which removes
     # its scratch directory; it ends quietly, its parent is already on its way out
+    # It leaves by ``os._exit`` (no atexit): what its trial started outside it (a Ray instance) is
+    # stopped here, however the trial ended
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupted)
     try:
@@ -308,6 +310,9 @@ def _child(target: Callable[..., Any], args: tuple, send) -> None:
     except Exception as err:  # (a candidate that cannot run here: its reason, in one line)
         note = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         send.send(("error", (note, err if isinstance(err, CadenceError) else None)))
+    finally:
+        with contextlib.suppress(KeyboardInterrupt):
+            end_process()
 
 
 def _interrupted(signum: int, frame: Any) -> None:

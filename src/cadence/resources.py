@@ -5,15 +5,19 @@ out-of-memory kill or a thread-creation error halfway through a run."""
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import gc
+import logging
 import os
 import resource
 from pathlib import Path
+from typing import Callable
 
 from cadence.errors import ConfigError
 
+log = logging.getLogger(__name__)
 MEMORY_CGROUP = Path("/sys/fs/cgroup/memory")
 # threads a run may start, whatever the system allows: far past any useful count on one machine
 MAX_THREADS = 4096
@@ -115,6 +119,32 @@ def release_memory() -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+# what a process started and must stop before it ends (a Ray instance ``ray.init`` started: its
+# agents outlive a process that exits without stopping it), with the process that started it (a
+# forked child inherits the list, never what is on it); run by ``atexit``, or by ``end_process``
+_AT_END: list[tuple[int, Callable[[], None]]] = []
+
+
+def stop_at_exit(stop: Callable[[], None]) -> None:
+    """Run ``stop`` when this process ends: at its exit, or at ``end_process`` (once)."""
+    if (os.getpid(), stop) not in _AT_END:
+        _AT_END.append((os.getpid(), stop))
+        atexit.register(end_process)
+
+
+def end_process() -> None:
+    """Run what this process registered with ``stop_at_exit``, newest first, each once: where a
+    process ends without ``atexit`` (a forked child leaves by ``os._exit``: a trial of
+    ``strategy: auto``). What its parent registered stays the parent's."""
+    mine = [stop for pid, stop in _AT_END if pid == os.getpid()]
+    _AT_END[:] = [(pid, stop) for pid, stop in _AT_END if pid != os.getpid()]
+    for stop in reversed(mine):
+        try:
+            stop()
+        except Exception as err:  # (a process on its way out: one line, never in the way of the rest)
+            log.warning("stopping %s at exit: %s", getattr(stop, "__qualname__", stop), err)
 
 
 def gib(size: int | float) -> str:

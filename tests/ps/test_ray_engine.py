@@ -580,3 +580,66 @@ def test_a_direct_role_answers_over_a_channel_as_a_ray_call_would(local_cluster)
             fresh.call(SyncServer.exchange, local, 0.5)
     finally:
         placement.close()
+
+
+# ---- strategy: auto's trials on Ray (issue 50: their Ray processes outlived the command) ---------------
+def _processes_with(marker: str) -> dict[int, str]:
+    """{pid: command line} of the processes whose environment holds ``marker`` (this test's TMPDIR:
+    the command's, inherited by every process it or Ray started, whatever their titles)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("ending", [pytest.param("finished", marks=pytest.mark.slow), "ctrl-c"])
+def test_auto_s_trials_on_ray_leave_no_process_behind(ending: str, tmp_path: Path) -> None:
+    """Each trial of ``--strategy auto --engine ray`` runs in a process of its own that starts a Ray
+    instance; that process leaves by ``os._exit``, which skipped Ray's own shutdown: its dashboard
+    and runtime-env agents lived on, orphaned. Finished or interrupted, every process the command or
+    its Ray instances started has ended a few seconds after it returns (seen in /proc, by the
+    command's environment)."""
+    from tests.conftest import write_criteo
+
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(prefix="cdn-", dir="/tmp"))  # (Ray's socket paths: 107 bytes at most)
+    marker = f"TMPDIR={scratch}"
+    data = write_criteo(tmp_path / "ctr.tsv", 600, 1)
+    argv = [sys.executable, "-m", "cadence.cli", "-q", "train", "--task", "ctr", "--dataset", str(data),
+            "--strategy", "auto", "--workers", "2", "--engine", "ray", "--epochs", "1" if ending == "finished" else "500",
+            "--batch-size", "32", "--no-progress", "--set", "threads=1", "--set", "auto.trial_seconds=0.5",
+            "--out", str(tmp_path / "run")]
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    process = subprocess.Popen(argv, env={**env, "TMPDIR": str(scratch), "CADENCE_HOME": str(tmp_path / "home")},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[str] = set()
+    deadline = time.monotonic() + 240
+    while process.poll() is None and time.monotonic() < deadline:
+        seen |= {line.split()[0] for line in _processes_with(marker).values() if line}
+        if ending == "ctrl-c" and any("raylet" in name for name in seen):
+            time.sleep(2)
+            process.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.2)
+    try:
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert any("raylet" in name for name in seen), f"no Ray instance seen: the test proves nothing ({seen}): {err}"
+    assert process.returncode == (0 if ending == "finished" else 130), err
+    assert "Traceback" not in err, err
+    left = _processes_with(marker)
+    for _ in range(50):
+        if not left:
+            break
+        time.sleep(0.2)
+        left = _processes_with(marker)
+    assert not left, f"outlived the command: {left}"

@@ -23,6 +23,7 @@ from torch import Tensor
 from cadence.engines.channel import Channel, ChannelServer, Reply
 from cadence.engines.placement import Handle, Pending, Placement, verb_of
 from cadence.errors import ConfigError
+from cadence.resources import stop_at_exit
 
 try:
     import ray
@@ -55,6 +56,9 @@ def connect(address: str | None = None, threads: int = 0, idle_processes: int | 
     # Ray's driver takes SIGTERM for itself (``sys.exit(15)``, or its core worker's abort): the
     # handlers this process had (the CLI's: exit 143, the run resumable) are put back after it
     handlers = {sign: signal.getsignal(sign) for sign in (signal.SIGTERM, signal.SIGINT)}
+    # (before ray.init: an interrupt while it starts the instance still stops what it started; a
+    # forked process ends without atexit: it calls resources.end_process)
+    stop_at_exit(ray.shutdown)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
