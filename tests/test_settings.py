@@ -4,6 +4,7 @@ where it was given (``cadence.settings``: the checks a field declares, a section
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -117,3 +118,29 @@ def test_the_config_module_holds_the_root_sections_and_no_strategys():
 
     assert SECTIONS and not set(SECTIONS) & {item.name for item in dataclasses.fields(Config)}
     assert len(Path(cadence.config.__file__).read_text().splitlines()) < 300
+
+
+@pytest.mark.parametrize(("overrides", "key", "reader"), [
+    (["task=mf"], "mf.folds=3", "mf.split: kfold"),
+    (["task=mf"], "mf.fold=1", "mf.split: kfold"),
+    (["task=ctr"], "ctr.num_periods=4", "ctr.split: periods"),
+    (["task=ctr"], "ctr.first_period=1", "ctr.split: periods"),
+    (["task=ctr"], "ctr.last_period=3", "ctr.split: periods"),
+    ([], "store.readahead=true", "store.backend: mmap"),
+    (["strategy=gba", "ps.workers=2", "ps.stragglers=['1:4']"], "ps.straggler_quota=absolute", "cpu_quota"),
+    (["strategy=gba", "ps.workers=2"], "ps.ray_address=127.0.0.1:6379", "ps.engine: ray"),
+    (["strategy=shadow-easgd", "ps.workers=2", "task=ctr"], "ps.dense=workers", "dense replica"),
+])
+def test_a_key_the_run_s_own_values_leave_unread_is_refused(overrides, key, reader) -> None:
+    """Issue 50: keys read only under another key's value (or never by the chosen strategy) were
+    accepted silently; each is one line naming the key and what reads it, and accepted where read."""
+    from cadence.api import prepare_config
+    from cadence.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(key.split("=")[0]) + ".*" + re.escape(reader)):
+        prepare_config(load_config(None, [*overrides, key]))
+    enabling = {"mf.split: kfold": ["mf.split=kfold"], "ctr.split: periods": ["ctr.split=periods"],
+                "store.backend: mmap": ["store.backend=mmap"], "ps.engine: ray": ["ps.engine=ray"],
+                "cpu_quota": None, "dense replica": None}[reader]
+    if enabling is not None:
+        prepare_config(load_config(None, [*overrides, *enabling, key]))

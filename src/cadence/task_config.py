@@ -45,6 +45,11 @@ class CtrModelConfig:
     init_from: str | None = setting(None, not_empty=True)  # the old spelling of train.init_from (kept working)
     synthetic: SyntheticCtrConfig = field(default_factory=SyntheticCtrConfig)
 
+    def unread(self) -> dict[str, str]:
+        """The keys these values leave unread, each with the setting under which it is read."""
+        periods = ("num_periods", "first_period", "last_period")
+        return {} if self.split == "periods" else dict.fromkeys(periods, "ctr.split: periods")
+
     def check(self, at: At, root: Any) -> None:
         if self.last_period < -1:
             at.fail("last_period", f"must be -1 (the second to last period) or a period, got {self.last_period}")
@@ -95,6 +100,10 @@ class MfConfig:
     update: Literal["auto", "batch", "rating"] = "auto"
     synthetic: SyntheticRatingsConfig = field(default_factory=SyntheticRatingsConfig)
 
+    def unread(self) -> dict[str, str]:
+        """The keys these values leave unread, each with the setting under which it is read."""
+        return {} if self.split == "kfold" else dict.fromkeys(("folds", "fold"), "mf.split: kfold")
+
     def check(self, at: At, root: Any) -> None:
         if self.fold >= self.folds:
             at.fail("fold", f"must be less than mf.folds ({self.folds}), got {self.fold}")
@@ -111,7 +120,7 @@ class W2vConfig:
     min_count: int = setting(5, positive=True)  # words rarer than this are dropped from the vocabulary
     max_vocab: int = setting(0, non_negative=True)  # keep only the most frequent words (0 = all)
     # the learning rate decays linearly from optimizer.lr to this over the run
-    min_lr: float = setting(1e-4, non_negative=True)
+    min_lr: float = setting(1e-4, non_negative=True, between=(0.0, 1e6, "a learning rate"))
     # batch: each batch's summed gradient applied once (every strategy); pair: word2vec's own update,
     # each (centre, context) pair's SGD step applied to the rows in place as it is computed, the
     # batch's centres split among the threads (Hogwild, as word2vec.c and gensim); strategies sync
