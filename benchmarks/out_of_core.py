@@ -81,6 +81,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from provenance import add_flag, check, stamp  # same folder: every result traces to a commit
 
@@ -321,7 +322,14 @@ def main() -> None:
         remove_cgroup(group)
     if subset:
         return
-    if not latencies:
+    finish(results, save)
+    print(f"wrote {path}")
+
+
+def finish(results: dict, save: Callable[[], None]) -> None:
+    """Summaries, ratios and bars of a complete set of runs (each latency's, and across them), saved
+    and printed."""
+    if "slowfs" not in results:
         results.update(summarize(results), complete=True)
         save()
         report(results)
@@ -331,12 +339,13 @@ def main() -> None:
             say(f"-- {latency} ms per read request")
             report(part)
         speedups = [part["ratios"]["async_over_sync"] for part in results["slowfs"]["latencies"].values()]
-        slowest = results["slowfs"]["latencies"][str(max(latencies))]
+        slowest_latency = max(results["slowfs"]["latencies"], key=float)
+        slowest = results["slowfs"]["latencies"][slowest_latency]
         if "time_to_accuracy" in slowest:
             reach = slowest["time_to_accuracy"]
             ratio = reach["mean_curve"]["sync_over"]["oac"]
             results["slowfs"]["time_to_accuracy_bar"] = {
-                "bar": f"{max(latencies)} ms a read: on the mean curves (the paper's figure), OAC reaches sync's best "
+                "bar": f"{float(slowest_latency)} ms a read: on the mean curves (the paper's figure), OAC reaches sync's best "
                        "MRR >= 1.5x sooner than sync",
                 "value": ratio, "per_repetition": reach["sync_over"]["oac"],
                 "passed": ratio is not None and ratio >= 1.5}
@@ -359,7 +368,6 @@ def main() -> None:
             bar = results["slowfs"]["time_to_accuracy_bar"]
             print(f"{'PASS' if bar['passed'] else 'FAIL'} {bar['bar']}: {bar['value']} "
                   f"(per repetition, each against its own sync run's best: {bar['per_repetition']})")
-    print(f"wrote {path}")
 
 
 def sweep(group: Path, work: Path, stores: Path, backing: Path, common: list[str], args, repeats: int,
