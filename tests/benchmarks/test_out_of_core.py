@@ -3,9 +3,12 @@ runs (what OAC holds beside async out of core, issue 46)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.benchmarks import benchmark_script
 
@@ -77,3 +80,47 @@ def test_mean_curve_target_is_the_best_of_sync_averaged_over_repetitions() -> No
     assert mean["target"] == 0.4
     assert mean["seconds"] == {"sync": 22, "oac": 10, "async": None}
     assert mean["sync_over"] == {"oac": 2.2, "async": None}
+
+
+def test_the_within_noise_target_is_sync_s_best_less_the_paired_half_width() -> None:
+    """OAC equals sync only within the seeds' noise: the second target is sync's best (of its mean
+    curve) less the 95% half-width of OAC's best minus sync's, paired by seed (worked by hand: gaps
+    -0.02 and 0, half-width t(0.975, 1) x 0.01414 / sqrt(2) = 0.127)."""
+    def run(*points):
+        return {"history": [{"epoch": i + 1, "wall_seconds": t, "mrr": m} for i, (t, m) in enumerate(points)]}
+
+    runs = {"sync": [run((10, 0.5), (20, 0.6)), run((10, 0.5), (20, 0.6))],
+            "oac": [run((5, 0.55), (10, 0.58)), run((5, 0.5), (10, 0.6))],
+            "async": [run((4, 0.1), (8, 0.2)), run((4, 0.1), (8, 0.2))]}
+    mean = bench.time_to_accuracy(runs)["mean_curve"]
+    assert mean["seconds"]["oac"] is None and mean["sync_over"]["oac"] is None  # 0.59 < 0.6: never, strictly
+    near = mean["within_noise"]
+    assert near["tolerance"] == pytest.approx(12.706 * 0.02 / 2 ** 0.5 / 2 ** 0.5, rel=1e-3)
+    assert near["target"] == pytest.approx(0.6 - near["tolerance"])
+    assert near["seconds"] == {"sync": 10, "oac": 5, "async": None}
+    assert near["sync_over"] == {"oac": 2.0, "async": None}
+
+
+def test_resummarize_recomputes_the_bars_and_keeps_the_runs_and_their_commit(tmp_path: Path) -> None:
+    """``--resummarize``: a complete file's summaries and bars from its runs, with this commit's code;
+    the runs and the commit they ran at stay as they were; an incomplete file is refused."""
+    def run(*points, speed=100.0, mrr=0.5):
+        return {"history": [{"epoch": i + 1, "wall_seconds": t, "mrr": m} for i, (t, m) in enumerate(points)],
+                "examples_per_second": speed, "mrr": mrr, "major_page_faults": 0}
+
+    runs = {"sync": [run((10, 0.5), (20, 0.6)), run((10, 0.5), (20, 0.6))],
+            "async": [run((4, 0.1), (8, 0.2), speed=250), run((4, 0.1), (8, 0.2), speed=250)],
+            "oac": [run((5, 0.55), (10, 0.58), speed=240), run((5, 0.5), (10, 0.6), speed=240)]}
+    measured = {"commit": "0" * 40, "dirty": False, "dirty_files": []}
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps({"slowfs": {"latencies": {"5.0": {"runs": runs, "oac_replay": {"bit_identical": True}}}},
+                                "complete": True, "provenance": measured}))
+    bench.resummarize(path)
+    again = json.loads(path.read_text())
+    assert again["provenance"] == measured and again["summarized"]["commit"] != measured["commit"]
+    assert again["slowfs"]["latencies"]["5.0"]["runs"] == runs
+    assert again["slowfs"]["time_to_accuracy_bar"]["passed"] is False  # strictly: never
+    assert again["slowfs"]["time_to_accuracy_within_noise_bar"]["value"] == 2.0
+    path.write_text(json.dumps({**again, "complete": False}))
+    with pytest.raises(SystemExit, match="not a complete result file"):
+        bench.resummarize(path)
