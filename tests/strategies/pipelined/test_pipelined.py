@@ -115,6 +115,19 @@ def test_oac_reads_without_a_lock_beside_writers_and_still_equals_its_replay(tin
     assert_same_model(oac.run_dir, replay.run_dir)
 
 
+def hold_back_even_writes(monkeypatch, control: type) -> None:
+    """``control``'s writers finish out of order, as on a busy machine: each even batch's write
+    starts 20 ms late (a unit-test device: the order it causes is what the test is about)."""
+    original = control.write
+
+    def slow_even_writes(self, batch):
+        if batch.timestamp % 2 == 0:
+            time.sleep(0.02)
+        original(self, batch)
+
+    monkeypatch.setattr(control, "write", slow_even_writes)
+
+
 def test_oac_writers_finishing_out_of_order_never_overwrite_a_newer_row(tiny_graph: Path, tmp_path: Path,
                                                                         monkeypatch) -> None:
     """OAC's write rule, end to end: a row is overwritten only by a larger timestamp. Coalescing
@@ -122,14 +135,7 @@ def test_oac_writers_finishing_out_of_order_never_overwrite_a_newer_row(tiny_gra
     broken rule; here it is off and even batches' writes are held back, so older writes reach rows
     newer ones already wrote (counted: skipped writes). The model is still its replay's (issue 50:
     with the rule removed, the end-to-end tests under the shipped settings passed)."""
-    original = OptimisticAsynchronyControl.write
-
-    def slow_even_writes(self, batch):  # writers finish out of order, as on a busy machine
-        if batch.timestamp % 2 == 0:
-            time.sleep(0.02)
-        original(self, batch)
-
-    monkeypatch.setattr(OptimisticAsynchronyControl, "write", slow_even_writes)
+    hold_back_even_writes(monkeypatch, OptimisticAsynchronyControl)
     oac, replay, _ = run_and_replay(tiny_graph, tmp_path, "oac", "strategy=oac", "pipeline.coalesce_writes=false",
                                     "pipeline.writer_threads=4", "pipeline.staleness_bound=8")
     assert oac.summary["coalesced_writes"] == 0
@@ -138,14 +144,7 @@ def test_oac_writers_finishing_out_of_order_never_overwrite_a_newer_row(tiny_gra
 
 
 def test_async_loses_updates_and_differs_from_its_replay(tiny_graph: Path, tmp_path: Path, monkeypatch) -> None:
-    original = LastWriterWins.write
-
-    def slow_even_writes(self, batch):  # writers finish out of order, as on a busy machine
-        if batch.timestamp % 2 == 0:
-            time.sleep(0.02)
-        original(self, batch)
-
-    monkeypatch.setattr(LastWriterWins, "write", slow_even_writes)
+    hold_back_even_writes(monkeypatch, LastWriterWins)
     async_run, replay, _ = run_and_replay(tiny_graph, tmp_path, "async", "strategy=async",
                                           "pipeline.writer_threads=4", "pipeline.staleness_bound=8")
     assert async_run.summary["stale_reads"] > 0
