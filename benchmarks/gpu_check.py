@@ -23,7 +23,8 @@ Parts (``--parts``, default all):
 
 Per contender: examples/s (mean and 95% interval over ``--reps``), the task's metric, and the GPU's
 peak memory. Ratios are against ``sync`` on the GPU of the same part. Nothing here is a bar: the
-numbers record what the GPU path does (docs/benchmarks.md, "The GPU path").
+numbers record what the GPU path does (results/gpu_check*.json; docs/results.md, OAC). How to run it
+on a GPU machine: docs/benchmarks.md, "The GPU path".
 
     make gpu-check                      # every CUDA test, then this
     python3 benchmarks/gpu_check.py [--reps N] [--parts image,kge,ctr] [--quick] [--out FILE]
@@ -138,8 +139,8 @@ def run_one(part: Part, contender: Contender, epochs: int, rep: int) -> dict[str
     if contender.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     # a GPU contender first trains a few discarded batches: the Triton kernels' compilation and CUDA's
-    # start-up are paid once a process, by whichever run comes first (the sixth lease: FB15k sync 78k
-    # then 644k edges/s)
+    # start-up are paid once a process, by whichever run comes first (FB15k sync 78k then 644k edges/s:
+    # results/gpu_check_fb15k_10m_reps2_946ccb1.log)
     result = train_measured(config, record, "cadence-gpu-check-",
                             api.WARM_UP_BATCHES if contender.device == "cuda" else 0)
     if result is not None:

@@ -88,12 +88,12 @@ TARGET = 0.99  # time to 99% of scratch's best valid metric
 # Epochs: each task's full measurement (2 reps x 3 contenders, each a fresh process) in about 1-5
 # minutes on a quiet 2-core machine, and long enough that scratch's curve flattens, so "99% of its
 # best" is a point on the curve and not its last epoch.
-KGE_EPOCHS = 40  # the shipped config's (UMLS ComplEx-256: ~0.05 s an epoch at ~120k edges/s, docs/benchmarks.md;
-#                  its patience of 5 validations stops most runs earlier)
+KGE_EPOCHS = 40  # the shipped config's (UMLS ComplEx-256: a fraction of a second an epoch, the umls part of
+#                  results/pipeline_throughput.json; its patience of 5 validations stops most runs earlier)
 MF_EPOCHS = 40  # the shipped config's (ml-100k: ~0.03 s an epoch at ~2.7M ratings/s, results/mf_vs_surprise.json)
 W2V_EPOCHS = 5  # the shipped 3 are GCIDE's (5.4M tokens); enwiki-excerpt is 12x smaller and its WordSim353 still
-#                 climbs after 3: 5 epochs of ~5 s (~65k words/s, docs/benchmarks.md) per full run
-CTR_EPOCHS_PER_PERIOD = 2  # GBA's continual protocol (docs/benchmarks.md: 2 epochs per period)
+#                 climbs after 3: 5 epochs of ~5 s (~65k words/s, results/w2v_vs_gensim.json) per full run
+CTR_EPOCHS_PER_PERIOD = 2  # GBA's continual protocol (2 epochs per period, as the switch part of ps_training.py)
 QUICK_EPOCHS = {"kge": 2, "mf": 2, "w2v": 1, "ctr": 1}  # --quick: a smoke run, numbers meaningless
 
 # the CTR data (write_ctr)

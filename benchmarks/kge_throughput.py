@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/kge_throughput.py [--quick] [--only pykeen|bare|store]
         [--reps N] [--pairs N] [--max-wait S] [--mmap-dir DIR] [--out FILE]
 
-Three parts (docs/benchmarks.md explains each and lists the measured results):
+Three parts (how to run them: docs/benchmarks.md; the measured results: results/kge_throughput.json,
+shown in docs/tasks/kge.md "Measured"):
 
 1. ``pykeen``: cadence vs PyKEEN 1.11.1 on Kinships, DistMult dim 128, 16 negatives, batch 1024,
    Adagrad lr 0.1, logistic (softplus) loss: positives/second of training and training seconds to a

@@ -14,7 +14,7 @@ memory, which the capped process cannot; training time excludes it in any case).
 
 The store reads rows at random (``store.readahead=false``, cadence's default); ``--set
 store.readahead=true`` restores the kernel's read-ahead, the setting of the first measurements
-(docs/benchmarks.md: it made every strategy several times slower). ``--set KEY=VALUE`` passes any
+(it made every strategy several times slower: docs/strategies/pipelined.md, "Which strategy to pick"). ``--set KEY=VALUE`` passes any
 override to every strategy's runs.
 
 Also, once, OAC's guarantee in this very setting: the first oac run records its computation order

@@ -1,6 +1,6 @@
 """Diagnostic (not a result file): skip-gram's kernel in one part vs two, 10 interleaved reps. Run at
 ad95782 (clean src: the two-part kernel of cdfaad1) from an uncommitted copy; it gave the 13.4 vs
-11.5 ms of docs/benchmarks.md; committed afterwards (it needs cdfaad1's ``threads`` argument)."""
+11.5 ms of issue 27's note; committed afterwards (it needs cdfaad1's ``threads`` argument)."""
 import sys, time, torch, statistics
 sys.path.insert(0, "src")
 from cadence import compiled

@@ -80,7 +80,8 @@ def test_the_three_stages_run_on_three_streams() -> None:
 @needs_cuda
 def test_runs_in_one_process_share_the_streams_and_hold_no_more_memory_each(tiny_graph, tmp_path) -> None:
     """Streams made anew for each run kept cuBLAS's workspace and the allocator's cached blocks of the
-    old ones: 64 MiB more allocated after every run of a process (H200, fourth lease)."""
+    old ones: 64 MiB more allocated after every run of a process (H200,
+    benchmarks/results/gpu_check_54fe87b.json)."""
     import gc
 
     from cadence import api

@@ -88,7 +88,8 @@ def repair_operators(owners: int) -> Counter:
 def test_a_repair_waits_on_the_device_once_whatever_the_batches_it_takes_rows_from() -> None:
     """On a GPU an operator is a launch and a ``nonzero`` a wait for the device: a repair that looped
     over its owning batches with a ``nonzero`` each made OAC 683 launches a batch against async's 72
-    (the sixth lease). Per owning batch, two gathers (its values and state) and nothing else."""
+    (benchmarks/results/gpu_profile_kge-10m_oac_async.json). Per owning batch, two gathers (its values
+    and state) and nothing else."""
     few, many = repair_operators(4), repair_operators(20)
     assert many["aten.nonzero"] == few["aten.nonzero"] == 1
     assert sum(many.values()) - sum(few.values()) <= 2 * (20 - 4)

@@ -23,8 +23,9 @@ host ids (``host_ids``) for the store write: they never travel back.
 
 The streams are the process's, one per device and role (``stream_for``), not each run's: the caching
 allocator keeps a freed block for the stream it was made on, and cuBLAS keeps a workspace for each
-stream it ran on, so streams made anew for every run held 64 MiB more allocated and ~80 MiB more
-reserved memory per run of a process (measured on an H200, docs/benchmarks.md "The GPU path").
+stream it ran on, so streams made anew for every run held 64 MiB more allocated memory per run of a
+process (an H200: the peak run by run in benchmarks/results/gpu_check_54fe87b.json; guarded by the
+stream test in tests/pipeline/test_transfer.py).
 """
 
 from __future__ import annotations

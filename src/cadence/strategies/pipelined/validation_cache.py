@@ -90,7 +90,8 @@ class ValidationCache:
         Two reads of device values by the host whatever the number of batches the rows come from
         (the stale positions, then each owner's count): on a GPU each such read waits for the
         device, and a read per owning batch stalled OAC's compute thread once per batch in flight
-        (683 launches a batch against async's 72 on the 10M-entity table, the sixth lease)."""
+        (683 launches a batch against async's 72 on the 10M-entity table,
+        benchmarks/results/gpu_profile_kge-10m_oac_async.json)."""
         if not self.size:
             return 0
         slots = self.slot_of.index_select(0, ids).long()
