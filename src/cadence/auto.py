@@ -300,7 +300,7 @@ def _child(target: Callable[..., Any], args: tuple, send) -> None:
     # (forked: the parent's handlers came along.) SIGINT and SIGTERM unwind the trial, which removes
     # its scratch directory; it ends quietly, its parent is already on its way out
     # It leaves by ``os._exit`` (no atexit): what its trial started outside it (a Ray instance) is
-    # stopped here, however the trial ended
+    # stopped here, however the trial ended, and what that left (Ray's session directory) removed
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupted)
     try:
@@ -312,7 +312,7 @@ def _child(target: Callable[..., Any], args: tuple, send) -> None:
         send.send(("error", (note, err if isinstance(err, CadenceError) else None)))
     finally:
         with contextlib.suppress(KeyboardInterrupt):
-            end_process()
+            end_process(scratch=True)
 
 
 def _interrupted(signum: int, frame: Any) -> None:

@@ -12,6 +12,7 @@ import gc
 import logging
 import os
 import resource
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -125,6 +126,9 @@ def release_memory() -> None:
 # agents outlive a process that exits without stopping it), with the process that started it (a
 # forked child inherits the list, never what is on it); run by ``atexit``, or by ``end_process``
 _AT_END: list[tuple[int, Callable[[], None]]] = []
+# files such a thing left that only a scratch process's end removes (a Ray instance's session
+# directory: after a run, its logs; after a trial of ``strategy: auto``, nobody's)
+_LEFT: list[tuple[int, Path, str]] = []
 
 
 def stop_at_exit(stop: Callable[[], None]) -> None:
@@ -134,10 +138,17 @@ def stop_at_exit(stop: Callable[[], None]) -> None:
         atexit.register(end_process)
 
 
-def end_process() -> None:
+def left_at_exit(directory: Path, pattern: str) -> None:
+    """What ``pattern`` matches in ``directory`` (what a thing ``stop_at_exit`` stops leaves) goes
+    at ``end_process(scratch=True)``."""
+    _LEFT.append((os.getpid(), directory, pattern))
+
+
+def end_process(scratch: bool = False) -> None:
     """Run what this process registered with ``stop_at_exit``, newest first, each once: where a
     process ends without ``atexit`` (a forked child leaves by ``os._exit``: a trial of
-    ``strategy: auto``). What its parent registered stays the parent's."""
+    ``strategy: auto``). What its parent registered stays the parent's. ``scratch``: the process's
+    work is thrown away (a trial): what ``left_at_exit`` named goes too."""
     mine = [stop for pid, stop in _AT_END if pid == os.getpid()]
     _AT_END[:] = [(pid, stop) for pid, stop in _AT_END if pid != os.getpid()]
     for stop in reversed(mine):
@@ -145,6 +156,11 @@ def end_process() -> None:
             stop()
         except Exception as err:  # (a process on its way out: one line, never in the way of the rest)
             log.warning("stopping %s at exit: %s", getattr(stop, "__qualname__", stop), err)
+    left = [(directory, pattern) for pid, directory, pattern in _LEFT if pid == os.getpid()]
+    _LEFT[:] = [entry for entry in _LEFT if entry[0] != os.getpid()]
+    for directory, pattern in left if scratch else []:
+        for path in directory.glob(pattern):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def gib(size: int | float) -> str:

@@ -34,3 +34,16 @@ def test_a_forked_child_stops_its_own_and_never_its_parent_s(tmp_path: Path) -> 
         assert log.read_text() == "child's\nparent's\n"
     finally:
         resources.end_process()
+
+
+def test_what_a_stopped_thing_left_goes_only_with_a_scratch_process(tmp_path: Path) -> None:
+    """``left_at_exit``: a run's Ray session directory (its logs) stays at a plain end; a scratch
+    process's end (a trial of ``strategy: auto``) removes what the pattern matches, nothing else."""
+    for name in ("session_1_42", "session_2_43", "other"):
+        (tmp_path / name).mkdir()
+    resources.left_at_exit(tmp_path, "session_*_42")
+    resources.end_process()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "session_1_42", "session_2_43"]
+    resources.left_at_exit(tmp_path, "session_*_42")
+    resources.end_process(scratch=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "session_2_43"]

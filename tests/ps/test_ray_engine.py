@@ -598,18 +598,27 @@ def _processes_with(marker: str) -> dict[int, str]:
     return found
 
 
+@pytest.fixture
+def short_tmpdir():
+    """A TMPDIR short enough for Ray's socket paths (107 bytes at most), removed after the test."""
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(prefix="cdn-", dir="/tmp"))
+    yield scratch
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
 @pytest.mark.parametrize("ending", [pytest.param("finished", marks=pytest.mark.slow), "ctrl-c"])
-def test_auto_s_trials_on_ray_leave_no_process_behind(ending: str, tmp_path: Path) -> None:
+def test_auto_s_trials_on_ray_leave_no_process_behind(ending: str, short_tmpdir: Path, tmp_path: Path) -> None:
     """Each trial of ``--strategy auto --engine ray`` runs in a process of its own that starts a Ray
     instance; that process leaves by ``os._exit``, which skipped Ray's own shutdown: its dashboard
     and runtime-env agents lived on, orphaned. Finished or interrupted, every process the command or
     its Ray instances started has ended a few seconds after it returns (seen in /proc, by the
-    command's environment)."""
+    command's environment), and the trials' Ray session directories are gone (a finished run's own,
+    its logs, stays as after any Ray run)."""
     from tests.conftest import write_criteo
 
-    import tempfile
-
-    scratch = Path(tempfile.mkdtemp(prefix="cdn-", dir="/tmp"))  # (Ray's socket paths: 107 bytes at most)
+    scratch = short_tmpdir
     marker = f"TMPDIR={scratch}"
     data = write_criteo(tmp_path / "ctr.tsv", 600, 1)
     argv = [sys.executable, "-m", "cadence.cli", "-q", "train", "--task", "ctr", "--dataset", str(data),
@@ -632,7 +641,6 @@ def test_auto_s_trials_on_ray_leave_no_process_behind(ending: str, tmp_path: Pat
         out, err = process.communicate(timeout=60)
     finally:
         process.kill()
-        shutil.rmtree(scratch, ignore_errors=True)
     assert any("raylet" in name for name in seen), f"no Ray instance seen: the test proves nothing ({seen}): {err}"
     assert process.returncode == (0 if ending == "finished" else 130), err
     assert "Traceback" not in err, err
@@ -643,3 +651,5 @@ def test_auto_s_trials_on_ray_leave_no_process_behind(ending: str, tmp_path: Pat
         time.sleep(0.2)
         left = _processes_with(marker)
     assert not left, f"outlived the command: {left}"
+    sessions = sorted((scratch / "ray").glob("session_2*")) if (scratch / "ray").is_dir() else []
+    assert len(sessions) == (1 if ending == "finished" else 0), sessions

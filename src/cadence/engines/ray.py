@@ -12,8 +12,10 @@ import random
 import secrets
 import signal
 import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -23,7 +25,7 @@ from torch import Tensor
 from cadence.engines.channel import Channel, ChannelServer, Reply
 from cadence.engines.placement import Handle, Pending, Placement, verb_of
 from cadence.errors import ConfigError
-from cadence.resources import stop_at_exit
+from cadence.resources import left_at_exit, stop_at_exit
 
 try:
     import ray
@@ -59,6 +61,9 @@ def connect(address: str | None = None, threads: int = 0, idle_processes: int | 
     # (before ray.init: an interrupt while it starts the instance still stops what it started; a
     # forked process ends without atexit: it calls resources.end_process)
     stop_at_exit(ray.shutdown)
+    # the session directory of an instance this process starts (Ray names it after the starter's
+    # process id, under $RAY_TMPDIR or $TMPDIR): this process's leftover, removed where it is scratch
+    left_at_exit(Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray", f"session_*_{os.getpid()}")
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
