@@ -219,14 +219,16 @@ def oac_curve(section: Section, source: Source, tag: str = "") -> None:
         f"1,000 sampled entities): {setting['entities']:,} entities x dim {setting['dim']}, "
         f"{setting['edges']:,} edges an epoch, {setting['epochs']} epochs, the store on a filesystem whose reads take "
         f"{' or '.join(f'{float(lat):g} ms' for lat in latencies)} each (a FUSE server, `benchmarks/slowfs.py`) under a "
-        f"{setting['memory_cap_mib']} MiB cap; each curve the mean over the repetitions, epoch by epoch.")
+        f"{setting['memory_cap_mib']} MiB cap; each curve the mean over the repetitions, epoch by epoch"
+        + (f" (summarized at {data['summarized']['commit'][:7]}: `out_of_core.py --resummarize`)."
+           if data.get("summarized") else "."))
     for latency, part in latencies.items():
         mean = part["time_to_accuracy"]["mean_curve"]
         at = f"{float(latency):g} ms a read" + (f", lr {rate}" if rate else "")
         seconds = {name: mean["seconds"][name] for name in ("sync", "async", "oac")}
         ratio = mean["sync_over"]["oac"]
         section.rows.append((f"time to sync's best MRR ({mean['target']:.3f}), sync / OAC, {at}", "up to 3x",
-                             fmt(ratio, 2, "x"), ""))
+                             "never" if ratio is None else f"{ratio:.2f}x", ""))
         section.rows.append((f"seconds to it, {at}: sync, async, OAC", "OAC sooner; async later or never",
                              ", ".join("never" if value is None else f"{value:,.0f}" for value in seconds.values()), ""))
         near = mean.get("within_noise")
