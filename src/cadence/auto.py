@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from cadence.config import AutoConfig, CheckpointConfig, Config
 from cadence.errors import CadenceError, ConfigError
-from cadence.resources import end_process, gib, page_cache_room, release_memory
+from cadence.resources import end_process, gib, page_cache_room, processes_marked, release_memory
 
 if TYPE_CHECKING:  # (names for annotations only: this module imports no training code, so the CLI can
     # run every trial in a process of its own before it imports torch or reads any data)
@@ -271,6 +271,7 @@ def _in_child(target: Callable[..., Any], args: tuple, timeout: float) -> tuple[
     if child.is_alive():
         child.kill()
         child.join()
+    sweep_child(child.pid)
     if outcome is None:
         return "died", f"exit code {child.exitcode}{': killed, out of memory?' if child.exitcode == -9 else ''}"
     return outcome
@@ -284,7 +285,8 @@ def scratch_prefix(pid: int) -> str:
 
 def stop_child(child: Any, grace: float = CHILD_GRACE_SECONDS) -> None:
     """End a trial's process: SIGINT (it unwinds: its runtime closes, its scratch directory goes),
-    then SIGKILL after ``grace`` seconds; whatever scratch directory it left is removed."""
+    then SIGKILL after ``grace`` seconds; whatever scratch directory it left is removed, and every
+    process it started that is still there (``sweep_child``)."""
     if child.is_alive():
         with contextlib.suppress(ProcessLookupError):
             os.kill(child.pid, signal.SIGINT)
@@ -294,6 +296,18 @@ def stop_child(child: Any, grace: float = CHILD_GRACE_SECONDS) -> None:
         child.join()
     for left in Path(tempfile.gettempdir()).glob(f"{scratch_prefix(child.pid)}*"):
         shutil.rmtree(left, ignore_errors=True)
+    sweep_child(child.pid)
+
+
+TRIAL_MARK = "CADENCE_TRIAL_PROCESS"  # set in a trial's environment: every process it starts inherits it
+
+
+def sweep_child(pid: int) -> None:
+    """SIGKILL what trial ``pid`` started and left running (its environment's ``TRIAL_MARK``): a Ray
+    instance it was still starting, or one whose shutdown it did not live to finish."""
+    for leftover in processes_marked(TRIAL_MARK, str(pid)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(leftover, signal.SIGKILL)
 
 
 def _child(target: Callable[..., Any], args: tuple, send) -> None:
@@ -303,6 +317,7 @@ def _child(target: Callable[..., Any], args: tuple, send) -> None:
     # stopped here, however the trial ended, and what that left (Ray's session directory) removed
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupted)
+    os.environ[TRIAL_MARK] = str(os.getpid())
     try:
         send.send(("ok", target(*args)))
     except KeyboardInterrupt:

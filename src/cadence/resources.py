@@ -163,6 +163,19 @@ def end_process(scratch: bool = False) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def processes_marked(name: str, value: str) -> list[int]:
+    """The processes (this user's, readable in /proc) whose environment has ``name=value``: what a
+    process that set it started, whoever their parent is now (an orphan included); none without /proc."""
+    mark, found = f"{name}={value}".encode(), []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if mark in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def gib(size: int | float) -> str:
     return f"{size / 2**30:,.1f} GiB" if size >= 2**30 else f"{size / 2**20:,.0f} MiB"
 

@@ -47,3 +47,30 @@ def test_what_a_stopped_thing_left_goes_only_with_a_scratch_process(tmp_path: Pa
     resources.left_at_exit(tmp_path, "session_*_42")
     resources.end_process(scratch=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "session_2_43"]
+
+
+def test_sweeping_a_trial_kills_what_carries_its_mark_and_nothing_else() -> None:
+    """``auto.sweep_child``: the processes whose environment carries a trial's mark (what it started,
+    orphans included) are killed; one without the mark lives on."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from cadence import auto
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    marked = subprocess.Popen(sleeper, env={**os.environ, auto.TRIAL_MARK: "424242"})
+    plain = subprocess.Popen(sleeper)
+    try:
+        for _ in range(50):  # (its environment is readable once the process runs)
+            if marked.pid in resources.processes_marked(auto.TRIAL_MARK, "424242"):
+                break
+            time.sleep(0.05)
+        assert resources.processes_marked(auto.TRIAL_MARK, "424242") == [marked.pid]
+        auto.sweep_child(424242)
+        assert marked.wait(10) == -9
+        assert plain.poll() is None
+    finally:
+        marked.kill()
+        plain.kill()
