@@ -468,8 +468,9 @@ def _check_unread_keys(config: Config, strategy: Strategy) -> None:
         for key in changed:
             leaf = key.removeprefix(f"{name}.")
             if key.startswith(f"{name}.") and leaf in quiet:
-                raise ConfigError(f"{key}: read only with {quiet[leaf]}; this run has "
-                                  f"{_setting_words(config, quiet[leaf])}, which leaves it unread (remove it)")
+                reader, this_run = quiet[leaf]
+                raise ConfigError(f"{key}: read only with {reader}; this run has {this_run}, which leaves it "
+                                  "unread (remove it)")
     read_now = [key for *_, reads in families for key in reads]
     for key in changed:
         if any(_covers(own, key) for own in read_now):
@@ -479,15 +480,6 @@ def _check_unread_keys(config: Config, strategy: Strategy) -> None:
             if readers:
                 raise ConfigError(f"{key}: read only by the {family} {', '.join(readers)}; this run's is {chosen}, "
                                   "which does not read it (remove it, or choose one that reads it)")
-
-
-def _setting_words(config: Config, condition: str) -> str:
-    """How this config stands on ``condition`` (``store.backend: mmap`` -> ``store.backend: memory``;
-    a condition on a list: the list's value)."""
-    key = condition.split(":")[0].split(" ")[-1]
-    section, _, leaf = key.partition(".")
-    value = getattr(getattr(config, section), leaf)
-    return f"{key}: {value if value != [] else 'none'}"
 
 
 def _covers(declared: str, key: str) -> bool:

@@ -138,8 +138,8 @@ class StoreConfig:
     # thread's arena of freed batch blocks only grows, crowding out the page cache: docs/strategies/pipelined.md)
     malloc_arenas: int = setting(1, between=(0, 4096, "malloc arenas (0: the C library's default)"))
 
-    def unread(self) -> dict[str, str]:  # the keys these values leave unread, each with the setting that reads it
-        return {} if self.backend == "mmap" else dict.fromkeys(("path", "readahead", "malloc_arenas"), "store.backend: mmap")
+    def unread(self) -> dict[str, tuple[str, str]]:  # keys these values leave unread: (what reads them, what is set)
+        return {} if self.backend == "mmap" else dict.fromkeys(("path", "readahead", "malloc_arenas"), ("store.backend: mmap", f"store.backend: {self.backend}"))
 
 
 @dataclass

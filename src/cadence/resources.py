@@ -135,7 +135,6 @@ def stop_at_exit(stop: Callable[[], None]) -> None:
     """Run ``stop`` when this process ends: at its exit, or at ``end_process`` (once)."""
     if (os.getpid(), stop) not in _AT_END:
         _AT_END.append((os.getpid(), stop))
-        atexit.register(end_process)
 
 
 def left_at_exit(directory: Path, pattern: str) -> None:
@@ -161,6 +160,9 @@ def end_process(scratch: bool = False) -> None:
     for directory, pattern in left if scratch else []:
         for path in directory.glob(pattern):
             shutil.rmtree(path, ignore_errors=True)
+
+
+atexit.register(end_process)  # (this process's own registrations only, each once)
 
 
 def processes_marked(name: str, value: str) -> list[int]:

@@ -45,10 +45,11 @@ class CtrModelConfig:
     init_from: str | None = setting(None, not_empty=True)  # the old spelling of train.init_from (kept working)
     synthetic: SyntheticCtrConfig = field(default_factory=SyntheticCtrConfig)
 
-    def unread(self) -> dict[str, str]:
-        """The keys these values leave unread, each with the setting under which it is read."""
+    def unread(self) -> dict[str, tuple[str, str]]:
+        """The keys these values leave unread: (the setting under which they are read, this one's)."""
         periods = ("num_periods", "first_period", "last_period")
-        return {} if self.split == "periods" else dict.fromkeys(periods, "ctr.split: periods")
+        why = ("ctr.split: periods", f"ctr.split: {self.split}")
+        return {} if self.split == "periods" else dict.fromkeys(periods, why)
 
     def check(self, at: At, root: Any) -> None:
         if self.last_period < -1:
@@ -100,9 +101,10 @@ class MfConfig:
     update: Literal["auto", "batch", "rating"] = "auto"
     synthetic: SyntheticRatingsConfig = field(default_factory=SyntheticRatingsConfig)
 
-    def unread(self) -> dict[str, str]:
-        """The keys these values leave unread, each with the setting under which it is read."""
-        return {} if self.split == "kfold" else dict.fromkeys(("folds", "fold"), "mf.split: kfold")
+    def unread(self) -> dict[str, tuple[str, str]]:
+        """The keys these values leave unread: (the setting under which they are read, this one's)."""
+        why = ("mf.split: kfold", f"mf.split: {self.split}")
+        return {} if self.split == "kfold" else dict.fromkeys(("folds", "fold"), why)
 
     def check(self, at: At, root: Any) -> None:
         if self.fold >= self.folds:

@@ -24,6 +24,7 @@ ray = pytest.importorskip("ray")
 
 from cadence.cli import main  # noqa: E402
 from cadence.ps import ray_engine  # noqa: E402
+from cadence import resources  # noqa: E402
 from cadence.errors import ConfigError  # noqa: E402
 from tests.conftest import foreground  # noqa: E402
 from tests.ps.ctr_helpers import BATCH, final_state, make_trainer  # noqa: E402
@@ -586,13 +587,11 @@ def test_a_direct_role_answers_over_a_channel_as_a_ray_call_would(local_cluster)
 def _processes_with(marker: str) -> dict[int, str]:
     """{pid: command line} of the processes whose environment holds ``marker`` (this test's TMPDIR:
     the command's, inherited by every process it or Ray started, whatever their titles)."""
+    name, _, value = marker.partition("=")
     found = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for pid in resources.processes_marked(name, value):
         try:
-            if marker.encode() in (proc / "environ").read_bytes().split(b"\0"):
-                found[int(proc.name)] = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
     return found

@@ -54,13 +54,14 @@ class ParameterServerConfig:
     # every worker, its gradients all-reduced each round (PERSIA's split; embeddings stay on the servers)
     dense: Literal["server", "workers"] = "server"
 
-    def unread(self) -> dict[str, str]:
+    def unread(self) -> dict[str, tuple[str, str]]:
         """The keys these values leave unread, each with the setting under which it is read."""
         unread = {}
         if not self.stragglers:
-            unread["straggler_cause"] = "a straggler in ps.stragglers"
+            unread["straggler_cause"] = ("a straggler in ps.stragglers", "ps.stragglers: none")
         if self.straggler_cause != "cpu_quota":
-            unread["straggler_quota"] = "ps.straggler_cause: cpu_quota"
+            unread["straggler_quota"] = ("ps.straggler_cause: cpu_quota", f"ps.straggler_cause: {self.straggler_cause}")
         if self.engine != "ray":
-            unread.update(dict.fromkeys(("ray_address", "ray_idle_processes"), "ps.engine: ray"))
+            unread.update(dict.fromkeys(("ray_address", "ray_idle_processes"),
+                                        ("ps.engine: ray", f"ps.engine: {self.engine}")))
         return unread
