@@ -97,6 +97,12 @@ REFERENCE = ("async", "4x")  # async runs at this severity only
 # stale gradients (iota = 2, the default, drops them)
 ABLATIONS = {"gba_iota11": ("gba", ["ps.tolerance=11"])}
 BAR_SEVERITIES = ("4x", "8x")  # the issue's bars hold at each
+# --protocol switch (the paper's evaluation, continual training): MovieLens-100k in PERIODS time-ordered
+# periods ("days"); sync trains periods 0..SWITCH_AT - 1, then every mode continues from that model on
+# SWITCH_AT..PERIODS - 2, each evaluated on the period after it
+PERIODS = 10
+SWITCH_AT = 5
+SWITCH_EPOCHS = 2  # epochs per period (benchmarks/ps_training.py's switch: the same)
 # severity label -> ps.stragglers entry (None: no straggler)
 SEVERITIES = {"1x": None, "1.5x": "0:1.5", "2x": "0:2", "4x": "0:4", "8x": "0:8", "8x@2-3": "0:8@2-3"}
 QUICK_SEVERITIES = ("1x", "4x", "8x@2-3")
@@ -116,12 +122,51 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def run_once(work: Path, mode: str, severity: str, seed: int, common: list[str]) -> dict[str, Any]:
+def run_overrides(mode: str, severity: str, seed: int, common: list[str], cause: list[str]) -> list[str]:
+    """The settings of one run: the mode's strategy (an ablation's own keys), the seed, what every run
+    shares, and the straggler with how it is slowed (read only where there is one: 1x leaves it out)."""
     straggler = SEVERITIES[severity]
     strategy, extra = ABLATIONS.get(mode, (mode, []))
     overrides = [f"strategy={strategy}", *extra, f"seed={seed}", *common]
     if straggler is not None:
-        overrides.append(f'ps.stragglers=["{straggler}"]')
+        overrides += [f'ps.stragglers=["{straggler}"]', *cause]
+    return overrides
+
+
+def switch_base_overrides(seed: int, common: list[str]) -> list[str]:
+    """``--protocol switch``: the run every mode switches from, sync on the periods before the switch
+    (no straggler: the cluster was healthy then)."""
+    return ["strategy=sync", f"seed={seed}", *common, f"ctr.last_period={SWITCH_AT - 1}"]
+
+
+def switched(overrides: list[str], base: Path) -> list[str]:
+    """A run's settings continued from ``base`` on the periods after the switch."""
+    return [*overrides, f"ctr.first_period={SWITCH_AT}", f"ctr.last_period={PERIODS - 2}", f"train.init_from={base}"]
+
+
+def shared_overrides(epochs: int, latency: float, quota: str | None, switch: bool) -> tuple[list[str], list[str]]:
+    """(what every run sets, what a run with a straggler adds: how it is slowed); ``quota``: the
+    cgroup quota's kind (``--cause cpu_quota``, the workers Ray processes), None for sleeps."""
+    common = [f"train.epochs={epochs}", "eval.every=1", f"ps.emulated_latency={latency}", "ps.workers=4",
+              *(["ps.engine=ray"] if quota else []),
+              *(["ctr.split=periods", f"ctr.num_periods={PERIODS}"] if switch else [])]
+    return common, (["ps.straggler_cause=cpu_quota", f"ps.straggler_quota={quota}"] if quota else [])
+
+
+def plan_runs(seeds: list[int], severities: tuple[str, ...], modes: list[str] | None) -> list[tuple[int, str, str]]:
+    """(seed, severity, mode), seed-major: every mode at every severity (async at 4x only), an ablation
+    (every severity but 1x) only where ``modes`` names it; ``modes``: only these."""
+    return [(seed, severity, mode) for seed in seeds for severity in severities
+            for mode in (*MODES, *((REFERENCE[0],) if severity == REFERENCE[1] else ()),
+                         *(ABLATIONS if severity != "1x" else ()))
+            if (modes is None and mode not in ABLATIONS) or (modes is not None and mode in modes)]
+
+
+def run_once(work: Path, mode: str, severity: str, seed: int, common: list[str],
+             cause: list[str], base: Path | None = None) -> dict[str, Any]:
+    overrides = run_overrides(mode, severity, seed, common, cause)
+    if base is not None:
+        overrides = switched(overrides, base)
     load = loadavg()
     busy0, total0 = _machine_jiffies()
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -132,8 +177,9 @@ def run_once(work: Path, mode: str, severity: str, seed: int, common: list[str])
     busy1, total1 = _machine_jiffies()
     own = (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) * os.sysconf("SC_CLK_TCK")
     summary = result.summary
+    # validation: the valid split (from scratch), or the next period after each trained one (switch)
     valid = [{"epoch": m["epoch"], "wall_seconds": m["wall_seconds"], "auc": m["auc"]}
-             for m in result.metrics if m.get("split") == "valid"]
+             for m in result.metrics if m.get("split") == ("valid" if base is None else "next_period")]
     applied, dropped = summary["gradients_applied"], summary["gradients_dropped"]
     return {
         "mode": mode, "severity": severity, "seed": seed, "overrides": overrides,
@@ -205,17 +251,18 @@ def speedup(records: list[dict[str, Any]], severity: str, fast: str, ttt: str = 
             "never_reached": {"sync": sync_times.count(None), fast: fast_times.count(None)}}
 
 
-def bars(records: list[dict[str, Any]], severity: str = "4x", ttt: str = "time_to_target") -> dict[str, Any]:
+def bars(records: list[dict[str, Any]], severity: str = "4x", ttt: str = "time_to_target",
+         goal: str = "reaches the target") -> dict[str, Any]:
     one = speedup(records, severity, "gba", ttt)
     ok = (one["ratio_of_means"] is not None and one["ratio_of_means"] >= 2.0
           and all(r is not None and r >= 2.0 for r in one["per_seed_ratio"]))
-    one.update(bar=f"{severity}: GBA reaches the target >= 2x faster than sync (ratio of means and every seed)",
+    one.update(bar=f"{severity}: GBA {goal} >= 2x faster than sync (ratio of means and every seed)",
                passed=bool(one["per_seed_ratio"]) and ok)
     gaps = [g - s for _, s, g in paired(records, severity, "sync", "gba", lambda r: r["summary"]["auc"])]
     two = {"bar": f"{severity}: GBA test AUC >= sync's - 0.001 (mean of the per-seed differences)",
            "gba_minus_sync_test_auc": stats(gaps), "passed": bool(gaps) and sum(gaps) / len(gaps) >= -0.001}
     three = speedup(records, severity, "hop_bw", ttt)
-    three.update(bar=f"{severity}: hop_bw reaches the target faster than sync (ratio of means > 1)",
+    three.update(bar=f"{severity}: hop_bw {goal} faster than sync (ratio of means > 1)",
                  passed=three["ratio_of_means"] is not None and three["ratio_of_means"] > 1.0)
     over = [g - h for _, h, g in paired(records, severity, "hop_bw", "gba", lambda r: r["summary"]["auc"])]
     four = {"bar": f"{severity}: GBA test AUC >= hop_bw's (mean of the per-seed differences)",
@@ -224,7 +271,7 @@ def bars(records: list[dict[str, Any]], severity: str = "4x", ttt: str = "time_t
             "3_hop_bw_faster_than_sync": three, "4_gba_test_auc_at_least_hop_bw": four}
 
 
-def gaps_by_severity(records: list[dict[str, Any]]) -> dict[str, Any]:
+def gaps_by_severity(records: list[dict[str, Any]], ttt: str = "time_to_target") -> dict[str, Any]:
     out = {}
     for severity in SEVERITIES:
         for mode in ("gba", "hop_bw", *ABLATIONS):
@@ -232,9 +279,9 @@ def gaps_by_severity(records: list[dict[str, Any]]) -> dict[str, Any]:
             if gaps:
                 out.setdefault(severity, {})[f"{mode}_minus_sync_test_auc"] = stats(gaps)
         for mode in ("gba", "hop_bw"):
-            ratio = speedup(records, severity, mode)
+            ratio = speedup(records, severity, mode, ttt)
             if ratio["seeds"]:
-                out.setdefault(severity, {})[f"sync_over_{mode}_time_to_target"] = {
+                out.setdefault(severity, {})[f"sync_over_{mode}_{ttt}"] = {
                     "ratio_of_means": ratio["ratio_of_means"], "per_seed": ratio["per_seed_ratio"]}
     return out
 
@@ -268,8 +315,30 @@ def git_state() -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD"), "dirty_files": git("status", "--short", "src").splitlines()}
 
 
+SWITCH_TIME = "time_to_train"  # --protocol switch: a run's training seconds for the periods after the switch
+
+
+def finish_switch(results: dict[str, Any]) -> None:
+    """``--protocol switch``: every mode trains the same periods after the switch, so speed is the
+    training seconds they take (sync's over GBA's, the paper's 2.4x), and quality the mean AUC on the
+    period after each (the summary's ``auc``, in the bars' test-AUC slot)."""
+    records = results["runs"]
+    for record in records:
+        record[SWITCH_TIME] = record["summary"]["train_seconds"]
+    goal = "trains the periods after the switch"
+    results.update(
+        quality="summary auc: the mean AUC on the period after each trained one (the paper's next-day AUC)",
+        aggregates=aggregate(records, SWITCH_TIME), by_severity=gaps_by_severity(records, SWITCH_TIME),
+        bars=bars(records, ttt=SWITCH_TIME, goal=goal),
+        bars_by_severity={sev: bars(records, sev, SWITCH_TIME, goal) for sev in BAR_SEVERITIES
+                          if any(r["severity"] == sev for r in records)})
+
+
 def finish(results: dict[str, Any]) -> None:
     """Targets, times to target, aggregates and bars from ``results["runs"]``."""
+    if results.get("protocol") == "switch":
+        finish_switch(results)
+        return
     records = results["runs"]
     best = {r["seed"]: r["best_valid_auc"] for r in records if r["mode"] == "sync" and r["severity"] == "1x"}
     targets = {seed: auc - TARGET_MARGIN for seed, auc in best.items()}
@@ -297,12 +366,16 @@ def finish(results: dict[str, Any]) -> None:
 
 
 def report(results: dict[str, Any], path: Path) -> None:
-    print(f"target valid AUC per seed {({s: round(t, 4) for s, t in results['target']['valid_auc_by_seed'].items()})}"
-          f" (pooled {results['pooled_target']['valid_auc']:.4f}); {len(results['seeds'])} seed(s), "
-          f"{results['epochs']} epochs, latency {results['latency_seconds']}s")
+    if "target" in results:
+        print(f"target valid AUC per seed {({s: round(t, 4) for s, t in results['target']['valid_auc_by_seed'].items()})}"
+              f" (pooled {results['pooled_target']['valid_auc']:.4f}); ", end="")
+    else:
+        print(f"switched from sync after period {SWITCH_AT - 1}; quality: {results['quality']}; ", end="")
+    print(f"{len(results['seeds'])} seed(s), {results['epochs']} epochs, latency {results['latency_seconds']}s")
     print(table_text(results["aggregates"]))
     groups = [(f"{sev}: ", group) for sev, group in results.get("bars_by_severity", {"4x": results["bars"]}).items()]
-    for label, group in (*groups, ("pooled target: ", results["pooled_target"]["bars"])):
+    pooled = [("pooled target: ", results["pooled_target"]["bars"])] if "pooled_target" in results else []
+    for label, group in (*groups, *pooled):
         for name, bar in group.items():
             if "ratio_of_means" in bar:
                 numbers = (f"ratio of means {bar['ratio_of_means']}, per seed {bar['per_seed_ratio']}, "
@@ -333,6 +406,11 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=(*MODES, REFERENCE[0], *ABLATIONS),
                         help="run only these modes (an ablation runs only when named: gba_iota11 is GBA with "
                              "ps.tolerance=11, at every severity but 1x)")
+    parser.add_argument("--protocol", choices=("scratch", "switch"), default="scratch",
+                        help="scratch: every mode trains from scratch on a random split (time to a target AUC); "
+                             f"switch: the paper's continual training: sync trains periods 0-{SWITCH_AT - 1} of "
+                             f"{PERIODS}, every mode continues from it on periods {SWITCH_AT}-{PERIODS - 2}, each "
+                             "evaluated on the next (--epochs per period, default 2)")
     parser.add_argument("--append", action="store_true",
                         help="add the runs to those already in the JSON (same epochs and latency), "
                              "replacing any with the same seed, severity and mode")
@@ -350,7 +428,8 @@ def main() -> None:
         if cgroups.unavailable() is not None:
             print(f"gba_stragglers --cause cpu_quota: skipped: {cgroups.unavailable()}")
             return
-    name = "gba_stragglers" + (f"_quota{'_absolute' if args.quota == 'absolute' else ''}" if quota else "")
+    name = ("gba_stragglers" + (f"_quota{'_absolute' if args.quota == 'absolute' else ''}" if quota else "")
+            + ("_switch" if args.protocol == "switch" else ""))
     path = RESULTS / (f"{name}_quick.json" if args.quick else f"{name}.json")
     command = " ".join([".venv/bin/python", "benchmarks/gba_stragglers.py", *sys.argv[1:]])
     if args.reaggregate:
@@ -361,20 +440,18 @@ def main() -> None:
         report(results, path)
         return
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    epochs = args.epochs or (3 if args.quick else 6)
+    switch = args.protocol == "switch"
+    epochs = args.epochs or (SWITCH_EPOCHS if switch else 3 if args.quick else 6)
     severities = args.severities or (QUICK_SEVERITIES if args.quick else tuple(SEVERITIES))
-    common = [f"train.epochs={epochs}", "eval.every=1", f"ps.emulated_latency={args.latency}", "ps.workers=4",
-              *(["ps.engine=ray", "ps.straggler_cause=cpu_quota", f"ps.straggler_quota={args.quota}"] if quota else [])]
-    plan = [(seed, severity, mode) for seed in seeds for severity in severities
-            for mode in (*MODES, *((REFERENCE[0],) if severity == REFERENCE[1] else ()),
-                         *(ABLATIONS if severity != "1x" else ()))
-            if (args.modes is None and mode not in ABLATIONS) or (args.modes is not None and mode in args.modes)]
+    common, cause = shared_overrides(epochs, args.latency, args.quota if quota else None, switch)
+    plan = plan_runs(seeds, severities, args.modes)
     earlier: list[dict[str, Any]] = []
     if args.append:
         if not path.exists():
             parser.error(f"--append: {path.relative_to(REPO)} does not exist yet")
         previous = json.loads(path.read_text())
-        if previous["epochs"] != epochs or previous["latency_seconds"] != args.latency:
+        if (previous["epochs"] != epochs or previous["latency_seconds"] != args.latency
+                or previous.get("protocol", "scratch") != args.protocol):
             parser.error(f"--append: {path.relative_to(REPO)} has epochs {previous['epochs']} and latency "
                          f"{previous['latency_seconds']}; these runs would not be comparable")
         fresh = {(seed, severity, mode) for seed, severity, mode in plan}
@@ -383,21 +460,31 @@ def main() -> None:
         severities = tuple(s for s in SEVERITIES if s in {*previous["severities"], *severities})
     results: dict[str, Any] = {
         "command": command, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "complete": False,
-        "config": str(CONFIG.relative_to(REPO)), "common_overrides": common,
+        "config": str(CONFIG.relative_to(REPO)), "common_overrides": common, "straggler_overrides": cause,
         "severities": {s: SEVERITIES[s] for s in severities}, "seeds": seeds, "epochs": epochs,
         "latency_seconds": args.latency, "straggler_cause": args.cause, "local_batch": LOCAL_BATCH, "target_margin": TARGET_MARGIN,
+        "protocol": args.protocol,
+        **({"switch": {"periods": PERIODS, "sync_trained": [0, SWITCH_AT - 1], "switched": [SWITCH_AT, PERIODS - 2],
+                       "epochs_per_period": epochs}, "bases": {}} if switch else {}),
         "machine": machine_info(), "git": git_state(), "runs": earlier,
     }
     if args.append:
         additions = [*previous.get("appended", []), {"command": command, "date": results["date"],
                                                      "runs": len(plan), "git": results["git"]}]
-        results.update({k: previous[k] for k in ("command", "date", "machine", "git") if k in previous})
+        results.update({k: previous[k] for k in ("command", "date", "machine", "git", "bases") if k in previous})
         results["appended"] = additions
     RESULTS.mkdir(exist_ok=True)
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cadence-gba-") as scratch:
+        base = None
         for index, (seed, severity, mode) in enumerate(plan, 1):
-            record = run_once(Path(scratch), mode, severity, seed, common)
+            if switch and (base is None or base.name != f"base-{seed}"):  # the seed's model before the switch
+                base = Path(scratch) / f"base-{seed}"
+                summary = train(base, *switch_base_overrides(seed, common)).summary
+                results["bases"][str(seed)] = {k: summary.get(k) for k in ("auc", "next_period_auc", "train_seconds")}
+                say(f"seed {seed}: sync on periods 0-{SWITCH_AT - 1}: next-period AUC "
+                    f"{[round(a, 4) for a in summary['next_period_auc']]}")
+            record = run_once(Path(scratch), mode, severity, seed, common, cause, base)
             results["runs"].append(record)
             path.write_text(json.dumps(stamp(results), indent=1) + "\n")
             s = record["summary"]
