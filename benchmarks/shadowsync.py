@@ -112,6 +112,7 @@ class Contender:
     every: int | None = None  # fr-*: a foreground sync every k batches of a trainer
     cap: float = 0.0  # shadow-*: shadow.max_syncs_per_second (0: off, the default)
     share: float = 0.0  # shadow-*: shadow.cpu_share (0: off, the default)
+    settings: tuple[str, ...] = ()  # any other keys (the BMUF ablation's block momentum and alpha)
 
     def overrides(self) -> list[str]:
         # shadow-*: a round waits for an update of the replica (the shipped config's setting), or,
@@ -121,7 +122,7 @@ class Contender:
                       if self.strategy.startswith("shadow-") else [])
         return [f"strategy={self.strategy}", *background, *([f"shadow.every={self.every}"] if self.every else []),
                 *([f"shadow.max_syncs_per_second={self.cap:g}"] if self.cap else []),
-                *([f"shadow.cpu_share={self.share:g}"] if self.share else [])]
+                *([f"shadow.cpu_share={self.share:g}"] if self.share else []), *self.settings]
 
 
 HOGWILD = Contender("hogwild", "hogwild")
@@ -132,6 +133,23 @@ SHADOW_SHARED = tuple(Contender(f"shadow-{rule}@share", f"shadow-{rule}", share=
 FOREGROUND = (*(Contender(f"fr-{rule}-5", f"fr-{rule}", 5) for rule in ("easgd", "ma", "bmuf")),
               *(Contender(f"fr-easgd-{k}", "fr-easgd", k) for k in (10, 30, 100)))
 CONTENDERS = (HOGWILD, *SHADOW, *SHADOW_SHARED, *FOREGROUND)
+# --bmuf: BMUF's block momentum and the elastic parameter, under ShadowSync and in the foreground. The
+# library's default momentum is fairseq's 0.875 (sized for its 8-GPU blocks); BMUF's paper (Chen & Huo
+# 2016) sets it to 1 - 1/N for N learners: 0.5 for 2 trainers; 0 is the ShadowSync paper's Algorithm 4 as
+# printed (momentum a comment); its Figure 7 runs S-BMUF with a larger alpha as well (here twice the
+# default 0.9 / trainers)
+ALPHA = 0.9 / TRAINERS
+BMUF_MOMENTA = (0.875, round(1 - 1 / TRAINERS, 4), 0.0)
+BMUF_SHADOW = (*(Contender(f"shadow-bmuf-mu{mu:g}", "shadow-bmuf", settings=(f"shadow.block_momentum={mu:g}",))
+                 for mu in BMUF_MOMENTA),
+               Contender(f"shadow-bmuf-mu{BMUF_MOMENTA[0]:g}-alpha{2 * ALPHA:g}", "shadow-bmuf",
+                         settings=(f"shadow.block_momentum={BMUF_MOMENTA[0]:g}", f"shadow.alpha={2 * ALPHA:g}")),
+               Contender(f"shadow-bmuf-mu{BMUF_MOMENTA[1]:g}-alpha{2 * ALPHA:g}", "shadow-bmuf",
+                         settings=(f"shadow.block_momentum={BMUF_MOMENTA[1]:g}", f"shadow.alpha={2 * ALPHA:g}")))
+BMUF_FOREGROUND = tuple(Contender(f"fr-bmuf-5-mu{mu:g}", "fr-bmuf", 5, settings=(f"shadow.block_momentum={mu:g}",))
+                        for mu in BMUF_MOMENTA[:2])
+BMUF_CONTENDERS = (HOGWILD, SHADOW[0], *BMUF_SHADOW, *(c for c in FOREGROUND if c.strategy == "fr-easgd"),
+                   *BMUF_FOREGROUND)
 SWEEP_CONTENDERS = (SHADOW[0], FOREGROUND[0], HOGWILD)
 CAPPED = SHADOW[:2]  # shadow-easgd, shadow-ma
 SHARED_TEXT = f" with the paper's CPU share (shadow.cpu_share {PAPER_SHARE:g} cores)"
@@ -314,7 +332,7 @@ def print_main(table: dict[str, dict[str, Any]], bars: dict[str, Any]) -> None:
               f"{cell(row['train_loss']):>15} {cell(row['eval_logloss']):>15} {cell(row['ne']):>15} "
               f"{cell(row['auc']):>15} {number(row['others_cpu_share'] and row['others_cpu_share']['mean'], 2):>10}"
               f"{failed}")
-    for eps in (bars["a_shadow_eps"], bars["a_shadow_eps_shared"]):
+    for eps in (bar for key, bar in bars.items() if key.startswith("a_")):
         print(f"{'PASS' if eps['passed'] else 'FAIL'} (a) {eps['bar']}: " + ", ".join(
             f"{name} {number(r and r['mean'], 3)}" for name, r in eps["ratios"].items()))
     for key, loss in bars.items():
@@ -381,6 +399,23 @@ def eps_only(report: dict[str, Any], seeds: list[int], overrides: list[str], gat
     return 0
 
 
+def bmuf_only(report: dict[str, Any], seeds: list[int], overrides: list[str], gate: QuietGate, out_path: Path,
+              started: float) -> int:
+    """BMUF's block momentum and alpha (``BMUF_CONTENDERS``): each one's eval logloss against the best
+    fr-easgd, paired by seed, as bar (b)."""
+    runs = main_runs(seeds, overrides, gate, BMUF_CONTENDERS)
+    table = summarize(runs, BMUF_CONTENDERS)
+    report["settings"]["contenders"] = {c.name: {"overrides": c.overrides()} for c in BMUF_CONTENDERS}
+    report["main"] = {"runs": runs, "summary": table,
+                      "bars": {f"b_{c.name}_logloss": logloss_bar(runs, table, c.name)
+                               for c in (SHADOW[0], *BMUF_SHADOW, *BMUF_FOREGROUND)}}
+    report["complete"] = True
+    write_report(report, out_path, started, gate.waited_s)
+    print_main(table, {"a_shadow_eps": eps_bar(table, (SHADOW[0], *BMUF_SHADOW)), **report["main"]["bars"]})
+    print(f"wrote {out_path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = peer_parser(__doc__, f"{NUM_EXAMPLES[True]:,} examples instead of {NUM_EXAMPLES[False]:,}, 1 seed", 3,
                          "total seconds to wait for other processes to go idle before runs (default 300, 0 with "
@@ -391,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--main-only", action="store_true",
                         help="the main comparison and its bars only (every contender, every seed): no sweep and "
                              "no cap section")
+    parser.add_argument("--bmuf", action="store_true",
+                        help="BMUF's block momentum (0.875, 1 - 1/trainers, 0) and a larger alpha, shadow and "
+                             "foreground, against hogwild, shadow-easgd and fr-easgd-k: eval logloss over the seeds")
     args = parser.parse_args(argv)
     check(args)
     seeds, out_path, command = peer_run(args, "shadowsync", 3)
@@ -408,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     run_one(HOGWILD, seeds[0], [*overrides, *scale(1, 1)], gate, section="warm-up")  # one-time costs, not kept
     if args.eps_only:
         return eps_only(report, seeds, overrides, gate, out_path, started)
+    if args.bmuf:
+        return bmuf_only(report, seeds, overrides, gate, out_path, started)
     runs = main_runs(seeds, overrides, gate)
     table = summarize(runs)
     report["main"] = {"runs": runs, "summary": table,
