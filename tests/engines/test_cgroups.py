@@ -104,3 +104,35 @@ def test_a_thread_quota_slows_that_thread_alone() -> None:
     assert "cadence/test-thread-" not in groups["slowed-after"] and "cadence/test-thread-" not in found["process"]
     assert rates["slowed"] < rates["free"] / 2.0, rates  # 4x asked of the thread's own rate
     assert rates["throttled"] > 0
+
+
+WINDOWS_CHILD = """
+import json, os, sys, time
+from cadence.engines.cgroups import RelativeCpuQuota
+slowdown, probe, window, count = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+rates, quota = [], None
+for _ in range(count):  # windows shorter than the probe, as a straggler's short epochs
+    quota = RelativeCpuQuota.after(quota, f"test-windows-{os.getpid()}", slowdown, probe_s=probe)
+    with quota:
+        began_cpu, began = time.process_time(), time.perf_counter()
+        while time.perf_counter() - began < window:
+            pass
+        rates.append((time.process_time() - began_cpu) / (time.perf_counter() - began))
+print(json.dumps({"rates": rates, "measured": quota.measured_cores, "throttled": quota.throttled}))
+"""
+
+
+def test_a_process_slowed_in_windows_shorter_than_the_probe_is_measured_then_held() -> None:
+    """A straggler whose epochs are shorter than the probe: each epoch's quota goes on with the probe
+    the earlier ones began (``RelativeCpuQuota.after``), so once the probe's time is reached in all
+    the process is held at its rate over the slowdown; probing afresh each window, it ran free."""
+    slowdown, probe, window, count = 4.0, 0.5, 0.2, 8  # the probe ends in the third window
+    done = subprocess.run([sys.executable, "-c", WINDOWS_CHILD, str(slowdown), str(probe), str(window), str(count)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    rates = found["rates"]
+    assert found["measured"] is not None
+    free, held = max(rates[:2]), rates[4:]  # (the first two: wholly inside the probe)
+    assert max(held) < free / 2.5, rates
+    assert found["throttled"]["throttled_seconds"] > 0

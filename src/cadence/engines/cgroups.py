@@ -103,18 +103,34 @@ class CpuQuota:
 
 class RelativeCpuQuota(CpuQuota):
     """``with RelativeCpuQuota(name, slowdown):`` after ``probe_s`` unthrottled seconds, this process
-    runs at most its measured CPU rate over ``slowdown`` (``cores``: the quota set, None before)."""
+    runs at most its measured CPU rate over ``slowdown`` (``cores``: the quota set, None before).
+
+    A quota left before its probe ended keeps what the probe saw (``probed``: CPU and wall seconds);
+    the next quota of the same process (``RelativeCpuQuota.after``) goes on probing from there, so a
+    process slowed in windows shorter than the probe (short epochs) is still measured, then held,
+    instead of probing afresh and running free in every window."""
 
     def __init__(self, name: str, slowdown: float, probe_s: float = PROBE_S, period_us: int = PERIOD_US,
-                 known_cores: float | None = None, thread: bool = False):
+                 known_cores: float | None = None, thread: bool = False, probed: tuple[float, float] = (0.0, 0.0)):
         if slowdown <= 1.0:
             raise ValueError(f"a slowdown must exceed 1; got {slowdown}")
         super().__init__(name, 1.0, period_us, thread)
         self.slowdown, self.probe_s = slowdown, probe_s
         self.measured_cores = known_cores  # the process's CPU rate unthrottled (the probe's, or given)
         self.cores = None if known_cores is None else max(known_cores / slowdown, 0.01)
+        self.probed = probed  # (CPU seconds, wall seconds) probed unthrottled so far, in earlier windows too
         self.stop = threading.Event()
         self.timer: threading.Thread | None = None
+        self._seen: Callable[[], tuple[float, float]] | None = None  # this window's probe so far
+
+    @classmethod
+    def after(cls, previous: "CpuQuota | None", name: str, slowdown: float, thread: bool = False,
+              probe_s: float = PROBE_S) -> "RelativeCpuQuota":
+        """The quota for the next window of a process (or thread) ``previous`` held before: its
+        measured rate reused, or its unfinished probe continued."""
+        known = getattr(previous, "measured_cores", None)
+        probed = getattr(previous, "probed", (0.0, 0.0)) if known is None else (0.0, 0.0)
+        return cls(name, slowdown, probe_s, known_cores=known, thread=thread, probed=probed)
 
     def __enter__(self) -> "RelativeCpuQuota":
         super().__enter__()
@@ -126,15 +142,20 @@ class RelativeCpuQuota(CpuQuota):
             return _thread_cpu_seconds(measured) if self.thread else time.process_time()
 
         began_cpu, began = cpu_seconds(), time.perf_counter()
+        before_cpu, before_wall = self.probed
+
+        def seen() -> tuple[float, float]:
+            return before_cpu + cpu_seconds() - began_cpu, before_wall + time.perf_counter() - began
 
         def probe() -> None:
-            if self.stop.wait(self.probe_s):
+            if self.stop.wait(max(0.0, self.probe_s - before_wall)):
                 return
-            spent = cpu_seconds() - began_cpu
-            self.measured_cores = spent / max(1e-9, time.perf_counter() - began)
+            spent, elapsed = seen()
+            self.measured_cores = spent / max(1e-9, elapsed)
             self.cores = max(self.measured_cores / self.slowdown, 0.01)
             self.limit(self.cores)
 
+        self._seen = seen
         self.timer = threading.Thread(target=probe, name="cadence-quota-probe", daemon=True)
         self.timer.start()
         return self
@@ -143,6 +164,8 @@ class RelativeCpuQuota(CpuQuota):
         self.stop.set()
         if self.timer is not None:
             self.timer.join()
+        if self.measured_cores is None and self._seen is not None:
+            self.probed = self._seen()  # (the probe did not end: the next window goes on from here)
 
 
 def _thread_cpu_seconds(tid: int) -> float:
@@ -151,11 +174,11 @@ def _thread_cpu_seconds(tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-# ps.straggler_quota -> (name, the process's torch threads, slowdown, its CPU rate measured before or
-# None) -> the quota of a straggler
-STRAGGLER_QUOTAS: Registry[Callable[[str, int, float, float | None], CpuQuota]] = Registry(
+# ps.straggler_quota -> (name, the process's torch threads, slowdown, the quota it held in its last
+# slowed window or None) -> the quota of a straggler
+STRAGGLER_QUOTAS: Registry[Callable[[str, int, float, CpuQuota | None], CpuQuota]] = Registry(
     "straggler quota", "ps.straggler_quota")
 STRAGGLER_QUOTAS.register("relative")(
-    lambda name, threads, slowdown, known: RelativeCpuQuota(name, slowdown, known_cores=known))
+    lambda name, threads, slowdown, previous: RelativeCpuQuota.after(previous, name, slowdown))
 STRAGGLER_QUOTAS.register("absolute")(
-    lambda name, threads, slowdown, known: CpuQuota(name, max(1, threads) / slowdown))
+    lambda name, threads, slowdown, previous: CpuQuota(name, max(1, threads) / slowdown))

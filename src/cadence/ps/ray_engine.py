@@ -226,7 +226,7 @@ class TaskWorker(Actor):
 
         torch.set_num_threads(threads)
         self.index, self.settings, self.coordinator, self.threads = index, settings, coordinator, threads
-        self.last_quota: CpuQuota | None = None  # a straggler's last quota (its measured CPU rate is reused)
+        self.last_quota: CpuQuota | None = None  # a straggler's last quota (its measured CPU rate, or probe, goes on)
         self.mode = mode  # (the mode itself travels: its family's module need not be imported here)
         self.task = ray.get(recipe_box[0])()
         for shard in shards:  # this worker's per-batch calls take the channels
@@ -283,9 +283,8 @@ class TaskWorker(Actor):
         cores, over the slowdown), or None (no straggler, or one that sleeps)."""
         if self.settings.ps.straggler_cause != "cpu_quota" or slowdown <= 1.0:
             return None
-        known = getattr(self.last_quota, "measured_cores", None)  # measured in an earlier slowed epoch
-        quota = STRAGGLER_QUOTAS.get(self.settings.ps.straggler_quota)
-        self.last_quota = quota(f"{os.getpid()}-worker-{self.index}", self.threads, slowdown, known)
+        quota = STRAGGLER_QUOTAS.get(self.settings.ps.straggler_quota)  # (an earlier epoch's rate or probe goes on)
+        self.last_quota = quota(f"{os.getpid()}-worker-{self.index}", self.threads, slowdown, self.last_quota)
         return self.last_quota
 
     def run_job(self, job: Callable[..., Any], *args: Any) -> Any:

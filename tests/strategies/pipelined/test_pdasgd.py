@@ -197,5 +197,5 @@ def test_the_slowed_backward_thread_alone_runs_at_its_rate_over_the_slowdown() -
     for thread in threads:
         thread.join()
     assert rates[0] < rates[1] / 2.0, rates
-    assert schedule.throttled_seconds > 0 and schedule.slow_rate is not None
+    assert schedule.throttled_seconds > 0 and schedule.slow_quota.measured_cores is not None
     assert schedule.stats()["slowed_thread_throttled_seconds"] > 0

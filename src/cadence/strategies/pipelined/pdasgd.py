@@ -136,9 +136,9 @@ class Pdasgd(Schedule):
         self.staleness: Staleness | None = None
         self.busy = {"forward_busy_seconds": 0.0, "backward_busy_seconds": 0.0}
         self.streams: list = []  # CUDA: backward thread i's stream (the process's ``side-i`` stream)
-        # pdasgd.slow_thread: that thread's CPU rate measured unslowed (its first epoch's probe, reused)
-        # and what its quota throttled, summed over epochs
-        self.slow_rate: float | None = None
+        # pdasgd.slow_thread: that thread's last quota (its CPU rate measured unslowed, or the probe so
+        # far, goes on in the next epoch) and what its quotas throttled, summed over epochs
+        self.slow_quota: cgroups.CpuQuota | None = None
         self.throttled_seconds = 0.0
 
     def _streams(self, stages: Stages, threads: int) -> list:
@@ -293,11 +293,11 @@ class Pdasgd(Schedule):
         if slowdown is None:
             yield
             return
-        quota = cgroups.RelativeCpuQuota(f"{os.getpid()}-pdasgd-backward-{index}", slowdown,
-                                         known_cores=self.slow_rate, thread=True)
+        quota = cgroups.RelativeCpuQuota.after(self.slow_quota, f"{os.getpid()}-pdasgd-backward-{index}", slowdown,
+                                               thread=True)
         with quota:
             yield
-        self.slow_rate = quota.measured_cores if quota.measured_cores is not None else self.slow_rate
+        self.slow_quota = quota  # (its measured rate, or its unfinished probe, serves the next epoch)
         self.throttled_seconds += quota.throttled["throttled_seconds"]
 
     def stats(self) -> dict:
