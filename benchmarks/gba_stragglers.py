@@ -54,7 +54,7 @@ AUC >= hop_bw's (mean of the per-seed differences).
 which keeps the straggler's stale gradients that the default tolerance, 2, drops.
 
     .venv/bin/python benchmarks/gba_stragglers.py [--quick] [--seeds 0 1 2] [--epochs 6] [--latency 0.02]
-    sudo .venv/bin/python benchmarks/gba_stragglers.py --cause cpu_quota --seeds 0 1 2 3 4 --epochs 8 \
+    sudo .venv/bin/python benchmarks/gba_stragglers.py --cause cpu_quota --seeds 0 1 2 3 4 5 6 7 8 9 --epochs 8 \
         --severities 1x 4x 8x --modes sync gba hop_bw async gba_iota11   # the file of record (issue 49)
     .venv/bin/python benchmarks/gba_stragglers.py --seeds 3 4 5 --severities 1x 4x --modes sync gba --append
                                                    # more seeds for the 4x bars, added to the runs on record
