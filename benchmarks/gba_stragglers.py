@@ -466,8 +466,9 @@ def main() -> None:
         previous = json.loads(path.read_text())
         if (previous["epochs"] != epochs or previous["latency_seconds"] != args.latency
                 or previous.get("protocol", "scratch") != args.protocol):
-            parser.error(f"--append: {path.relative_to(REPO)} has epochs {previous['epochs']} and latency "
-                         f"{previous['latency_seconds']}; these runs would not be comparable")
+            parser.error(f"--append: {path.relative_to(REPO)} has epochs {previous['epochs']}, latency "
+                         f"{previous['latency_seconds']} and protocol {previous.get('protocol', 'scratch')}; these "
+                         "runs would not be comparable")
         fresh = {(seed, severity, mode) for seed, severity, mode in plan}
         earlier = [r for r in previous["runs"] if (r["seed"], r["severity"], r["mode"]) not in fresh]
         seeds = sorted({*previous["seeds"], *seeds})

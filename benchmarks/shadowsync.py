@@ -142,10 +142,9 @@ ALPHA = 0.9 / TRAINERS
 BMUF_MOMENTA = (0.875, round(1 - 1 / TRAINERS, 4), 0.0)
 BMUF_SHADOW = (*(Contender(f"shadow-bmuf-mu{mu:g}", "shadow-bmuf", settings=(f"shadow.block_momentum={mu:g}",))
                  for mu in BMUF_MOMENTA),
-               Contender(f"shadow-bmuf-mu{BMUF_MOMENTA[0]:g}-alpha{2 * ALPHA:g}", "shadow-bmuf",
-                         settings=(f"shadow.block_momentum={BMUF_MOMENTA[0]:g}", f"shadow.alpha={2 * ALPHA:g}")),
-               Contender(f"shadow-bmuf-mu{BMUF_MOMENTA[1]:g}-alpha{2 * ALPHA:g}", "shadow-bmuf",
-                         settings=(f"shadow.block_momentum={BMUF_MOMENTA[1]:g}", f"shadow.alpha={2 * ALPHA:g}")))
+               *(Contender(f"shadow-bmuf-mu{mu:g}-alpha{2 * ALPHA:g}", "shadow-bmuf",
+                           settings=(f"shadow.block_momentum={mu:g}", f"shadow.alpha={2 * ALPHA:g}"))
+                 for mu in BMUF_MOMENTA[:2]))
 BMUF_FOREGROUND = tuple(Contender(f"fr-bmuf-5-mu{mu:g}", "fr-bmuf", 5, settings=(f"shadow.block_momentum={mu:g}",))
                         for mu in BMUF_MOMENTA[:2])
 BMUF_CONTENDERS = (HOGWILD, SHADOW[0], *BMUF_SHADOW, *(c for c in FOREGROUND if c.strategy == "fr-easgd"),
